@@ -1,0 +1,1 @@
+"""mpi binding of the transport contract (see scout.transport.base)."""

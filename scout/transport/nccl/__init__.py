@@ -1,0 +1,1 @@
+"""nccl binding of the transport contract (see scout.transport.base)."""

@@ -1,0 +1,1 @@
+"""sim binding of the transport contract (see scout.transport.base)."""
