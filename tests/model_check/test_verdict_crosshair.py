@@ -1,0 +1,55 @@
+"""CrossHair checks the verdict functions' pre/postconditions (crosshair_contracts.py).
+
+Always with an explicit budget (--max_uninteresting_iterations, --per_condition_timeout), so
+the run is bounded. A planted bug (strict majority weakened to ">=") must be caught, which
+shows the check is not vacuous.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+CONTRACTS = Path(__file__).with_name("crosshair_contracts.py")
+BUDGET = ["--max_uninteresting_iterations=30", "--per_condition_timeout=20"]
+
+
+def run_crosshair(target: Path, extra_path: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    paths = [str(REPO)] + ([str(extra_path)] if extra_path else [])
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    return subprocess.run(
+        [sys.executable, "-m", "crosshair", "check", "--analysis_kind=PEP316", *BUDGET, str(target)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+
+
+def test_VERDICT_13_crosshair_postconditions_hold() -> None:
+    result = run_crosshair(CONTRACTS)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_crosshair_catches_a_planted_majority_bug(tmp_path: Path) -> None:
+    source = (REPO / "scout" / "core" / "verdict.py").read_text()
+    mutated = source.replace("if 2 * count > n:", "if 2 * count >= n:")
+    assert mutated != source, "the planted mutation no longer applies; update this test"
+    (tmp_path / "mutant_verdict.py").write_text(mutated)
+    contracts = CONTRACTS.read_text().replace(
+        "from scout.core import verdict as VERDICT_IMPL", "import mutant_verdict as VERDICT_IMPL"
+    )
+    # The mutant defines its own Status enum; compare against it.
+    contracts = contracts.replace(
+        "from scout.core.verdict import Status, Verdict", "from mutant_verdict import Status, Verdict"
+    )
+    target = tmp_path / "mutant_contracts.py"
+    target.write_text(contracts)
+    result = run_crosshair(target, extra_path=tmp_path)
+    assert result.returncode != 0, "CrossHair did not catch the planted bug"
+    assert "exact_verdict" in result.stdout + result.stderr
