@@ -248,12 +248,33 @@ def _exact_all_int_fast_path(items: list[Any]) -> Verdict | None:
     evidence = tuple(items)
     if count == n:
         return Verdict(Status.AGREE, (), evidence, None, (), (), probe)
+    outliers = _positions_differing(items, probe, n - count)
+    return Verdict(Status.ATTRIBUTED, outliers, evidence, None, (), (), probe)
+
+
+_CHUNK: Final = 512
+_FEW_OUTLIERS: Final = 16
+
+
+def _positions_differing(items: list[int], probe: int, expected: int) -> tuple[int, ...]:
+    """Positions whose value differs from ``probe``; ``expected`` of them exist.
+
+    A few outliers (the common SDC case) are found by counting per chunk at C speed and
+    scanning only the chunks that fall short; many are found with one numpy comparison.
+    """
+    if expected <= _FEW_OUTLIERS:
+        found: list[int] = []
+        for start in range(0, len(items), _CHUNK):
+            chunk = items[start : start + _CHUNK]
+            if chunk.count(probe) != len(chunk):
+                found.extend(start + i for i, v in enumerate(chunk) if v != probe)
+                if len(found) == expected:
+                    break
+        return tuple(found)
     array = _int_array(items)
     if array is None:
-        outliers = tuple(i for i, v in enumerate(items) if v != probe)
-    else:
-        outliers = tuple(np.flatnonzero(array != probe).tolist())
-    return Verdict(Status.ATTRIBUTED, outliers, evidence, None, (), (), probe)
+        return tuple(i for i, v in enumerate(items) if v != probe)
+    return tuple(np.flatnonzero(array != probe).tolist())
 
 
 def _int_array(items: list[int]) -> np.ndarray[Any, Any] | None:

@@ -225,3 +225,22 @@ def test_VERDICT_20_bad_timing_input() -> None:
         classify_timing([1.0] * 200 + ["x"] + [1.0] * 10)  # the vector path names it too
     with pytest.raises(TypeError, match="TimingConfig"):
         classify_timing([1.0, 2.0], config={"kappa": 3})  # type: ignore[arg-type]
+
+
+@SETTINGS
+@given(
+    st.integers(min_value=128, max_value=3000),
+    st.integers(min_value=0, max_value=2**64 - 1),
+    st.lists(st.tuples(st.integers(min_value=0), st.integers(0, 2**64 - 1)), max_size=40),
+)
+def test_exact_int_fast_path_with_few_scattered_outliers(n, healthy, corruptions) -> None:
+    """The chunked outlier search (<= 16 outliers) and the numpy search (more) are exact."""
+    values = [healthy] * n
+    for where, value in corruptions:
+        values[where % n] = value
+    verdict = classify_exact(values)
+    expected_outliers = tuple(i for i, v in enumerate(values) if v != healthy)
+    if 2 * (n - len(expected_outliers)) > n:
+        assert verdict.outliers == expected_outliers
+        expected = Status.ATTRIBUTED if expected_outliers else Status.AGREE
+        assert verdict.status is expected
