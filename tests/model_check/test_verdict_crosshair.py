@@ -34,6 +34,7 @@ def run_crosshair(target: Path, extra_path: Path | None = None) -> subprocess.Co
 def test_VERDICT_13_crosshair_postconditions_hold() -> None:
     result = run_crosshair(CONTRACTS)
     assert result.returncode == 0, result.stdout + result.stderr
+    assert "Error" not in result.stdout + result.stderr
 
 
 def test_crosshair_catches_a_planted_majority_bug(tmp_path: Path) -> None:
@@ -48,8 +49,12 @@ def test_crosshair_catches_a_planted_majority_bug(tmp_path: Path) -> None:
     contracts = contracts.replace(
         "from scout.core.verdict import Status, Verdict", "from mutant_verdict import Status, Verdict"
     )
+    assert "from mutant_verdict import Status" in contracts
     target = tmp_path / "mutant_contracts.py"
     target.write_text(contracts)
     result = run_crosshair(target, extra_path=tmp_path)
     assert result.returncode != 0, "CrossHair did not catch the planted bug"
-    assert "exact_verdict" in result.stdout + result.stderr
+    output = result.stdout + result.stderr
+    # A real counterexample ("false when calling"), not an error in the harness.
+    assert "false when calling exact_verdict" in output, output
+    assert "Error while evaluating" not in output, output
