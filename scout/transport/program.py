@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 import attrs
 
-from scout.transport.base import Group, Transport
+from scout.transport.base import DEFAULT_MAX_PAYLOAD_BYTES, Group, Transport
 
 __all__ = [
     "AllGather",
@@ -89,6 +89,9 @@ class RankContext:
     rank: int
     size: int
     world: Group
+    # The binding's limit on an encoded payload, so a program can size its evidence (and the
+    # conformance suite can probe the limit) without knowing which binding runs it.
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
 
     def group(self, ranks: tuple[int, ...] | list[int], name: str) -> Group:
         return Group(tuple(ranks), name)
@@ -123,7 +126,12 @@ def execute_op(transport: Transport, op: Any) -> Any:
 
 def run_blocking(program: RankProgram[T], transport: Transport) -> T:
     """Drive ``program`` to completion on a real (blocking) transport."""
-    ctx = RankContext(rank=transport.rank, size=transport.size, world=transport.world)
+    ctx = RankContext(
+        rank=transport.rank,
+        size=transport.size,
+        world=transport.world,
+        max_payload_bytes=transport.max_payload_bytes,
+    )
     gen = program(ctx)
     try:
         op = next(gen)
