@@ -1,0 +1,486 @@
+"""Recipe catalog, replay schedule, readiness decision and coverage (spec/replay.md, REC-*,
+READY-*, EVID-*). Pure: no torch, no clock, no I/O.
+
+A *recipe* is one unit of replayed work that equivalent peers can compare: the embedding, one
+hidden layer, the output head, or one slice of the optimizer update. The *schedule* says, as a
+function of the step number alone, which recipes are due -- so every peer, and a peer that
+restarts, computes the same answer without exchanging anything. The torch side
+(``scout.replay``) captures and replays; this module decides.
+
+Every vote goes through :func:`scout.core.verdict.classify_exact` (DESIGN.md 2.1): readiness
+digests, replay status codes and evidence signatures alike. Nothing here counts a majority.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from typing import Final
+
+import attrs
+
+from scout.core.verdict import MISSING, Reason, Status, Verdict, classify_exact
+
+__all__ = [
+    "CLASS_ORDER",
+    "Catalog",
+    "Coverage",
+    "DueRecipe",
+    "EvidenceKind",
+    "Intervals",
+    "ReadinessDecision",
+    "RecipeClass",
+    "RecipeId",
+    "RecipeResult",
+    "ReplayStatus",
+    "Schedule",
+    "Segment",
+    "combine_evidence",
+    "coverage",
+    "decide_readiness",
+    "optimizer_window",
+]
+
+
+class RecipeClass(enum.Enum):
+    """REC-1. The declaration order is the slot order of every fixed-layout exchange."""
+
+    EMBEDDING = "embedding"
+    HIDDEN = "hidden"
+    OUTPUT = "output"
+    OPTIMIZER = "optimizer"
+
+
+CLASS_ORDER: Final = tuple(RecipeClass)
+_INDEXED: Final = frozenset({RecipeClass.HIDDEN, RecipeClass.OPTIMIZER})
+
+
+@attrs.frozen(order=True)
+class RecipeId:
+    """``embedding``, ``hidden.<layer>``, ``output`` or ``optimizer.<slice>`` (REC-1)."""
+
+    recipe_class: RecipeClass = attrs.field(order=CLASS_ORDER.index)
+    index: int = 0
+
+    def __attrs_post_init__(self) -> None:
+        if self.index < 0:
+            raise ValueError(f"recipe index must be >= 0, got {self.index}")
+        if self.recipe_class not in _INDEXED and self.index != 0:
+            raise ValueError(f"{self.recipe_class.value} has one recipe; got index {self.index}")
+
+    def __str__(self) -> str:
+        if self.recipe_class in _INDEXED:
+            return f"{self.recipe_class.value}.{self.index}"
+        return self.recipe_class.value
+
+    @classmethod
+    def parse(cls, text: str) -> RecipeId:
+        name, _, index = text.partition(".")
+        try:
+            recipe_class = RecipeClass(name)
+        except ValueError:
+            known = ", ".join(c.value for c in RecipeClass)
+            raise ValueError(f"unknown recipe {text!r}: the classes are {known}") from None
+        if recipe_class in _INDEXED:
+            if not index.isdigit():
+                raise ValueError(f"recipe {text!r} needs an index, e.g. {name}.0")
+            return cls(recipe_class, int(index))
+        if index:
+            raise ValueError(f"recipe {text!r}: {name} takes no index")
+        return cls(recipe_class)
+
+
+def _non_negative(_instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{attribute.name} must be an int >= 0, got {value!r}")
+
+
+@attrs.frozen
+class Catalog:
+    """What can be replayed on this rank (REC-1, REC-5).
+
+    ``has_embedding`` / ``has_output`` False means *not applicable on this rank* (a pipeline
+    stage that owns no embedding): the class is left out of the catalog and of every coverage
+    claim. That is different from *not ready* (a recipe that is in the catalog but could not be
+    captured this time), which makes the check Inconclusive.
+    """
+
+    hidden_layer_count: int = attrs.field(validator=_non_negative)
+    has_embedding: bool = True
+    has_output: bool = True
+    optimizer_slice_count: int = attrs.field(default=1, validator=_non_negative)
+
+    def class_size(self, recipe_class: RecipeClass) -> int:
+        """Number of recipes of a class on this rank (0 = not applicable)."""
+        if recipe_class is RecipeClass.EMBEDDING:
+            return int(self.has_embedding)
+        if recipe_class is RecipeClass.HIDDEN:
+            return self.hidden_layer_count
+        if recipe_class is RecipeClass.OUTPUT:
+            return int(self.has_output)
+        return self.optimizer_slice_count
+
+    def recipes(self) -> tuple[RecipeId, ...]:
+        return tuple(
+            RecipeId(recipe_class, index)
+            for recipe_class in CLASS_ORDER
+            for index in range(self.class_size(recipe_class))
+        )
+
+    def not_applicable(self) -> tuple[RecipeClass, ...]:
+        return tuple(c for c in CLASS_ORDER if self.class_size(c) == 0)
+
+
+@attrs.frozen
+class Intervals:
+    """REC-2: steps between two checks of each class; 0 disables the class."""
+
+    embedding_steps: int = attrs.field(default=50, validator=_non_negative)
+    hidden_steps: int = attrs.field(default=10, validator=_non_negative)
+    output_steps: int = attrs.field(default=50, validator=_non_negative)
+    optimizer_steps: int = attrs.field(default=50, validator=_non_negative)
+
+    def for_class(self, recipe_class: RecipeClass) -> int:
+        return {
+            RecipeClass.EMBEDDING: self.embedding_steps,
+            RecipeClass.HIDDEN: self.hidden_steps,
+            RecipeClass.OUTPUT: self.output_steps,
+            RecipeClass.OPTIMIZER: self.optimizer_steps,
+        }[recipe_class]
+
+
+@attrs.frozen
+class DueRecipe:
+    """A recipe due at ``step``; ``check_index`` counts the checks of its class (REC-3)."""
+
+    recipe: RecipeId
+    step: int
+    check_index: int
+
+
+@attrs.frozen
+class Schedule:
+    """REC-2..REC-4: which recipes are due at a step, as a pure function of the step."""
+
+    catalog: Catalog
+    intervals: Intervals = Intervals()
+
+    def active_classes(self) -> tuple[RecipeClass, ...]:
+        """Classes that are applicable and enabled."""
+        return tuple(
+            c
+            for c in CLASS_ORDER
+            if self.catalog.class_size(c) > 0 and self.intervals.for_class(c) > 0
+        )
+
+    def due(self, step: int) -> tuple[DueRecipe, ...]:
+        """REC-3: class ``c`` is due at step ``s >= 1`` iff ``s % interval_c == 0``; the
+        ``k``-th check of the class (``k = s // interval_c - 1``) replays recipe ``k mod n_c``.
+        At most one recipe per class, in class order."""
+        if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+            raise ValueError(f"steps are numbered from 1, got {step!r}")
+        due: list[DueRecipe] = []
+        for recipe_class in self.active_classes():
+            interval = self.intervals.for_class(recipe_class)
+            if step % interval:
+                continue
+            check_index = step // interval - 1
+            index = check_index % self.catalog.class_size(recipe_class)
+            due.append(DueRecipe(RecipeId(recipe_class, index), step, check_index))
+        return tuple(due)
+
+    def cycle_length_steps(self) -> int:
+        """REC-4: any window of this many consecutive steps schedules every recipe of every
+        active class at least once (0 when nothing is active)."""
+        return max(
+            (
+                self.catalog.class_size(c) * self.intervals.for_class(c)
+                for c in self.active_classes()
+            ),
+            default=0,
+        )
+
+    def uncovered(self) -> tuple[RecipeId, ...]:
+        """Applicable recipes that are never scheduled (their class interval is 0)."""
+        active = set(self.active_classes())
+        return tuple(r for r in self.catalog.recipes() if r.recipe_class not in active)
+
+    def describe(self) -> tuple[object, ...]:
+        """The schedule contract (READY-1): peers must agree on it before any check."""
+        return (
+            "scout-replay-schedule",
+            1,
+            tuple(
+                (c.value, self.catalog.class_size(c), self.intervals.for_class(c))
+                for c in CLASS_ORDER
+            ),
+        )
+
+
+@attrs.frozen
+class Segment:
+    """Elements ``[start, stop)`` of the flattened parameter ``parameter_index``."""
+
+    parameter_index: int
+    start: int
+    stop: int
+
+
+def optimizer_window(
+    check_index: int, parameter_numels: Sequence[int], slice_numel: int
+) -> tuple[Segment, ...]:
+    """REC-6: the optimizer slice replayed at the ``check_index``-th optimizer check.
+
+    The parameters are laid end to end in their optimizer order; check ``k`` takes the
+    ``slice_numel`` elements starting at ``(k * slice_numel) mod total``, wrapping to the first
+    parameter. After ``ceil(total / slice_numel)`` checks every element has been replayed.
+    """
+    if check_index < 0:
+        raise ValueError(f"check_index must be >= 0, got {check_index}")
+    if slice_numel < 1:
+        raise ValueError(f"slice_numel must be >= 1, got {slice_numel}")
+    if any(n < 0 for n in parameter_numels):
+        raise ValueError(f"parameter sizes must be >= 0, got {list(parameter_numels)}")
+    total = sum(parameter_numels)
+    if total == 0:
+        return ()
+    want = min(slice_numel, total)
+    position = (check_index * slice_numel) % total
+    starts = []
+    offset = 0
+    for numel in parameter_numels:
+        starts.append(offset)
+        offset += numel
+    segments: list[Segment] = []
+    while want > 0:
+        index = max(i for i, s in enumerate(starts) if s <= position and parameter_numels[i] > 0)
+        local = position - starts[index]
+        take = min(want, parameter_numels[index] - local)
+        segments.append(Segment(index, local, local + take))
+        want -= take
+        position = (position + take) % total
+    return tuple(segments)
+
+
+# --------------------------------------------------------------------------------------------
+# Readiness (READY-*)
+# --------------------------------------------------------------------------------------------
+
+
+class ReplayStatus(enum.IntEnum):
+    """Per-peer status of one recipe in one check; travels as an int (EVID-2)."""
+
+    OK = 0
+    NOT_DUE = 1
+    NOT_READY = 2  # in the catalog, but nothing usable was captured
+    CAPTURE_TOO_LARGE = 3
+    REPLAY_FAILED = 4  # the replay raised
+    NONDETERMINISTIC = 5  # a nondeterministic kernel was refused inside replay
+    NOT_APPLICABLE = 6
+
+
+@attrs.frozen
+class ReadinessDecision:
+    """READY-2: ``proceed`` is identical on every peer that saw the same gathered values."""
+
+    proceed: bool
+    verdict: Verdict
+    reason: str | None
+    not_ready: tuple[int, ...] = ()
+
+
+def decide_readiness(
+    digests: Sequence[int | object], statuses: Sequence[int | object]
+) -> ReadinessDecision:
+    """READY-2..READY-5: replay only if every peer is ready (status OK) and every peer's
+    description digest agrees (exact verdict AGREE). ``MISSING`` marks a peer that has no such
+    recipe due, or did not answer. Readiness never attributes a culprit: a peer that is not
+    ready or describes other work makes the check Inconclusive -- it is not evidence of
+    corruption (PRIOR_ART lesson 4)."""
+    if len(digests) != len(statuses):
+        raise ValueError(f"{len(digests)} digests but {len(statuses)} status codes")
+    verdict = classify_exact(digests)
+    not_ready = tuple(i for i, code in enumerate(statuses) if code != ReplayStatus.OK)
+    if not_ready:
+        return ReadinessDecision(
+            False, verdict, "not-ready: " + _status_reason(statuses), not_ready
+        )
+    if verdict.status is not Status.AGREE:
+        if verdict.status is Status.ATTRIBUTED:
+            reason = f"readiness-mismatch: peers {list(verdict.outliers)} describe other work"
+        else:
+            assert verdict.reason is not None
+            reason = f"readiness-{verdict.reason.value}"
+        return ReadinessDecision(False, verdict, reason, not_ready)
+    return ReadinessDecision(True, verdict, None)
+
+
+# --------------------------------------------------------------------------------------------
+# Evidence (EVID-*) and results
+# --------------------------------------------------------------------------------------------
+
+
+class EvidenceKind(enum.Enum):
+    """EVID-3: the evidence groups of a recipe, compared separately."""
+
+    PARAMETERS = "parameters"  # the live parameters (or optimizer slice inputs) before replay
+    INPUT = "input"  # the replay inputs after the broadcast
+    RNG = "rng"  # the installed RNG state
+    OUTPUT = "output"
+    INPUT_GRADIENT = "input_gradient"
+    PARAMETER_GRADIENT = "parameter_gradient"
+    UPDATED = "updated"  # optimizer replay: updated parameter slice and state
+    LIVE_UPDATED = "live_updated"  # optimizer: the live parameters after the real step
+
+
+@attrs.frozen
+class RecipeResult:
+    """One recipe's verdict at one step: what the gate consumes (EVID-5).
+
+    ``status``: AGREE (accepted), ATTRIBUTED (corruption observed: ``outliers`` are peer
+    positions, ``sources`` the evidence groups that named them) or INCONCLUSIVE (could not
+    check; ``reason`` says why). Inconclusive is never reported as corruption.
+    """
+
+    recipe: RecipeId
+    step: int
+    status: Status
+    outliers: tuple[int, ...] = ()
+    sources: tuple[str, ...] = ()
+    reason: str | None = None
+
+    @property
+    def accepted(self) -> bool:
+        return self.status is Status.AGREE
+
+
+def _status_reason(codes: Sequence[int | object]) -> str:
+    """Peers whose status is not OK, as ``position:name`` (e.g. ``1:capture_too_large``)."""
+    names = []
+    for position, code in enumerate(codes):
+        if code is MISSING:
+            names.append(f"{position}:missing")
+        elif code != ReplayStatus.OK:
+            try:
+                label = ReplayStatus(code).name.lower()  # type: ignore[arg-type]
+            except ValueError:
+                label = f"code-{code}"
+            names.append(f"{position}:{label}")
+    return ",".join(names)
+
+
+def combine_evidence(
+    recipe: RecipeId,
+    step: int,
+    status_codes: Sequence[int | object],
+    evidence: Mapping[EvidenceKind, Sequence[int | object]],
+) -> RecipeResult:
+    """EVID-2..EVID-4: one recipe's result from every peer's status code and evidence.
+
+    1. The status codes are voted exactly. Unless every peer reports OK the recipe is
+       INCONCLUSIVE ("could not check"): a replay that raised or refused a nondeterministic
+       kernel is not evidence of corruption.
+    2. Each evidence group is voted exactly, separately. Any ATTRIBUTED group makes the recipe
+       ATTRIBUTED with the union of outliers; otherwise any INCONCLUSIVE group makes it
+       INCONCLUSIVE; otherwise AGREE.
+    """
+    if not status_codes:
+        raise ValueError("no peers: a recipe result needs at least one status code")
+    status_verdict = classify_exact(list(status_codes))
+    if not (
+        status_verdict.status is Status.AGREE and status_verdict.healthy_value == ReplayStatus.OK
+    ):
+        if (
+            status_verdict.status is Status.INCONCLUSIVE
+            and status_verdict.reason is Reason.SINGLETON
+        ):
+            return RecipeResult(recipe, step, Status.INCONCLUSIVE, reason="singleton")
+        return RecipeResult(
+            recipe,
+            step,
+            Status.INCONCLUSIVE,
+            reason="replay-status " + _status_reason(status_codes),
+        )
+    outliers: set[int] = set()
+    sources: list[str] = []
+    inconclusive: list[str] = []
+    for kind in EvidenceKind:
+        if kind not in evidence:
+            continue
+        values = evidence[kind]
+        if len(values) != len(status_codes):
+            raise ValueError(
+                f"evidence {kind.value} has {len(values)} values for {len(status_codes)} peers"
+            )
+        verdict = classify_exact(list(values))
+        if verdict.status is Status.ATTRIBUTED:
+            outliers.update(verdict.outliers)
+            sources.append(kind.value)
+        elif verdict.status is Status.INCONCLUSIVE:
+            assert verdict.reason is not None
+            inconclusive.append(f"{kind.value}:{verdict.reason.value}")
+    if outliers:
+        return RecipeResult(
+            recipe, step, Status.ATTRIBUTED, tuple(sorted(outliers)), tuple(sources)
+        )
+    if inconclusive:
+        return RecipeResult(recipe, step, Status.INCONCLUSIVE, reason=" ".join(inconclusive))
+    if not evidence:
+        return RecipeResult(recipe, step, Status.INCONCLUSIVE, reason="no-evidence-groups")
+    return RecipeResult(recipe, step, Status.AGREE)
+
+
+# --------------------------------------------------------------------------------------------
+# Coverage (REC-4)
+# --------------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Coverage:
+    """What the results since ``since_step`` (exclusive) establish about the catalog."""
+
+    since_step: int
+    accepted: tuple[tuple[RecipeId, int], ...]  # recipe, step of its latest accepted result
+    pending: tuple[RecipeId, ...]  # applicable recipes with no accepted result yet
+    attributed: tuple[RecipeResult, ...]
+    inconclusive: tuple[RecipeResult, ...]
+    not_applicable: tuple[RecipeClass, ...]
+
+    @property
+    def complete(self) -> bool:
+        """Every applicable recipe has an accepted result since ``since_step``."""
+        return not self.pending
+
+    @property
+    def clean(self) -> bool:
+        """No corruption observed and nothing failed to check since ``since_step``."""
+        return not self.attributed and not self.inconclusive
+
+
+def coverage(catalog: Catalog, results: Sequence[RecipeResult], since_step: int) -> Coverage:
+    """REC-4: coverage of ``catalog`` by the results of steps after ``since_step``."""
+    known = set(catalog.recipes())
+    latest: dict[RecipeId, int] = {}
+    attributed: list[RecipeResult] = []
+    inconclusive: list[RecipeResult] = []
+    for result in results:
+        if result.step <= since_step:
+            continue
+        if result.recipe not in known:
+            raise ValueError(
+                f"result for {result.recipe} at step {result.step}: not in this rank's catalog"
+            )
+        if result.status is Status.AGREE:
+            latest[result.recipe] = max(latest.get(result.recipe, 0), result.step)
+        elif result.status is Status.ATTRIBUTED:
+            attributed.append(result)
+        else:
+            inconclusive.append(result)
+    return Coverage(
+        since_step=since_step,
+        accepted=tuple(sorted(latest.items())),
+        pending=tuple(r for r in catalog.recipes() if r not in latest),
+        attributed=tuple(attributed),
+        inconclusive=tuple(inconclusive),
+        not_applicable=catalog.not_applicable(),
+    )

@@ -1,0 +1,220 @@
+"""Capture of replay inputs through public module hooks (spec/replay.md CAP-1..CAP-6).
+
+A forward *pre*-hook sits on every module of the recipe catalog. It does nothing (one set
+lookup) unless its recipe is armed for the current step; then it records the call -- a
+detached copy of every tensor argument, the plain arguments, which tensors required grad, the
+autocast state, the module's training flag -- and the RNG state at that instant, which is the
+state the live call is about to consume (CAP-3). Copies are by value (CAP-4): the training
+loop may modify or free its activations afterwards.
+
+Memory is bounded (CAP-2): before copying, the bytes a capture would hold are added to what is
+already held; over ``max_capture_bytes`` the capture is refused and recorded as
+``CAPTURE_TOO_LARGE`` (the check is then *not ready*, never "corrupt"). ``held_bytes`` reports
+what is held (CAP-5). A hook never raises into the training loop (CAP-6): any failure is
+recorded as the recipe's capture status.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import attrs
+import torch
+from torch import nn
+
+from scout.core.recipes import RecipeId, ReplayStatus
+from scout.replay.rng import RngState, capture_rng_state
+from scout.replay.tree import describe, map_tensors, tensor_leaves
+
+__all__ = ["Capture", "CaptureFailure", "ModuleCapture"]
+
+logger = logging.getLogger("scout.replay")
+
+
+@attrs.frozen(eq=False)
+class AutocastState:
+    device_type: str
+    enabled: bool
+    dtype: torch.dtype
+
+    def context(self) -> contextlib.AbstractContextManager[Any]:
+        return torch.autocast(self.device_type, dtype=self.dtype, enabled=self.enabled)
+
+
+@attrs.define(eq=False)
+class Capture:
+    """One recorded module call (by value)."""
+
+    recipe: RecipeId
+    step: int
+    module_class: str
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    requires_grad: tuple[bool, ...]  # per tensor leaf of (args, kwargs), in tensor_leaves order
+    rng: RngState
+    autocast: AutocastState
+    training: bool
+    byte_count: int
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Tensor leaves of the call, in the order every peer enumerates them."""
+        return list(tensor_leaves((self.args, self.kwargs)))
+
+    def describe(self) -> tuple[object, ...]:
+        """READY-1: what peers must agree on before replaying this capture (no content)."""
+        return (
+            str(self.recipe),
+            self.step,
+            self.module_class,
+            self.training,
+            (self.autocast.device_type, self.autocast.enabled, str(self.autocast.dtype)),
+            describe((self.args, self.kwargs)),
+            self.requires_grad,
+            tuple((str(t.dtype), tuple(t.shape)) for t in self.rng.tensors()),
+        )
+
+
+@attrs.frozen
+class CaptureFailure:
+    """A scheduled capture that did not happen, and why (the recipe is then not ready)."""
+
+    recipe: RecipeId
+    step: int
+    status: ReplayStatus
+    reason: str
+
+
+def _device_of(module: nn.Module, tensors: list[torch.Tensor]) -> torch.device:
+    if tensors:
+        return tensors[0].device
+    for parameter in module.parameters():
+        return parameter.device
+    return torch.device("cpu")
+
+
+class ModuleCapture:
+    """Forward pre-hooks on the catalog modules; records the armed recipes' calls."""
+
+    def __init__(self, modules: Mapping[RecipeId, nn.Module], max_capture_bytes: int) -> None:
+        if max_capture_bytes < 0:
+            raise ValueError(f"max_capture_bytes must be >= 0, got {max_capture_bytes}")
+        self.max_capture_bytes = max_capture_bytes
+        self._modules = dict(modules)
+        self._armed: frozenset[RecipeId] = frozenset()
+        self._armed_step = 0
+        self._records: dict[RecipeId, Capture | CaptureFailure] = {}
+        self._suspended = 0
+        self._handles = [
+            module.register_forward_pre_hook(self._hook_for(recipe), with_kwargs=True)
+            for recipe, module in self._modules.items()
+        ]
+
+    @property
+    def held_bytes(self) -> int:
+        """CAP-5: bytes held by the current captures."""
+        return sum(r.byte_count for r in self._records.values() if isinstance(r, Capture))
+
+    def module(self, recipe: RecipeId) -> nn.Module:
+        return self._modules[recipe]
+
+    def arm(self, step: int, recipes: Iterable[RecipeId]) -> None:
+        """Capture ``recipes`` at their first call during ``step``; drop older captures."""
+        armed = frozenset(recipes)
+        unknown = armed - self._modules.keys()
+        if unknown:
+            raise ValueError(f"no module registered for recipes {sorted(map(str, unknown))}")
+        self._records.clear()
+        self._armed, self._armed_step = armed, step
+
+    def get(self, recipe: RecipeId, step: int) -> Capture | CaptureFailure:
+        """The capture of ``recipe`` at ``step``, or why there is none (CAP-1)."""
+        record = self._records.get(recipe)
+        if record is not None and record.step == step:
+            return record
+        if recipe not in self._modules:
+            reason = f"no module for {recipe}"
+        elif recipe in self._armed and self._armed_step == step:
+            reason = f"{recipe} was armed for step {step} but its module was not called"
+        else:
+            reason = f"{recipe} was not armed for step {step}"
+        return CaptureFailure(recipe, step, ReplayStatus.NOT_READY, reason)
+
+    def release(self) -> None:
+        self._records.clear()
+
+    @contextlib.contextmanager
+    def suspended(self) -> Iterator[None]:
+        """No capture while replaying (replay calls the same modules)."""
+        self._suspended += 1
+        try:
+            yield
+        finally:
+            self._suspended -= 1
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self._records.clear()
+
+    def _hook_for(self, recipe: RecipeId) -> Any:
+        def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            if recipe not in self._armed or self._suspended or recipe in self._records:
+                return
+            try:
+                self._records[recipe] = self._record(recipe, module, args, kwargs)
+            except Exception as exc:  # CAP-6: never into the training loop
+                logger.warning("scout: capture of %s failed: %r", recipe, exc)
+                self._records[recipe] = CaptureFailure(
+                    recipe, self._armed_step, ReplayStatus.NOT_READY, f"capture failed: {exc!r}"
+                )
+
+        return hook
+
+    def _record(
+        self, recipe: RecipeId, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Capture | CaptureFailure:
+        step = self._armed_step
+        live = list(tensor_leaves((args, kwargs)))
+        devices = sorted({str(t.device) for t in live})
+        if len(devices) > 1:
+            return CaptureFailure(
+                recipe,
+                step,
+                ReplayStatus.NOT_READY,
+                f"the call of {recipe} mixes tensors on devices {devices}; replay needs one",
+            )
+        device = _device_of(module, live)
+        rng = capture_rng_state(device).clone()
+        byte_count = sum(t.numel() * t.element_size() for t in [*live, *rng.tensors()])
+        if self.held_bytes + byte_count > self.max_capture_bytes:
+            return CaptureFailure(
+                recipe,
+                step,
+                ReplayStatus.CAPTURE_TOO_LARGE,
+                f"capturing {recipe} needs {byte_count} bytes; {self.held_bytes} held, "
+                f"max_capture_bytes={self.max_capture_bytes}",
+            )
+        autocast = AutocastState(
+            device.type,
+            torch.is_autocast_enabled(device.type),
+            torch.get_autocast_dtype(device.type),
+        )
+        copy_args, copy_kwargs = map_tensors(
+            lambda t: t.detach().clone(memory_format=torch.contiguous_format), (args, dict(kwargs))
+        )
+        return Capture(
+            recipe=recipe,
+            step=step,
+            module_class=f"{type(module).__module__}.{type(module).__qualname__}",
+            args=tuple(copy_args),
+            kwargs=copy_kwargs,
+            requires_grad=tuple(t.requires_grad for t in live),
+            rng=rng,
+            autocast=autocast,
+            training=module.training,
+            byte_count=byte_count,
+        )

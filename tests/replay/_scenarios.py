@@ -1,0 +1,205 @@
+"""Rank programs for the real-process replay tests (run by ``_launch.py``, one per rank).
+
+A tiny decoder-only transformer (embedding, a few pre-norm blocks with causal attention and
+dropout, output head) trained with DDP over gloo on CPU. Faults are injected with
+``scout.replay.faults``. Each program returns JSON-able results; assertions live in the tests.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from scout.core.recipes import Intervals
+from scout.replay import faults
+from scout.replay.collectives import TorchPeerGroup, TransportPeerGroup
+from scout.replay.replay import RecipeModules, ReplayConfig, Replayer
+
+VOCAB = 64
+WIDTH = 32
+HEADS = 4
+LAYERS = 3
+SEQUENCE = 16
+BATCH = 4
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm_attention = nn.LayerNorm(WIDTH)
+        self.qkv = nn.Linear(WIDTH, 3 * WIDTH)
+        self.projection = nn.Linear(WIDTH, WIDTH)
+        self.norm_mlp = nn.LayerNorm(WIDTH)
+        self.mlp = nn.Sequential(
+            nn.Linear(WIDTH, 2 * WIDTH), nn.GELU(), nn.Linear(2 * WIDTH, WIDTH)
+        )
+        self.dropout = nn.Dropout(0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, _ = x.shape
+        q, k, v = self.qkv(self.norm_attention(x)).chunk(3, dim=-1)
+
+        def heads(t: torch.Tensor) -> torch.Tensor:
+            return t.view(batch, length, HEADS, WIDTH // HEADS).transpose(1, 2)
+
+        scores = heads(q) @ heads(k).transpose(-1, -2) / math.sqrt(WIDTH // HEADS)
+        mask = torch.ones(length, length, dtype=torch.bool, device=x.device).triu(1)
+        attention = scores.masked_fill(mask, float("-inf")).softmax(-1)
+        mixed = (attention @ heads(v)).transpose(1, 2).reshape(batch, length, WIDTH)
+        x = x + self.dropout(self.projection(mixed))
+        return x + self.dropout(self.mlp(self.norm_mlp(x)))
+
+
+class TinyLM(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, WIDTH)
+        self.layers = nn.ModuleList(Block() for _ in range(LAYERS))
+        self.norm = nn.LayerNorm(WIDTH)
+        self.lm_head = nn.Linear(WIDTH, VOCAB)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        for layer in self.layers:
+            x = layer(x)
+        return self.lm_head(self.norm(x))
+
+
+def _batch(rank: int, step: int, length: int = SEQUENCE) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randint(0, VOCAB, (BATCH, length + 1), generator=generator)
+
+
+def _result_dict(result: Any) -> dict[str, Any]:
+    return {
+        "recipe": str(result.recipe),
+        "step": result.step,
+        "status": result.status.value,
+        "outliers": list(result.outliers),
+        "sources": list(result.sources),
+        "reason": result.reason,
+    }
+
+
+def _snapshot(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    tensors = [p.detach().clone() for p in model.parameters()]
+    tensors += [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]
+    tensors += [b.detach().clone() for b in model.buffers()]
+    for state in optimizer.state.values():
+        tensors += [v.detach().clone() for v in state.values() if isinstance(v, torch.Tensor)]
+    return tensors
+
+
+def _bitwise_equal(before: list[torch.Tensor], after: list[torch.Tensor]) -> bool:
+    if len(before) != len(after):
+        return False
+    return all(
+        a.shape == b.shape
+        and a.dtype == b.dtype
+        and torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+        for a, b in zip(before, after, strict=True)
+    )
+
+
+def train(
+    rank: int,
+    world: int,
+    *,
+    steps: int = 12,
+    intervals: dict[str, int] | None = None,
+    output_flip: dict[str, int] | None = None,
+    parameter_flip: dict[str, int] | None = None,
+    state_flip: dict[str, int] | None = None,
+    short_batch: dict[str, int] | None = None,
+    tiny_capture_rank: int | None = None,
+    intervals_override: dict[str, Any] | None = None,
+    slow_rank: dict[str, Any] | None = None,
+    binding: bool = False,
+    check_isolation: bool = False,
+) -> dict[str, Any]:
+    """Train ``steps`` steps with replay; inject the requested faults on their ranks."""
+    torch.manual_seed(0)
+    model = TinyLM()
+    ddp = DistributedDataParallel(model)
+    optimizer = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
+    if intervals_override and rank == intervals_override["rank"]:
+        intervals = intervals_override["intervals"]
+    config = ReplayConfig(
+        intervals=Intervals(**(intervals or {})),
+        max_capture_bytes=1 if rank == tiny_capture_rank else 256 * 2**20,
+    )
+    peers: Any
+    if binding:  # the project's torch binding, over a process group of replay's own
+        from scout.transport.nccl import TorchTransport
+
+        store = dist.FileStore(os.path.join(os.environ["SCOUT_TEST_SCRATCH"], "scout"), world)
+        transport = TorchTransport(dist.new_group(list(range(world))), store=store)
+        peers = TransportPeerGroup(transport, timeout_s=60.0)
+    else:
+        peers = TorchPeerGroup(timeout_s=60.0)
+    replayer = Replayer(ddp, optimizer, peers, config, RecipeModules.discover(ddp))
+    if output_flip and rank == output_flip["rank"]:
+        faults.flip_output_bit(
+            model.layers[output_flip["layer"]], element=3, bit=output_flip["bit"]
+        )
+    if slow_rank and rank == slow_rank["rank"]:
+        for layer in model.layers:
+            faults.slow_module(layer, slow_rank["delay_s"])
+    results: list[dict[str, Any]] = []
+    stragglers: list[list[Any]] = []
+    confirmed: list[list[int]] = []
+    isolation_ok = True
+    compute_ms: list[dict[str, float]] = []
+    collective_ms: list[float] = []
+    capture_bytes = []
+    errors: list[str] = []
+    for step in range(1, steps + 1):
+        length = SEQUENCE
+        if short_batch and rank == short_batch["rank"] and step == short_batch["step"]:
+            length = SEQUENCE // 2
+        tokens = _batch(rank, step, length)
+        logits = ddp(tokens[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        before = _snapshot(model, optimizer) if check_isolation else []
+        report = replayer.after_optimizer_step()
+        if check_isolation:
+            isolation_ok &= _bitwise_equal(before, _snapshot(model, optimizer))
+        results += [_result_dict(r) for r in report.results]
+        compute_ms.append(report.compute_ms)
+        collective_ms.append(report.collective_ms)
+        capture_bytes.append(report.capture_bytes)
+        errors += list(report.errors)
+        stragglers.append([[type(e).__name__, e.peer] for e in report.stragglers])
+        confirmed.append(sorted(report.confirmed_stragglers))
+        if parameter_flip and rank == parameter_flip["rank"] and step == parameter_flip["step"]:
+            weight = model.layers[parameter_flip["layer"]].mlp[0].weight
+            faults.flip_tensor_bit_(weight.data, element=5, bit=parameter_flip["bit"])
+        if state_flip and rank == state_flip["rank"] and step == state_flip["step"]:
+            exp_avg = optimizer.state[model.lm_head.weight]["exp_avg"]
+            faults.flip_tensor_bit_(exp_avg, element=7, bit=state_flip["bit"])
+    coverage = replayer.coverage()
+    replayer.close()
+    dist.barrier()
+    return {
+        "results": results,
+        "isolation_ok": isolation_ok,
+        "compute_ms": compute_ms,
+        "collective_ms": collective_ms,
+        "capture_bytes": capture_bytes,
+        "errors": errors,
+        "stragglers": stragglers,
+        "confirmed_stragglers": confirmed,
+        "disabled_reason": replayer.disabled_reason,
+        "coverage_pending": [str(r) for r in coverage.pending],
+        "final_loss": float(loss.detach()),
+    }

@@ -1,0 +1,283 @@
+"""Recipe catalog, schedule, readiness decision, evidence combination and coverage
+(spec/replay.md REC-*, READY-*, EVID-*). Pure: these run without torch."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scout.core.recipes import (
+    Catalog,
+    EvidenceKind,
+    Intervals,
+    RecipeClass,
+    RecipeId,
+    RecipeResult,
+    ReplayStatus,
+    Schedule,
+    Segment,
+    combine_evidence,
+    coverage,
+    decide_readiness,
+    optimizer_window,
+)
+from scout.core.verdict import MISSING, Status
+
+HIDDEN = RecipeClass.HIDDEN
+
+
+def test_REC_1_catalog_lists_recipes_in_slot_order() -> None:
+    catalog = Catalog(hidden_layer_count=3, optimizer_slice_count=2)
+    assert [str(r) for r in catalog.recipes()] == [
+        "embedding",
+        "hidden.0",
+        "hidden.1",
+        "hidden.2",
+        "output",
+        "optimizer.0",
+        "optimizer.1",
+    ]
+    assert sorted(catalog.recipes()) == list(catalog.recipes())
+    for recipe in catalog.recipes():
+        assert RecipeId.parse(str(recipe)) == recipe
+
+
+@pytest.mark.parametrize("text", ["hidden", "hidden.x", "embedding.1", "decoder.0", ""])
+def test_REC_1_bad_recipe_names_are_errors(text: str) -> None:
+    with pytest.raises(ValueError, match="recipe"):
+        RecipeId.parse(text)
+
+
+@pytest.mark.parametrize(
+    "field", ["embedding_steps", "hidden_steps", "output_steps", "optimizer_steps"]
+)
+@pytest.mark.parametrize("value", [-1, 1.5, True, "3"])
+def test_REC_2_intervals_are_validated_and_errors_name_the_field(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=f"{field} must be an int >= 0, got {value!r}"):
+        Intervals(**{field: value})  # type: ignore[arg-type]
+
+
+def test_REC_3_due_is_a_function_of_the_step() -> None:
+    schedule = Schedule(
+        Catalog(hidden_layer_count=3, optimizer_slice_count=2),
+        Intervals(embedding_steps=4, hidden_steps=2, output_steps=0, optimizer_steps=3),
+    )
+    due = {s: [str(d.recipe) for d in schedule.due(s)] for s in range(1, 13)}
+    assert due == {
+        1: [],
+        2: ["hidden.0"],
+        3: ["optimizer.0"],
+        4: ["embedding", "hidden.1"],
+        5: [],
+        6: ["hidden.2", "optimizer.1"],
+        7: [],
+        8: ["embedding", "hidden.0"],
+        9: ["optimizer.0"],
+        10: ["hidden.1"],
+        11: [],
+        12: ["embedding", "hidden.2", "optimizer.1"],
+    }
+    with pytest.raises(ValueError, match="numbered from 1, got 0"):
+        schedule.due(0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    layers=st.integers(0, 5),
+    slices=st.integers(0, 3),
+    embedding=st.booleans(),
+    output=st.booleans(),
+    intervals=st.tuples(*[st.integers(0, 4)] * 4),
+    start=st.integers(1, 40),
+)
+def test_REC_3_REC_4_every_window_of_a_cycle_covers_every_scheduled_recipe(
+    layers: int, slices: int, embedding: bool, output: bool, intervals: tuple[int, ...], start: int
+) -> None:
+    catalog = Catalog(layers, embedding, output, slices)
+    schedule = Schedule(catalog, Intervals(*intervals))
+    length = schedule.cycle_length_steps()
+    seen = set()
+    for step in range(start, start + length):
+        due = schedule.due(step)
+        classes = [d.recipe.recipe_class for d in due]
+        assert len(classes) == len(set(classes))  # at most one recipe per class
+        seen.update(d.recipe for d in due)
+    assert seen == set(catalog.recipes()) - set(schedule.uncovered())
+    # and the bound is tight: a shorter window misses something whenever a class has > 0 recipes
+    if length > 1:
+        shorter = {d.recipe for s in range(1, length) for d in schedule.due(s)}
+        assert shorter != seen
+
+
+def test_REC_5_not_applicable_is_not_pending_and_not_ready_is_inconclusive() -> None:
+    stage = Catalog(hidden_layer_count=2, has_embedding=False, has_output=False)
+    assert stage.not_applicable() == (RecipeClass.EMBEDDING, RecipeClass.OUTPUT)
+    schedule = Schedule(stage, Intervals(embedding_steps=1, hidden_steps=1, output_steps=1))
+    assert all(
+        d.recipe.recipe_class not in (RecipeClass.EMBEDDING, RecipeClass.OUTPUT)
+        for s in range(1, 20)
+        for d in schedule.due(s)
+    )
+    results = [
+        RecipeResult(RecipeId(HIDDEN, 0), 1, Status.AGREE),
+        RecipeResult(RecipeId(HIDDEN, 1), 2, Status.INCONCLUSIVE, reason="not-ready: 1:not_ready"),
+        RecipeResult(RecipeId(RecipeClass.OPTIMIZER, 0), 2, Status.AGREE),
+    ]
+    view = coverage(stage, results, since_step=0)
+    assert view.pending == (RecipeId(HIDDEN, 1),)
+    assert view.not_applicable == (RecipeClass.EMBEDDING, RecipeClass.OUTPUT)
+    assert not view.complete and not view.clean
+    assert view.inconclusive == (results[1],) and view.attributed == ()
+    with pytest.raises(ValueError, match="embedding at step 3: not in this rank's catalog"):
+        coverage(stage, [RecipeResult(RecipeId(RecipeClass.EMBEDDING), 3, Status.AGREE)], 0)
+
+
+def test_REC_4_coverage_complete_and_clean_since_a_boundary() -> None:
+    catalog = Catalog(
+        hidden_layer_count=2, has_embedding=False, has_output=False, optimizer_slice_count=0
+    )
+    results = [
+        RecipeResult(RecipeId(HIDDEN, 0), 1, Status.ATTRIBUTED, (2,), ("output",)),
+        RecipeResult(RecipeId(HIDDEN, 1), 2, Status.AGREE),
+        RecipeResult(RecipeId(HIDDEN, 0), 3, Status.AGREE),
+        RecipeResult(RecipeId(HIDDEN, 1), 4, Status.AGREE),
+    ]
+    everything = coverage(catalog, results, 0)
+    assert everything.complete and not everything.clean
+    assert everything.accepted == ((RecipeId(HIDDEN, 0), 3), (RecipeId(HIDDEN, 1), 4))
+    after_first = coverage(catalog, results, 1)
+    assert after_first.complete and after_first.clean
+    assert not coverage(catalog, results, 3).complete
+
+
+def _brute_window(check_index: int, numels: list[int], slice_numel: int) -> list[tuple[int, int]]:
+    """(parameter, element) pairs of the window, by walking the flat space one element at a time."""
+    flat = [(p, e) for p, n in enumerate(numels) for e in range(n)]
+    if not flat:
+        return []
+    start = (check_index * slice_numel) % len(flat)
+    return [flat[(start + j) % len(flat)] for j in range(min(slice_numel, len(flat)))]
+
+
+def test_REC_6_optimizer_window_exhaustive_on_small_layouts() -> None:
+    layouts = [[], [0], [5], [3, 0, 4], [1, 1, 1], [7, 2], [0, 6, 0, 1]]
+    for numels, slice_numel, check_index in itertools.product(layouts, range(1, 9), range(0, 12)):
+        segments = optimizer_window(check_index, numels, slice_numel)
+        got = [(s.parameter_index, e) for s in segments for e in range(s.start, s.stop)]
+        assert got == _brute_window(check_index, numels, slice_numel), (
+            numels,
+            slice_numel,
+            check_index,
+        )
+        assert all(s.start < s.stop for s in segments)
+
+
+def test_REC_6_every_element_is_replayed_after_enough_checks() -> None:
+    numels = [10, 3, 0, 7]
+    slice_numel = 6
+    covered = set()
+    for check in range(math.ceil(sum(numels) / slice_numel)):
+        for s in optimizer_window(check, numels, slice_numel):
+            covered.update((s.parameter_index, e) for e in range(s.start, s.stop))
+    assert len(covered) == sum(numels)
+    assert optimizer_window(0, [4], 10) == (Segment(0, 0, 4),)
+    with pytest.raises(ValueError, match="slice_numel must be >= 1, got 0"):
+        optimizer_window(0, [4], 0)
+
+
+def test_REC_7_uncovered_lists_recipes_of_disabled_classes() -> None:
+    schedule = Schedule(Catalog(hidden_layer_count=1), Intervals(embedding_steps=0))
+    assert schedule.uncovered() == (RecipeId(RecipeClass.EMBEDDING),)
+
+
+OK = ReplayStatus.OK
+
+
+def test_READY_2_proceed_only_when_all_ready_and_digests_agree() -> None:
+    assert decide_readiness([7, 7, 7, 7], [OK] * 4).proceed
+    mismatch = decide_readiness([7, 7, 8, 7], [OK] * 4)
+    assert (
+        not mismatch.proceed
+        and mismatch.reason == "readiness-mismatch: peers [2] describe other work"
+    )
+    split = decide_readiness([7, 7, 8, 8], [OK] * 4)
+    assert not split.proceed and split.reason == "readiness-no-majority"
+    silent = decide_readiness([7, MISSING, 7, 7], [OK, MISSING, OK, OK])
+    assert not silent.proceed and silent.reason == "not-ready: 1:missing"
+    too_large = decide_readiness([7, 9, 7, 7], [OK, ReplayStatus.CAPTURE_TOO_LARGE, OK, OK])
+    assert too_large.reason == "not-ready: 1:capture_too_large" and too_large.not_ready == (1,)
+    assert not decide_readiness([7], [OK]).proceed  # a singleton compares nothing (VERDICT-4)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    digests=st.lists(st.sampled_from([1, 2, 3, MISSING]), min_size=1, max_size=7),
+    data=st.data(),
+)
+def test_READY_2_READY_5_decision_is_symmetric_and_never_attributes(digests, data) -> None:
+    statuses = data.draw(
+        st.lists(
+            st.sampled_from([OK, ReplayStatus.NOT_READY]),
+            min_size=len(digests),
+            max_size=len(digests),
+        )
+    )
+    decision = decide_readiness(digests, statuses)
+    # proceed exactly when everyone is ready with one digest and more than one peer
+    expected = (
+        len(digests) > 1
+        and all(s == OK for s in statuses)
+        and MISSING not in digests
+        and len(set(digests)) == 1
+    )
+    assert decision.proceed == expected
+    assert decision.proceed or decision.reason
+    # every peer seeing the same rows in another order decides the same (the decision depends on
+    # the multiset of rows only)
+    order = data.draw(st.permutations(range(len(digests))))
+    again = decide_readiness([digests[i] for i in order], [statuses[i] for i in order])
+    assert again.proceed == decision.proceed
+
+
+R = RecipeId(HIDDEN, 1)
+
+
+def test_EVID_2_any_non_ok_status_is_inconclusive_not_attributed() -> None:
+    evidence = {EvidenceKind.OUTPUT: [5, 5, 6, 5]}
+    result = combine_evidence(R, 3, [OK, OK, ReplayStatus.NONDETERMINISTIC, OK], evidence)
+    assert result.status is Status.INCONCLUSIVE and result.outliers == ()
+    assert result.reason == "replay-status 2:nondeterministic"
+    missing = combine_evidence(R, 3, [OK, MISSING, OK], {EvidenceKind.OUTPUT: [1, 1, 1]})
+    assert missing.status is Status.INCONCLUSIVE and missing.reason == "replay-status 1:missing"
+
+
+def test_EVID_3_EVID_4_groups_voted_separately_and_attributions_united() -> None:
+    evidence = {
+        EvidenceKind.PARAMETERS: [1, 1, 1, 1],
+        EvidenceKind.OUTPUT: [5, 5, 6, 5],
+        EvidenceKind.INPUT_GRADIENT: [8, 9, 8, 8],
+        EvidenceKind.PARAMETER_GRADIENT: [3, 3, 3, 3],
+    }
+    result = combine_evidence(R, 3, [OK] * 4, evidence)
+    assert result.status is Status.ATTRIBUTED
+    assert result.outliers == (1, 2)
+    assert result.sources == ("output", "input_gradient")
+    healthy = combine_evidence(R, 3, [OK] * 4, {k: [4] * 4 for k in evidence})
+    assert healthy.status is Status.AGREE and healthy.accepted
+    split = combine_evidence(R, 3, [OK] * 4, {EvidenceKind.OUTPUT: [1, 1, 2, 2]})
+    assert split.status is Status.INCONCLUSIVE and split.reason == "output:no-majority"
+    both = combine_evidence(
+        R, 3, [OK] * 4, {EvidenceKind.OUTPUT: [1, 1, 2, 2], EvidenceKind.RNG: [1, 1, 1, 2]}
+    )
+    assert both.status is Status.ATTRIBUTED and both.outliers == (3,) and both.sources == ("rng",)
+    with pytest.raises(ValueError, match="evidence output has 3 values for 4 peers"):
+        combine_evidence(R, 3, [OK] * 4, {EvidenceKind.OUTPUT: [1, 1, 1]})
+
+
+def test_EVID_5_singleton_group_is_inconclusive() -> None:
+    result = combine_evidence(R, 1, [OK], {EvidenceKind.OUTPUT: [1]})
+    assert result.status is Status.INCONCLUSIVE and result.reason == "singleton"

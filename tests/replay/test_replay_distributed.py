@@ -1,0 +1,222 @@
+"""Replay on 4 real CPU processes (gloo, DDP, a tiny transformer with dropout).
+
+Each test launches ``tests/replay/_launch.py``: one torch import, four forked ranks, every
+wait bounded (a rank that runs past its deadline is killed and named). Faults come from
+``scout.replay.faults``. Peer positions equal ranks here (the replay group is the world).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+WORLD = 4
+pytestmark = pytest.mark.torchdist
+
+EVERY_CLASS = {"embedding_steps": 3, "hidden_steps": 1, "output_steps": 3, "optimizer_steps": 2}
+HEALTHY_STEPS = int(os.environ.get("SCOUT_TEST_HEALTHY_STEPS", "12"))
+
+
+def run(
+    tmp_path: Path, timeout_s: float = 240, same_results: bool = True, **kwargs: Any
+) -> dict[int, dict[str, Any]]:
+    out = tmp_path / "ranks.json"
+    environment = dict(os.environ, OMP_NUM_THREADS="1", SCOUT_TEST_RANK_DEADLINE_S=str(timeout_s))
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tests.replay._launch",
+            "train",
+            str(WORLD),
+            json.dumps(kwargs),
+            str(out),
+        ],
+        cwd=REPO,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s + 60,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["late_ranks"] == [], f"ranks {report['late_ranks']} missed the deadline"
+    ranks = {}
+    for rank, entry in report["ranks"].items():
+        assert entry["status"] == "ok", f"rank {rank} failed:\n{entry['payload']}"
+        ranks[int(rank)] = entry["payload"]
+    # Every rank decides from the same gathered rows, so every rank reports the same results.
+    if same_results:
+        assert all(ranks[r]["results"] == ranks[0]["results"] for r in ranks)
+    assert all(not ranks[r]["errors"] for r in ranks)
+    return ranks
+
+
+def by_status(results: list[dict[str, Any]], status: str) -> list[dict[str, Any]]:
+    return [r for r in results if r["status"] == status]
+
+
+def test_REPLAY_5_EVID_5_healthy_run_attributes_nothing_and_touches_nothing(tmp_path: Path) -> None:
+    ranks = run(tmp_path, steps=HEALTHY_STEPS, intervals=EVERY_CLASS, check_isolation=True)
+    results = ranks[0]["results"]
+    assert (
+        results and not by_status(results, "ATTRIBUTED") and not by_status(results, "INCONCLUSIVE")
+    )
+    assert {r["recipe"] for r in results} == {
+        "embedding",
+        "hidden.0",
+        "hidden.1",
+        "hidden.2",
+        "output",
+        "optimizer.0",
+    }
+    for payload in ranks.values():
+        assert payload["isolation_ok"], "a check changed live parameters, gradients or state"
+        assert payload["disabled_reason"] is None and payload["coverage_pending"] == []
+        assert max(payload["capture_bytes"]) < 2**20  # CAP-5: bounded and reported
+
+
+def test_FAULT_1_REPLAY_6_bit_flip_in_a_hidden_layer_output_on_rank_2_is_attributed_to_rank_2(
+    tmp_path: Path,
+) -> None:
+    ranks = run(
+        tmp_path, steps=3, intervals=EVERY_CLASS, output_flip={"rank": 2, "layer": 1, "bit": 20}
+    )
+    results = ranks[0]["results"]
+    attributed = by_status(results, "ATTRIBUTED")
+    # within one cycle (cycle_length_steps = 3 hidden layers x 1 step)
+    assert attributed == [
+        {
+            "recipe": "hidden.1",
+            "step": 2,
+            "status": "ATTRIBUTED",
+            "outliers": [2],
+            "sources": ["output"],
+            "reason": None,
+        }
+    ]
+    assert not by_status(results, "INCONCLUSIVE")
+
+
+def test_FAULT_1_the_same_attribution_through_the_projects_torch_transport(tmp_path: Path) -> None:
+    """TransportPeerGroup over scout.transport.nccl.TorchTransport (gloo on CPU here)."""
+    ranks = run(
+        tmp_path,
+        steps=3,
+        intervals=EVERY_CLASS,
+        output_flip={"rank": 2, "layer": 1, "bit": 20},
+        binding=True,
+    )
+    attributed = by_status(ranks[0]["results"], "ATTRIBUTED")
+    assert [(r["recipe"], r["outliers"]) for r in attributed] == [("hidden.1", [2])]
+    assert len(ranks[0]["results"]) == 6 and not by_status(ranks[0]["results"], "INCONCLUSIVE")
+
+
+def test_FAULT_2_REPLAY_3_parameter_corruption_on_rank_1_is_attributed(tmp_path: Path) -> None:
+    ranks = run(
+        tmp_path,
+        steps=3,
+        intervals={
+            "embedding_steps": 0,
+            "hidden_steps": 1,
+            "output_steps": 0,
+            "optimizer_steps": 0,
+        },
+        parameter_flip={"rank": 1, "step": 1, "layer": 2, "bit": 25},
+    )
+    (attributed,) = by_status(ranks[0]["results"], "ATTRIBUTED")
+    assert attributed["recipe"] == "hidden.2" and attributed["outliers"] == [1]
+    assert "parameters" in attributed["sources"]
+
+
+def test_FAULT_2_OPT_2_optimizer_state_corruption_on_rank_3_is_attributed(tmp_path: Path) -> None:
+    ranks = run(
+        tmp_path,
+        steps=3,
+        intervals={
+            "embedding_steps": 0,
+            "hidden_steps": 0,
+            "output_steps": 0,
+            "optimizer_steps": 1,
+        },
+        state_flip={"rank": 3, "step": 1, "bit": 22},
+    )
+    results = ranks[0]["results"]
+    assert [r["status"] for r in results] == ["AGREE", "ATTRIBUTED", "ATTRIBUTED"]
+    assert all(r["outliers"] == [3] and "parameters" in r["sources"] for r in results[1:])
+    # the replayed update itself agrees: every peer replays the source's (healthy) slice
+    assert all("updated" not in r["sources"] for r in results)
+
+
+def test_READY_2_READY_3_a_peer_describing_other_work_makes_it_inconclusive_without_a_hang(
+    tmp_path: Path,
+) -> None:
+    every_step = {"embedding_steps": 1, "hidden_steps": 1, "output_steps": 1, "optimizer_steps": 1}
+    ranks = run(tmp_path, steps=3, intervals=every_step, short_batch={"rank": 3, "step": 2})
+    results = ranks[0]["results"]
+    step_2 = {r["recipe"]: r for r in results if r["step"] == 2}
+    for recipe in ("embedding", "hidden.1", "output"):
+        assert step_2[recipe]["status"] == "INCONCLUSIVE"
+        assert step_2[recipe]["reason"] == "readiness-mismatch: peers [3] describe other work"
+    assert step_2["optimizer.0"]["status"] == "AGREE"  # same parameter shapes: still comparable
+    assert not by_status(results, "ATTRIBUTED")
+    assert all(r["status"] == "AGREE" for r in results if r["step"] != 2)
+
+
+def test_READY_5_CAP_2_a_peer_that_is_not_ready_is_inconclusive_never_attributed(
+    tmp_path: Path,
+) -> None:
+    every_step = {"embedding_steps": 1, "hidden_steps": 1, "output_steps": 1, "optimizer_steps": 1}
+    ranks = run(tmp_path, steps=2, intervals=every_step, tiny_capture_rank=1)
+    results = ranks[0]["results"]
+    assert len(results) == 8 and not by_status(results, "ATTRIBUTED")
+    assert all(r["reason"] == "not-ready: 1:capture_too_large" for r in results)
+
+
+def test_READY_1_peers_with_another_schedule_disable_replay_everywhere(tmp_path: Path) -> None:
+    # Each peer reports its own due recipes (its schedule differs), all Inconclusive.
+    ranks = run(
+        tmp_path,
+        same_results=False,
+        steps=3,
+        intervals=EVERY_CLASS,
+        intervals_override={"rank": 2, "intervals": {"hidden_steps": 2}},
+    )
+    for payload in ranks.values():
+        assert "disagree on the replay schedule" in payload["disabled_reason"]
+        assert payload["results"]
+        assert all(r["reason"].startswith("replay-disabled") for r in payload["results"])
+
+
+def test_STRAG_1_STRAG_2_FAULT_3_slow_compute_on_rank_1_is_a_confirmed_straggler_not_sdc(
+    tmp_path: Path,
+) -> None:
+    hidden_only = {"embedding_steps": 0, "hidden_steps": 1, "output_steps": 0, "optimizer_steps": 0}
+    ranks = run(tmp_path, steps=6, intervals=hidden_only, slow_rank={"rank": 1, "delay_s": 0.1})
+    payload = ranks[0]
+    assert not by_status(payload["results"], "ATTRIBUTED")  # slow is not corrupt
+    confirmed = payload["confirmed_stragglers"]
+    times = [[ranks[r]["compute_ms"][i] for r in range(WORLD)] for i in range(6)]
+    # STRAG-2: never before straggler_rounds (3) rounds, and only ever rank 1. On a shared
+    # 2-core box a noisy round may be undecided (delays confirmation, never resets it) or, in
+    # principle, decided without rank 1 (a Recovered report); neither is asserted against.
+    assert confirmed[0] == confirmed[1] == [], times
+    assert [1] in confirmed and all(c in ([], [1]) for c in confirmed), (confirmed, times)
+    first = confirmed.index([1])
+    assert payload["stragglers"][first] == [["Confirmed", 1]]
+    assert all(r["confirmed_stragglers"] == confirmed for r in ranks.values())
+
+
+@pytest.mark.slow
+def test_EVID_5_healthy_run_of_200_steps_attributes_nothing(tmp_path: Path) -> None:
+    ranks = run(tmp_path, steps=200, intervals=EVERY_CLASS, check_isolation=True)
+    results = ranks[0]["results"]
+    assert len(results) > 200 and all(r["status"] == "AGREE" for r in results)
+    assert all(p["isolation_ok"] and not any(p["confirmed_stragglers"]) for p in ranks.values())
