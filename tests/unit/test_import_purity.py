@@ -24,7 +24,7 @@ SCRIPT = textwrap.dedent(
 
     sys.meta_path.insert(0, Block())
     import scout.core, scout.gate
-    names = ["scout.transport", "scout.transport.base", "scout.transport.codec",
+    names = ["scout.transport", "scout.transport.base", "scout.transport.codec", "scout.transport._binding",
              "scout.transport.program", "scout.transport.sim"]
     for package in (scout.core, scout.gate):
         for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
