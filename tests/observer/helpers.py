@@ -1,0 +1,59 @@
+"""Child-process programs for the progress-record tests (module level, so ``spawn`` can import
+them). Each program talks to the test over a multiprocessing pipe and never waits unbounded."""
+
+from __future__ import annotations
+
+import os
+import time
+from multiprocessing.connection import Connection
+
+from scout.runtime.progress import ProgressPublisher, ProgressReader, RecordIdentity, Stage
+
+# Every wait in a child is bounded by this, so a broken test cannot leave processes behind.
+CHILD_LIFETIME_MAX_S = 60.0
+
+
+def fingerprint_of(step: int) -> int:
+    return (step * 0x9E3779B97F4A7C15 + 1) & (2**64 - 1) or 1
+
+
+def hold_publisher(identity: RecordIdentity, conn: Connection) -> None:
+    """Create a record, report its name and token, publish a few coordinates, then wait to be
+    told to exit (or be killed)."""
+    publisher = ProgressPublisher(identity)
+    publisher.begin_step(7)
+    publisher.advance()
+    publisher.enter_collective(fingerprint_of(7))
+    conn.send((publisher.name, publisher.token, os.getpid()))
+    if conn.poll(CHILD_LIFETIME_MAX_S):
+        conn.recv()
+    publisher.close()
+
+
+def churn_publisher(identity: RecordIdentity, duration_s: float, conn: Connection) -> None:
+    """Publish as fast as possible for ``duration_s``, keeping fields in a fixed relation to
+    the step so that a reader can tell a torn copy from a consistent one."""
+    publisher = ProgressPublisher(identity)
+    conn.send((publisher.name, publisher.token))
+    deadline = time.monotonic() + min(duration_s, CHILD_LIFETIME_MAX_S)
+    step = 0
+    while time.monotonic() < deadline:
+        step += 1
+        publisher.begin_step(step)
+        publisher.enter_collective(fingerprint_of(step))
+        publisher.exit_collective()
+        publisher.begin_stage(Stage.DATA_LOADING, key=step)
+        publisher.end_stage()
+    conn.send(step)
+    if conn.poll(CHILD_LIFETIME_MAX_S):
+        conn.recv()
+    publisher.close()
+
+
+def hold_reader(name: str, token: bytes, conn: Connection) -> None:
+    """Attach as the record's observer and stay attached until told to go (or killed)."""
+    reader = ProgressReader(name, token)
+    conn.send(os.getpid())
+    if conn.poll(CHILD_LIFETIME_MAX_S):
+        conn.recv()
+    reader.close()

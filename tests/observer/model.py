@@ -1,0 +1,524 @@
+"""Environments in which the explorer runs the real observer machine (spec/observer.toml).
+
+Two of them, both :class:`~scout.core.machine.Explorable`:
+
+* :class:`LoneObserver` -- one observer and a world that may do anything a driver can deliver:
+  peers ask, answer with any evidence (or not at all), answer late, delegate reports; the
+  trainer progresses or not, exits; rendezvous and attach fail or succeed. Checks every
+  invariant of the table, including every ``sometimes`` witness.
+* :class:`ObserverGroup` -- 3 to 5 observers whose trainers follow fixed behaviours (progressing,
+  stuck before collective k, stuck inside collective k with fingerprint F or F', frozen, dead),
+  connected by a network that delivers in order, and may lose or delay up to a budget of
+  messages. Checks the table's ``always`` invariants for every observer in every state, plus
+  the group properties (OBS-40..): reports are correct, one per stuck position in the group,
+  never from an attributed or dead observer.
+
+Time is discrete: a Tick advances the clock by one second. Within one second the network
+delivers in FIFO order; a delivery only touches its receiver, and everything a receiver does
+depends on its own state and the (second-constant) trainer state, so the order of deliveries
+within a second does not change what the group concludes -- FIFO is one representative order.
+``test_observer_model.py`` checks that claim on random permutations.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import itertools
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import attrs
+
+from scout.core.machine import Firing, Machine, MachineState, Property, load_machine
+from scout.core.observer import (
+    Answer,
+    Attached,
+    Decision,
+    EmitReport,
+    Evidence,
+    Joined,
+    JoinFailed,
+    ObserverConfig,
+    ObserverContext,
+    Outcome,
+    Progress,
+    ProgressSeen,
+    Report,
+    ReportKind,
+    RoundId,
+    RoundRequest,
+    Scope,
+    Send,
+    Stage,
+    Stop,
+    Tick,
+    TrainerExit,
+    assess,
+    event_for,
+    initial_context,
+)
+from tests.observer import SPEC_PATH
+
+OBSERVER: Machine[ObserverContext] = load_machine(SPEC_PATH)
+
+F = 0xF00D
+F_PRIME = 0xBEEF
+
+# Small numbers so that a few seconds cover two rounds and a confirmation.
+MODEL_CONFIG = dict(
+    stall_threshold_s=2.0,
+    data_stall_threshold_s=3.0,
+    checkpoint_stall_threshold_s=3.0,
+    round_deadline_s=1.0,
+    recheck_interval_s=2.0,
+    settle_idle_s=1.0,
+    join_deadline_s=2.0,
+    attach_deadline_s=3.0,
+    confirm_rounds=2,
+)
+
+
+def model_config(position: int, group_size: int) -> ObserverConfig:
+    return ObserverConfig(position, group_size, **MODEL_CONFIG)  # type: ignore[arg-type]
+
+
+def lift(properties: Sequence[Property], *, include_sometimes: bool) -> list[Property]:
+    """The machine's properties, applied to the machine part of an environment state."""
+    lifted: list[Property] = []
+    for prop in properties:
+        if prop.kind == "sometimes" and not include_sometimes:
+            continue
+        predicate = prop.predicate
+        if prop.scope == "state":
+            def check(state: Any, predicate: Any = predicate) -> bool:
+                return bool(predicate(state.machine))
+        else:
+            def check(previous: Any, event: Any, state: Any, effects: Any, predicate: Any = predicate) -> bool:
+                return bool(predicate(previous.machine, event, state.machine, effects))
+        lifted.append(Property(prop.id, prop.kind, prop.scope, prop.text, check))
+    return lifted
+
+
+# --------------------------------------------------------------------------------------------
+# One observer, any world
+# --------------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class LoneState:
+    machine: MachineState[ObserverContext]
+    now: float
+    progress_left: int
+    requests_left: int
+    decisions_left: int
+    stale_left: int
+
+
+SAME = Evidence(1, 3, F, Stage.COLLECTIVE, 2.0)  # stuck in the same collective as the observer's trainer
+BEHIND = Evidence(1, 2, 0, Stage.COMPUTE, 2.0)  # stuck before that collective
+OTHER_COLLECTIVE = Evidence(1, 3, F_PRIME, Stage.COLLECTIVE, 2.0)  # same point, another collective
+MOVING = Evidence(1, 9, 0, Stage.COMPUTE, 0.0)  # still progressing
+EVERY_EVIDENCE: tuple[Evidence | None, ...] = (SAME, BEHIND, OTHER_COLLECTIVE, MOVING, None)
+
+
+@attrs.frozen
+class Budget:
+    """How many of the world's rarer events one run may contain."""
+
+    progress: int = 1
+    requests: int = 0
+    decisions: int = 0
+    stale: int = 0
+
+
+class LoneObserver:
+    """One observer whose world can deliver anything a driver can, bounded by a budget: the
+    trainer may progress, exit or freeze; peers answer rounds with any evidence from ``menu``
+    (or never), ask for evidence, delegate reports (acceptable ones and ones that attribute
+    this observer), and send stale replies. Integer seconds; ``round_deadline_s`` = 1.5 so that
+    a round sees a tick before its deadline and one after."""
+
+    def __init__(
+        self,
+        position: int,
+        group_size: int,
+        horizon_s: int,
+        *,
+        menu: Sequence[Evidence | None] = EVERY_EVIDENCE,
+        budget: Budget = Budget(),
+        sometimes: Iterable[str] = (),
+    ) -> None:
+        self.config = attrs.evolve(model_config(position, group_size), round_deadline_s=1.5)
+        self.horizon_s = horizon_s
+        self.menu = tuple(menu)
+        self.budget = budget
+        wanted = set(sometimes)
+        self.properties = [
+            p for p in lift(OBSERVER.properties, include_sometimes=True) if p.kind == "always" or p.id in wanted
+        ]
+        self.labels = OBSERVER.labels
+        peer = self.config.peers[0]
+        acceptable = Report(
+            ReportKind.HANG, Outcome.BEHIND, Scope.RANK, (1, 2), RoundId(peer, 1), peer, position,
+            (peer,), (), (), (None,) * group_size, 2.0, "delegated in the model",
+        )
+        self.delegations = (acceptable, attrs.evolve(acceptable, key=(1, 3), attributed=(position,)))
+
+    def initial(self) -> LoneState:
+        b = self.budget
+        return LoneState(
+            OBSERVER.initial_state(initial_context(self.config, 0.0)), 0.0, b.progress, b.requests, b.decisions, b.stale
+        )
+
+    def fire(self, state: LoneState, event: Any) -> Firing[LoneState]:
+        firing = OBSERVER.fire(state.machine, event)
+        if state.machine.control in ("STOPPED", "FAILED"):
+            # The machine ignores everything here (OBS-8 checks it); the world's clock and
+            # budgets no longer matter, so they stay put and the state space stays small.
+            return Firing(attrs.evolve(state, machine=firing.state), firing.effects, firing.labels)
+        nxt = attrs.evolve(
+            state,
+            machine=firing.state,
+            now=event.now_s,
+            progress_left=state.progress_left - isinstance(event, ProgressSeen),
+            requests_left=state.requests_left - isinstance(event, RoundRequest),
+            decisions_left=state.decisions_left - isinstance(event, Decision),
+            stale_left=state.stale_left - (isinstance(event, Answer) and event.round.number == 0),
+        )
+        return Firing(nxt, firing.effects, firing.labels)
+
+    def enabled(self, state: LoneState) -> list[Any]:
+        control = state.machine.control
+        now = state.now
+        peer = self.config.peers[0]
+        events: list[Any] = []
+        if now < self.horizon_s:
+            events.append(Tick(now + 1))
+        if control in ("STOPPED", "FAILED"):
+            # Whatever still arrives is ignored; offer one of each.
+            return events + [
+                ProgressSeen(now, Progress(1, 4)), RoundRequest(now, RoundId(peer, 1)),
+                Answer(now, RoundId(peer, 1), peer, None),
+                Decision(now, self.delegations[0].round, peer, self.delegations[0]),
+                TrainerExit(now, clean=True), Stop(now),
+            ]
+        events += [TrainerExit(now, clean=False), Stop(now)]
+        if control == "JOINING":
+            return events + [Joined(now), JoinFailed(now, "peer 2 unreachable")]
+        if control == "ATTACHING":
+            events.append(Attached(now, Progress(1, 3, F, Stage.COLLECTIVE)))
+        if control in ("WATCHING", "ROUND", "HOLDING") and state.progress_left:
+            events.append(ProgressSeen(now, Progress(1, 4, 0, Stage.COMPUTE)))
+        if state.requests_left:
+            events += [RoundRequest(now, RoundId(p, 1)) for p in self.config.peers]
+        if state.decisions_left:
+            events += [Decision(now, report.round, report.decided_by, report) for report in self.delegations]
+        if state.stale_left:
+            events.append(Answer(now, RoundId(self.config.position, 0), peer, None))
+        opened = state.machine.context.round
+        if control == "ROUND" and opened is not None:
+            for p in self.config.peers:
+                if p not in opened.answered:
+                    events += [Answer(now, opened.round, p, evidence) for evidence in self.menu]
+        return events
+
+
+# --------------------------------------------------------------------------------------------
+# A group of observers over a lossy network
+# --------------------------------------------------------------------------------------------
+
+
+class Behaviour(enum.Enum):
+    """What a trainer does, from its observer's point of view."""
+
+    PROGRESSING = "progressing"  # a new coordinate every second
+    BEFORE_K = "stuck before collective k"
+    IN_F = "stuck inside collective k, fingerprint F"
+    IN_F_PRIME = "stuck inside collective k, fingerprint F'"
+    FROZEN = "frozen (SIGSTOP) mid-step"
+    DEAD = "dead at t=1"
+
+
+# Where each stuck behaviour stops. Collective k is op 3 of step 1; "before" is op 2.
+_STUCK_AT = {
+    Behaviour.BEFORE_K: Progress(1, 2, 0, Stage.COMPUTE),
+    Behaviour.IN_F: Progress(1, 3, F, Stage.COLLECTIVE),
+    Behaviour.IN_F_PRIME: Progress(1, 3, F_PRIME, Stage.COLLECTIVE),
+    Behaviour.FROZEN: Progress(1, 1, 0, Stage.COMPUTE),
+    Behaviour.DEAD: Progress(1, 1, 0, Stage.COMPUTE),
+}
+DEATH_S = 1
+
+
+def trainer_progress(behaviour: Behaviour, now: int) -> Progress:
+    if behaviour is Behaviour.PROGRESSING:
+        return Progress(1, 10 + now, 0, Stage.COMPUTE)
+    return _STUCK_AT[behaviour]
+
+
+@attrs.frozen(order=True)
+class Packet:
+    source: int
+    destination: int
+    message: Any = attrs.field(order=False)
+
+
+@attrs.frozen
+class GroupState:
+    observers: tuple[MachineState[ObserverContext], ...]
+    now: int
+    network: tuple[Packet, ...]  # due now, FIFO
+    delayed: tuple[Packet, ...]  # due at the next second
+    faults_left: int  # messages the network may still lose or delay
+    reports: tuple[tuple[int, Report], ...]  # (emitter, report), in emission order
+
+    @property
+    def faulty(self) -> bool:
+        return self.faults_left < self.faults_max
+
+    faults_max: int = 0
+
+
+@attrs.frozen
+class Deliver:
+    """Deliver the head of the queue."""
+
+
+@attrs.frozen
+class Lose:
+    index: int
+
+
+@attrs.frozen
+class Delay:
+    index: int
+
+
+@attrs.frozen
+class Second:
+    """One second passes: trainers publish or die, every observer ticks."""
+
+
+class ObserverGroup:
+    """``len(behaviours)`` observers, one per trainer, over a FIFO network that may lose or
+    delay (by one second) up to ``faults_max`` messages. Events: Deliver, Lose(i), Delay(i),
+    Second. Reports are only required to be correct with fewer faults than ``confirm_rounds``:
+    k lost messages can make k consecutive rounds miss the same peer, which is exactly what a
+    dead peer looks like."""
+
+    def __init__(self, behaviours: Sequence[Behaviour], *, horizon_s: int, faults_max: int = 1) -> None:
+        self.behaviours = tuple(behaviours)
+        self.size = len(self.behaviours)
+        self.horizon_s = horizon_s
+        self.faults_max = faults_max
+        self.configs = tuple(model_config(p, self.size) for p in range(self.size))
+        self.labels = OBSERVER.labels
+        self.properties = [*self._lifted_always(), *group_properties(self)]
+
+    # -- the machines -----------------------------------------------------------------------
+
+    def _lifted_always(self) -> list[Property]:
+        lifted: list[Property] = []
+        for prop in OBSERVER.properties:
+            if prop.kind != "always":
+                continue
+            predicate = prop.predicate
+            if prop.scope == "state":
+                def check_state(state: GroupState, predicate: Any = predicate) -> bool:
+                    return all(predicate(observer) for observer in state.observers)
+                lifted.append(Property(prop.id, "always", "state", prop.text, check_state))
+            else:
+                def check_step(previous: GroupState, event: Any, state: GroupState, effects: Any,
+                               predicate: Any = predicate) -> bool:
+                    # effects: per-observer steps taken, ((position, machine event, effects), ...)
+                    return all(
+                        predicate(previous_machine, machine_event, next_machine, machine_effects)
+                        for previous_machine, machine_event, next_machine, machine_effects in effects
+                    )
+                lifted.append(Property(prop.id, "always", "step", prop.text, check_step))
+        return lifted
+
+    def initial(self) -> GroupState:
+        observers = []
+        for position, config in enumerate(self.configs):
+            state = OBSERVER.initial_state(initial_context(config, 0.0))
+            state, _ = OBSERVER.step(state, Joined(0.0))
+            state, _ = OBSERVER.step(state, Attached(0.0, trainer_progress(self.behaviours[position], 0)))
+            observers.append(state)
+        return GroupState(tuple(observers), 0, (), (), self.faults_max, (), self.faults_max)
+
+    def enabled(self, state: GroupState) -> list[Any]:
+        if state.network:
+            events: list[Any] = [Deliver()]
+            if state.faults_left:
+                events += [Lose(i) for i in range(len(state.network))]
+                events += [Delay(i) for i in range(len(state.network))]
+            return events
+        if state.now < self.horizon_s:
+            return [Second()]
+        return []
+
+    def fire(self, state: GroupState, event: Any) -> Firing[GroupState]:
+        observers = list(state.observers)
+        network = list(state.network)
+        delayed = list(state.delayed)
+        reports = list(state.reports)
+        steps: list[tuple[Any, Any, Any, tuple[object, ...]]] = []
+        labels: list[str] = []
+
+        def step(position: int, machine_event: Any) -> None:
+            firing = OBSERVER.fire(observers[position], machine_event)
+            steps.append((observers[position], machine_event, firing.state, firing.effects))
+            labels.extend(firing.labels)
+            observers[position] = firing.state
+            for effect in firing.effects:
+                if isinstance(effect, Send):
+                    network.extend(Packet(position, to, effect.message) for to in effect.to)
+                elif isinstance(effect, EmitReport):
+                    reports.append((position, effect.report))
+
+        now = state.now
+        faults_left = state.faults_left
+        if isinstance(event, Deliver):
+            packet = network.pop(0)
+            step(packet.destination, event_for(packet.message, float(now)))
+        elif isinstance(event, Lose):
+            network.pop(event.index)
+            faults_left -= 1
+        elif isinstance(event, Delay):
+            delayed.append(network.pop(event.index))
+            faults_left -= 1
+        else:
+            now += 1
+            network, delayed = delayed, []
+            for position, behaviour in enumerate(self.behaviours):
+                if observers[position].control in ("STOPPED", "FAILED"):
+                    continue
+                if behaviour is Behaviour.DEAD and now >= DEATH_S:
+                    step(position, TrainerExit(float(now), clean=False))
+                    continue
+                if behaviour is Behaviour.PROGRESSING:
+                    step(position, ProgressSeen(float(now), trainer_progress(behaviour, now)))
+                step(position, Tick(float(now)))
+        nxt = GroupState(tuple(observers), now, tuple(network), tuple(delayed), faults_left, tuple(reports),
+                         self.faults_max)
+        return Firing(nxt, tuple(steps), tuple(labels))
+
+    # -- ground truth -----------------------------------------------------------------------
+
+    def true_evidence(self) -> list[Evidence | None]:
+        """What a round sees when every live observer answers, once the stall has settled."""
+        evidence: list[Evidence | None] = []
+        for behaviour in self.behaviours:
+            if behaviour is Behaviour.DEAD:
+                evidence.append(None)
+            elif behaviour is Behaviour.PROGRESSING:
+                p = trainer_progress(behaviour, 0)
+                evidence.append(Evidence(p.step, p.op, p.fingerprint, p.stage, 0.0))
+            else:
+                p = _STUCK_AT[behaviour]
+                evidence.append(Evidence(p.step, p.op, p.fingerprint, p.stage, 9.0))
+        return evidence
+
+    def expected_report(self) -> Finding | None:
+        """The finding a fault-free group reports: (outcome, attributed, missing, key)."""
+        return _finding(assess(self.true_evidence(), self.configs[0]))
+
+    def acceptable(self, report: Report, faults: int) -> bool:
+        """Is ``report`` what the trainers really did, seen through at most ``faults`` lost or
+        delayed messages? Each fault can hide at most one live peer from one round, so a
+        decisive finding must equal the assessment of the true evidence with at most ``faults``
+        live peers hidden. A confirmed finding (unresponsive, inconclusive) needs
+        ``confirm_rounds`` identical rounds, which fewer faults cannot fake: it must be the truth."""
+        found = (report.outcome, report.attributed, report.missing, report.key)
+        if report.outcome in (Outcome.UNRESPONSIVE, Outcome.INCONCLUSIVE):
+            return found == self.expected_report()
+        return found in self._findings_with_hidden(faults)
+
+    @functools.cache  # noqa: B019 - one group object per exploration
+    def _findings_with_hidden(self, faults: int) -> frozenset[Finding]:
+        truth = self.true_evidence()
+        live = [p for p, e in enumerate(truth) if e is not None]
+        findings: set[Finding] = set()
+        for count in range(faults + 1):
+            for hidden in itertools.combinations(live, count):
+                evidence = [None if p in hidden else e for p, e in enumerate(truth)]
+                finding = _finding(assess(evidence, self.configs[0]))
+                if finding is not None:
+                    findings.add(finding)
+        return frozenset(findings)
+
+
+Finding = tuple[Outcome, tuple[int, ...], tuple[int, ...], tuple[int, int]]
+
+
+def _finding(assessment: Any) -> Finding | None:
+    if assessment.outcome is Outcome.UNSETTLED or assessment.key is None:
+        return None
+    return assessment.outcome, assessment.attributed, assessment.missing, assessment.key
+
+
+def group_properties(group: ObserverGroup) -> list[Property]:
+    expected = group.expected_report()
+
+    def matches(report: Report) -> bool:
+        return (report.outcome, report.attributed, report.missing, report.key) == expected
+
+    def correct(state: GroupState) -> bool:
+        faults = state.faults_max - state.faults_left
+        return all(group.acceptable(r, faults) for _, r in state.reports)
+
+    def one_per_position_without_loss(state: GroupState) -> bool:
+        if state.faulty:
+            return True
+        keys = [r.key for _, r in state.reports]
+        return len(keys) == len(set(keys))
+
+    def duplicates_bounded_by_loss(state: GroupState) -> bool:
+        keys = [r.key for _, r in state.reports]
+        return len(keys) - len(set(keys)) <= state.faults_max - state.faults_left
+
+    def emitter_alive_and_not_attributed(state: GroupState) -> bool:
+        return all(
+            group.behaviours[emitter] is not Behaviour.DEAD and emitter not in r.attributed and emitter == r.reporter
+            for emitter, r in state.reports
+        )
+
+    def reporter_is_lowest_eligible(state: GroupState) -> bool:
+        # Without loss, the emitter is the lowest live position the report does not attribute.
+        if state.faulty:
+            return True
+        for emitter, r in state.reports:
+            eligible = [p for p in range(group.size) if p not in r.attributed and p not in r.missing]
+            if emitter != eligible[0]:
+                return False
+        return True
+
+    def reported_by_the_horizon_without_faults(state: GroupState) -> bool:
+        if expected is None or state.faulty or state.now < group.horizon_s or state.network:
+            return True
+        return any(matches(r) for _, r in state.reports)
+
+    return [
+        Property.always("OBS-45", "Without loss or delay, the true finding is reported by the horizon "
+                        "(two rounds and a confirmation).", reported_by_the_horizon_without_faults),
+        Property.always("OBS-40", "Every report names what the trainers really did (outcome, attributed, "
+                        "missing, position), as seen through the lost or delayed messages, whenever fewer "
+                        "messages than confirm_rounds were lost or delayed.", correct),
+        Property.always("OBS-41", "Without loss or delay, each stuck position is reported once in the whole "
+                        "group.", one_per_position_without_loss),
+        Property.always("OBS-42", "Duplicate reports of one position never outnumber lost and delayed "
+                        "messages.", duplicates_bounded_by_loss),
+        Property.always("OBS-43", "Every report is emitted by a live observer the report does not attribute.",
+                        emitter_alive_and_not_attributed),
+        Property.always("OBS-44", "Without loss or delay, the emitter is the lowest-positioned live observer "
+                        "the report does not attribute (never a fixed rank 0).", reporter_is_lowest_eligible),
+    ]
+
+
+ALL_BEHAVIOURS = tuple(Behaviour)
+
+
+def every_mix(size: int) -> Iterable[tuple[Behaviour, ...]]:
+    return itertools.product(ALL_BEHAVIOURS, repeat=size)

@@ -1,0 +1,281 @@
+"""Instrumentation through public interfaces (spec/observer.md, "Instrumentation", INSTR-1..7).
+
+In-process checks use a one-rank gloo group; the blocked-rank check runs four real gloo ranks
+forked from a server that imported torch once."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+
+from scout.core.fingerprint import CollectiveCall, TensorMeta, fingerprint  # noqa: E402
+from scout.runtime import instrument as inst  # noqa: E402
+from scout.runtime.progress import ProgressPublisher, ProgressReader, RecordIdentity, Stage  # noqa: E402
+from tests.observer import torch_ranks  # noqa: E402
+
+pytestmark = pytest.mark.torchdist
+
+
+@pytest.fixture
+def world_of_one(tmp_path: Path) -> Iterator[None]:
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'rdzv'}", rank=0, world_size=1, timeout=timedelta(seconds=30)
+    )
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture
+def published() -> Iterator[tuple[ProgressPublisher, ProgressReader]]:
+    publisher = ProgressPublisher(RecordIdentity(f"instr-{os.getpid()}-{time.monotonic_ns()}", 0, 0))
+    reader = ProgressReader(publisher.name, publisher.token)
+    inst.instrument(publisher)
+    try:
+        yield publisher, reader
+    finally:
+        inst.uninstrument()
+        reader.close()
+        publisher.close()
+
+
+def read(reader: ProgressReader) -> tuple[tuple[int, int], int, Stage, int]:
+    snapshot = reader.read()
+    assert snapshot is not None
+    return snapshot.coordinate, snapshot.fingerprint, snapshot.stage, snapshot.collectives_entered
+
+
+# Positions describe_call reads, per op: (index, parameter name). Compared with the installed
+# torch so that a signature change breaks this test instead of silently mis-describing calls.
+POSITIONS = {
+    "all_reduce": [(0, "tensor"), (1, "op"), (2, "group")],
+    "all_gather": [(0, "tensor_list"), (1, "tensor"), (2, "group")],
+    "all_gather_into_tensor": [(0, "output_tensor"), (1, "input_tensor"), (2, "group")],
+    "reduce_scatter": [(0, "output"), (1, "input_list"), (2, "op"), (3, "group")],
+    "reduce_scatter_tensor": [(0, "output"), (1, "input"), (2, "op"), (3, "group")],
+    "broadcast": [(0, "tensor"), (1, "src"), (2, "group"), (4, "group_src")],
+    "all_to_all": [(0, "output_tensor_list"), (1, "input_tensor_list"), (2, "group")],
+    "all_to_all_single": [(0, "output"), (1, "input"), (2, "output_split_sizes"), (3, "input_split_sizes"), (4, "group")],
+    "barrier": [(0, "group")],
+    "send": [(0, "tensor"), (2, "group"), (3, "tag")],
+    "recv": [(0, "tensor"), (2, "group"), (3, "tag")],
+    "isend": [(0, "tensor"), (2, "group"), (3, "tag")],
+    "irecv": [(0, "tensor"), (2, "group"), (3, "tag")],
+}
+
+
+def test_INSTR_1_argument_positions_match_the_installed_torch() -> None:
+    assert set(POSITIONS) == set(inst.COLLECTIVES)
+    for op, positions in POSITIONS.items():
+        parameters = list(inspect.signature(getattr(dist, op)).parameters)
+        for index, name in positions:
+            assert parameters[index] == name, f"torch.distributed.{op} parameter {index} is {parameters[index]!r}"
+
+
+def test_INSTR_1_collectives_publish_entry_exit_and_the_fingerprint(
+    world_of_one: None, published: tuple[ProgressPublisher, ProgressReader]
+) -> None:
+    publisher, reader = published
+    inst.mark_step(3)
+    seen: list[tuple[tuple[int, int], int, Stage, int]] = []
+    original_enter = publisher.enter_collective
+
+    def spy(fp: int) -> None:
+        original_enter(fp)
+        seen.append(read(reader))
+
+    publisher.enter_collective = spy  # type: ignore[method-assign]
+    tensor = torch.ones(4, 8)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    expected = fingerprint(CollectiveCall("all_reduce", None, (TensorMeta("torch.float32", (4, 8)),), reduce_op="MAX"))
+    # While inside: op counter advanced, fingerprint and stage set.
+    assert seen == [((3, 1), expected, Stage.COLLECTIVE, 1)]
+    # After: one more op, no collective in flight.
+    assert read(reader) == ((3, 2), 0, Stage.IDLE, 1)
+    dist.barrier()
+    dist.broadcast(tensor, src=0)
+    out = [torch.zeros(4, 8)]
+    dist.all_gather(out, tensor)
+    assert read(reader) == ((3, 8), 0, Stage.IDLE, 4)
+
+
+def test_INSTR_2_fingerprints_leave_out_rank_dependent_values() -> None:
+    def single(rows: int, splits: list[int] | None) -> int:
+        call = inst.describe_call(
+            "all_to_all_single", (torch.zeros(rows, 3), torch.zeros(rows, 3), splits, splits), {}
+        )
+        return fingerprint(call)
+
+    # Uneven splits: each rank's first dimension differs, the fingerprint does not.
+    assert single(5, [2, 3]) == single(7, [4, 3])
+    assert single(5, [2, 3]) != single(5, None)
+    lists_a = inst.describe_call("all_to_all", ([torch.zeros(2), torch.zeros(3)], [torch.zeros(1), torch.zeros(4)]), {})
+    lists_b = inst.describe_call("all_to_all", ([torch.zeros(5), torch.zeros(1)], [torch.zeros(2), torch.zeros(2)]), {})
+    assert fingerprint(lists_a) == fingerprint(lists_b)
+    # The peer of a send is rank-dependent; the tensor and tag are not.
+    assert fingerprint(inst.describe_call("send", (torch.zeros(2), 1), {})) == fingerprint(
+        inst.describe_call("send", (torch.zeros(2),), {"dst": 3})
+    )
+    assert fingerprint(inst.describe_call("send", (torch.zeros(2), 1), {"tag": 7})) != fingerprint(
+        inst.describe_call("send", (torch.zeros(2), 1), {})
+    )
+    # A different shape is a different collective.
+    assert fingerprint(inst.describe_call("all_reduce", (torch.zeros(4),), {})) != fingerprint(
+        inst.describe_call("all_reduce", (torch.zeros(5),), {})
+    )
+
+
+def test_INSTR_3_module_hooks_and_optimizer_publish_progress(
+    published: tuple[ProgressPublisher, ProgressReader],
+) -> None:
+    _, reader = published
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU(), torch.nn.Linear(2, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    assert inst.instrument_module(model) == 3
+    inst.instrument_optimizer(optimizer)
+    assert read(reader)[0] == (1, 0)
+    model(torch.ones(1, 2)).sum().backward()
+    assert read(reader)[0] == (1, 3)  # one publish after each of three layers
+    optimizer.step()
+    assert read(reader)[0] == (2, 0)
+    # Before and after: "inside layer k" is told apart from "between layers".
+    other = torch.nn.ModuleList([torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)])
+    assert inst.instrument_module(other, before_forward=True) == 2
+    other[0](torch.ones(1, 2))
+    assert read(reader)[0] == (2, 2)
+
+
+def test_INSTR_3_only_the_outermost_repeated_blocks_are_hooked() -> None:
+    blocks = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU()) for _ in range(4)])
+    model = torch.nn.Module()
+    model.embed = torch.nn.Linear(2, 2)
+    model.blocks = blocks
+    assert inst._repeated_layers(model) == list(blocks)
+    assert inst._repeated_layers(torch.nn.Linear(2, 2))[0].__class__ is torch.nn.Linear
+
+
+def test_INSTR_4_data_loading_and_checkpoint_stages(
+    published: tuple[ProgressPublisher, ProgressReader],
+) -> None:
+    _, reader = published
+    batches = [1, 2]
+    staged_during: list[Stage] = []
+
+    class Loader:
+        sampler = "kept"
+
+        def __iter__(self) -> Iterator[int]:
+            for batch in batches:
+                staged_during.append(read(reader)[2])
+                yield batch
+
+        def __len__(self) -> int:
+            return len(batches)
+
+    loader = inst.instrument_dataloader(Loader(), name="train")
+    assert len(loader) == 2 and loader.sampler == "kept"
+    assert list(loader) == batches
+    assert staged_during == [Stage.DATA_LOADING, Stage.DATA_LOADING]
+    snapshot = reader.read()
+    assert snapshot is not None and snapshot.completed_stage is Stage.DATA_LOADING
+    assert snapshot.completed_stage_key == inst.stage_key("dataloader", "train")
+    with inst.checkpoint_io("write", name="step-1"):
+        assert read(reader)[2] is Stage.CHECKPOINT_WRITE
+    snapshot = reader.read()
+    assert snapshot is not None and snapshot.stage is Stage.COMPUTE
+    assert snapshot.completed_stage is Stage.CHECKPOINT_WRITE and snapshot.completed_stage_duration_ns > 0
+    with pytest.raises(ValueError, match="must be 'read' or 'write', got 'save'"), inst.checkpoint_io("save"):
+        pass
+
+
+def test_INSTR_4_without_instrumentation_the_helpers_change_nothing() -> None:
+    assert not inst.instrumented()
+    loader = [1, 2]
+    assert inst.instrument_dataloader(loader) is loader
+    with inst.checkpoint_io("read"):
+        pass
+    with pytest.raises(inst.InstrumentationError, match="needs instrument"):
+        inst.mark_step(1)
+
+
+def test_INSTR_5_uninstrument_restores_everything(world_of_one: None) -> None:
+    import torch.distributed.distributed_c10d as c10d
+
+    originals = {op: getattr(dist, op) for op in inst.COLLECTIVES}
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    publisher = ProgressPublisher(RecordIdentity(f"restore-{os.getpid()}-{time.monotonic_ns()}", 0, 0))
+    try:
+        inst.instrument(publisher)
+        with pytest.raises(inst.InstrumentationError, match="already installed"):
+            inst.instrument(publisher)
+        assert all(getattr(dist, op) is not originals[op] for op in inst.COLLECTIVES)
+        assert c10d.all_reduce is dist.all_reduce
+        inst.instrument_module(model, before_forward=True)
+        assert model[0]._forward_pre_hooks and model[0]._forward_hooks
+        inst.uninstrument()
+        inst.uninstrument()  # idempotent
+        assert all(getattr(dist, op) is originals[op] for op in inst.COLLECTIVES)
+        assert c10d.all_reduce is originals["all_reduce"]
+        assert not model[0]._forward_pre_hooks and not model[0]._forward_hooks
+    finally:
+        inst.uninstrument()
+        publisher.close()
+
+
+def test_INSTR_6_instrumentation_never_raises_into_the_trainer(
+    world_of_one: None, published: tuple[ProgressPublisher, ProgressReader]
+) -> None:
+    publisher, reader = published
+    # A call the describer cannot handle still runs, with a fallback fingerprint.
+    with pytest.raises(Exception) as raised:
+        dist.all_reduce("not a tensor")  # type: ignore[arg-type]
+    assert "describe" not in str(raised.value)
+    active = inst._ACTIVE
+    assert active is not None and active.failures == 1
+    # A publisher that broke (closed) does not break collectives.
+    publisher.close()
+    tensor = torch.ones(2)
+    dist.all_reduce(tensor)
+    assert float(tensor[0]) == 1.0 and active.failures == 3
+
+
+def test_INSTR_7_the_record_shows_the_collective_a_rank_is_blocked_in(tmp_path: Path) -> None:
+    """Four gloo ranks; rank 2 holds back before the second all-reduce, so ranks 0, 1 and 3 are
+    blocked inside it. Their records must say so, with the right fingerprint, while they wait."""
+    context = torch_ranks.forkserver_context()
+    release = context.Event()
+    expected = fingerprint(CollectiveCall("all_reduce", None, (TensorMeta("torch.float32", (4,)),), reduce_op="SUM"))
+    with torch_ranks.run_ranks(torch_ranks.blocked_rank_program, 4, tmp_path, release) as (control, processes):
+        ready = torch_ranks.collect(control, "ready", 4)
+        readers = {rank: ProgressReader(name, token) for rank, (name, token) in ready.items()}
+        try:
+            deadline = time.monotonic() + torch_ranks.RANK_TIMEOUT_S
+            while True:
+                views = {rank: read(reader) for rank, reader in readers.items()}
+                blocked = [r for r in (0, 1, 3) if views[r][2] is Stage.COLLECTIVE and views[r][3] == 2]
+                if len(blocked) == 3 and views[2][0] == (1, 2):
+                    break
+                assert time.monotonic() < deadline, f"ranks never blocked as expected: {views}"
+                time.sleep(0.01)
+            time.sleep(0.2)  # still blocked a moment later: nothing moves while rank 2 holds
+            assert {r: read(readers[r]) for r in (0, 1, 3)} == {
+                r: ((1, 3), expected, Stage.COLLECTIVE, 2) for r in (0, 1, 3)
+            }
+            assert read(readers[2]) == ((1, 2), 0, Stage.IDLE, 1)
+            release.set()
+            done = torch_ranks.collect(control, "done", 4)
+        finally:
+            for reader in readers.values():
+                reader.close()
+    assert done == {rank: ((16.0, True),) for rank in range(4)}
+    assert [p.exitcode for p in processes] == [0, 0, 0, 0]

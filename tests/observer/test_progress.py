@@ -1,0 +1,269 @@
+"""The progress record (spec/observer.md, "Progress record", PROGRESS-1..7): writer and reader
+in different processes, seqlock consistency under concurrent writes, ownership, stale segments."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import struct
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from scout.runtime import progress
+from scout.runtime.progress import (
+    ObserverAlreadyAttached,
+    ProgressPublisher,
+    ProgressReader,
+    RecordIdentity,
+    RecordInUse,
+    RecordMismatch,
+    RecordNotFound,
+    Stage,
+    process_alive,
+    process_start_ticks,
+    record_name,
+)
+from tests.observer import helpers
+
+SPAWN = multiprocessing.get_context("spawn")
+WAIT_S = 30.0
+
+
+def unique_identity(rank: int = 0) -> RecordIdentity:
+    return RecordIdentity(f"test-{os.getpid()}-{time.monotonic_ns()}", 0, rank)
+
+
+class Child:
+    """A spawned helper with a pipe; always reaped (killed if needed) at the end of the test."""
+
+    def __init__(self, target: Any, *args: Any) -> None:
+        self.conn, child_conn = SPAWN.Pipe()
+        self.process = SPAWN.Process(target=target, args=(*args, child_conn), daemon=True)
+        self.process.start()
+
+    def recv(self) -> Any:
+        assert self.conn.poll(WAIT_S), "child did not answer in time"
+        return self.conn.recv()
+
+    def finish(self) -> None:
+        self.conn.send("exit")
+        self.process.join(WAIT_S)
+
+    def kill(self) -> None:
+        assert self.process.pid is not None
+        os.kill(self.process.pid, signal.SIGKILL)
+        self.process.join(WAIT_S)
+
+    def reap(self) -> None:
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(WAIT_S)
+
+
+@pytest.fixture
+def children() -> Iterator[list[Child]]:
+    started: list[Child] = []
+    yield started
+    for child in started:
+        child.reap()
+
+
+def start(children: list[Child], target: Any, *args: Any) -> Child:
+    child = Child(target, *args)
+    children.append(child)
+    return child
+
+
+def test_PROGRESS_1_reader_in_another_process_sees_the_writers_coordinate(children: list[Child]) -> None:
+    child = start(children, helpers.hold_publisher, unique_identity())
+    name, token, pid = child.recv()
+    with ProgressReader(name, token) as reader:
+        snapshot = reader.read()
+        assert snapshot is not None
+        assert snapshot.coordinate == (7, 2)
+        assert snapshot.stage is Stage.COLLECTIVE
+        assert snapshot.fingerprint == helpers.fingerprint_of(7)
+        assert snapshot.collectives_entered == 1
+        assert not snapshot.closed
+        assert reader.owner_alive()
+        # Monotonic timestamps, comparable across processes of one host.
+        assert 0 < snapshot.publish_ns <= time.monotonic_ns()
+        child.finish()
+        # The writer closed cleanly: the last publish says so.
+        final = reader.read()
+        assert final is not None and final.closed
+    assert child.process.exitcode == 0
+
+
+def _check_consistent(snapshot: progress.Snapshot) -> None:
+    step, op = snapshot.coordinate
+    f = helpers.fingerprint_of(step)
+    if step == 0:  # the record as created, before the first step
+        assert (op, snapshot.fingerprint, snapshot.collectives_entered) == (0, 0, 0)
+    elif op == 0:
+        assert (snapshot.fingerprint, snapshot.collectives_entered, snapshot.stage_sequence) == (0, step - 1, step - 1)
+    elif op == 1:
+        assert (snapshot.stage, snapshot.fingerprint, snapshot.stage_key) == (Stage.COLLECTIVE, f, f)
+        assert (snapshot.collectives_entered, snapshot.stage_sequence) == (step, step - 1)
+    elif op == 2:
+        assert snapshot.fingerprint == 0 and snapshot.stage is not Stage.COLLECTIVE
+        assert snapshot.collectives_entered == step
+    elif op == 3:
+        assert (snapshot.stage, snapshot.stage_key, snapshot.stage_sequence) == (Stage.DATA_LOADING, step, step)
+    else:
+        assert op == 4
+        assert (snapshot.stage, snapshot.completed_stage, snapshot.completed_stage_key) == (
+            Stage.COMPUTE, Stage.DATA_LOADING, step,
+        )
+
+
+def test_PROGRESS_2_no_torn_read_under_concurrent_writes(children: list[Child]) -> None:
+    child = start(children, helpers.churn_publisher, unique_identity(), 1.5)
+    name, token = child.recv()
+    reads = consistent = 0
+    seen_ops: set[int] = set()
+    with ProgressReader(name, token) as reader:
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            reads += 1
+            snapshot = reader.read()
+            if snapshot is None:
+                continue
+            consistent += 1
+            _check_consistent(snapshot)
+            seen_ops.add(snapshot.op)
+        steps = child.recv()
+        child.finish()
+    # The test is only meaningful if the writer really raced the reader.
+    assert steps > 1000 and consistent > 1000, (steps, reads, consistent)
+    assert seen_ops == {0, 1, 2, 3, 4}
+
+
+def test_PROGRESS_2_a_copy_that_fails_its_checksum_or_stays_mid_publish_is_refused() -> None:
+    with ProgressPublisher(unique_identity()) as publisher, ProgressReader(publisher.name, publisher.token) as reader:
+        publisher.begin_step(3)
+        good = reader.read()
+        assert good is not None and good.step == 3
+        buffer = publisher._segment.buf
+        # A stopped writer leaves the sequence odd: bounded attempts, then None, quickly.
+        (sequence,) = struct.unpack_from("<Q", buffer, progress._SEQ_OFFSET)
+        struct.pack_into("<Q", buffer, progress._SEQ_OFFSET, sequence + 1)
+        started = time.monotonic()
+        assert reader.read(attempts_max=10_000) is None
+        assert time.monotonic() - started < 1.0
+        assert reader.failed_reads == 1 and reader.last_snapshot == good
+        # Even sequence but a payload from "another publish": the checksum rejects it.
+        struct.pack_into("<Q", buffer, progress._SEQ_OFFSET, sequence + 2)
+        struct.pack_into("<q", buffer, progress._PAYLOAD_OFFSET, 999)
+        assert reader.read(attempts_max=10) is None
+        publisher.advance()
+        fresh = reader.read()
+        assert fresh is not None and fresh.coordinate == (3, 1)
+
+
+def test_PROGRESS_3_a_live_owners_record_is_never_taken_over(children: list[Child]) -> None:
+    identity = unique_identity(rank=5)
+    child = start(children, helpers.hold_publisher, identity)
+    name, token, pid = child.recv()
+    with pytest.raises(RecordInUse, match=rf"rank 5 .* live process {pid}: two trainers publish for one rank"):
+        ProgressPublisher(identity)
+    with ProgressReader(name, token) as reader:
+        snapshot = reader.read()
+        assert snapshot is not None and snapshot.coordinate == (7, 2)
+    child.finish()
+
+
+def test_PROGRESS_4_a_dead_owners_record_is_reclaimed(children: list[Child]) -> None:
+    identity = unique_identity(rank=2)
+    child = start(children, helpers.hold_publisher, identity)
+    name, old_token, pid = child.recv()
+    child.kill()
+    assert not process_alive(pid, 0)
+    with ProgressPublisher(identity) as publisher:
+        assert publisher.name == name and publisher.token != old_token
+        publisher.begin_step(1)
+        # The dead owner's token no longer opens the record.
+        with pytest.raises(RecordMismatch, match="token given to this observer does not match"):
+            ProgressReader(name, old_token)
+        with ProgressReader(name, publisher.token) as reader:
+            snapshot = reader.read()
+            assert snapshot is not None and snapshot.step == 1
+
+
+def test_PROGRESS_4_an_observer_removes_the_record_of_a_killed_trainer(children: list[Child]) -> None:
+    child = start(children, helpers.hold_publisher, unique_identity())
+    name, token, _ = child.recv()
+    reader = ProgressReader(name, token)
+    assert reader.owner_alive()
+    child.kill()
+    assert not reader.owner_alive()
+    reader.close(unlink_if_orphaned=True)
+    with pytest.raises(RecordNotFound):
+        ProgressReader(name, token)
+
+
+def test_PROGRESS_5_a_second_observer_for_one_rank_is_refused(children: list[Child]) -> None:
+    with ProgressPublisher(unique_identity(rank=4)) as publisher:
+        child = start(children, helpers.hold_reader, publisher.name, publisher.token)
+        observer_pid = child.recv()
+        with pytest.raises(ObserverAlreadyAttached, match=rf"rank 4 .* live observer, pid {observer_pid}"):
+            ProgressReader(publisher.name, publisher.token)
+        # A dead observer's claim is stale: the slot can be taken again.
+        child.kill()
+        with ProgressReader(publisher.name, publisher.token) as reader:
+            assert reader.claimed
+
+
+def test_PROGRESS_5_an_observer_that_left_frees_its_slot(children: list[Child]) -> None:
+    with ProgressPublisher(unique_identity()) as publisher:
+        child = start(children, helpers.hold_reader, publisher.name, publisher.token)
+        child.recv()
+        child.finish()
+        with ProgressReader(publisher.name, publisher.token) as reader:
+            assert reader.claimed
+
+
+def test_PROGRESS_6_records_are_named_per_job_generation_and_rank() -> None:
+    names = {record_name(job, generation, rank) for job in ("a", "b") for generation in (0, 1) for rank in (0, 1, 10)}
+    assert len(names) == 12
+    assert all(name.startswith("scout_") and len(name) <= 30 for name in names)
+    assert record_name("a", 0, 1) == record_name("a", 0, 1)
+    identity = RecordIdentity.from_environment(3, {"TORCHELASTIC_RUN_ID": "run7", "TORCHELASTIC_RESTART_COUNT": "2"})
+    assert identity == RecordIdentity("run7", 2, 3)
+    with pytest.raises(ValueError, match="rank must be an int in"):
+        RecordIdentity("job", 0, -1)
+    with pytest.raises(ValueError, match="job_id must be a non-empty string"):
+        RecordIdentity("", 0, 0)
+
+
+def test_PROGRESS_6_missing_and_foreign_records_are_refused() -> None:
+    name = record_name(f"absent-{os.getpid()}", 0, 0)
+    with pytest.raises(RecordNotFound, match="has not created it yet"):
+        ProgressReader(name, b"\x00" * 16)
+    with pytest.raises(ValueError, match="token must be 16 bytes"):
+        ProgressReader(name, b"short")
+
+
+def test_PROGRESS_7_a_recycled_pid_does_not_count_as_the_owner() -> None:
+    me = os.getpid()
+    start_ticks = process_start_ticks(me)
+    assert start_ticks is not None and start_ticks > 0
+    assert process_alive(me, start_ticks)
+    assert not process_alive(me, start_ticks + 1)  # same pid, another process start
+    assert not process_alive(0, 0)
+
+
+def test_PROGRESS_7_a_zombie_is_dead() -> None:
+    process = SPAWN.Process(target=time.sleep, args=(0,))
+    process.start()
+    assert process.pid is not None
+    deadline = time.monotonic() + WAIT_S
+    # The child exits at once; until we reap it, it is a zombie.
+    while process_start_ticks(process.pid) is not None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert process_start_ticks(process.pid) is None
+    process.join(WAIT_S)

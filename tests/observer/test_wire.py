@@ -1,0 +1,67 @@
+"""Observer messages on the wire: round trips, and hostile input that must fail cleanly."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from scout.core.observer import (
+    Delegate,
+    Evidence,
+    Outcome,
+    Reply,
+    Report,
+    ReportKind,
+    Request,
+    RoundId,
+    Scope,
+    Stage,
+)
+from scout.runtime import wire
+from scout.transport import codec
+
+EVIDENCE = Evidence(1, 3, 2**64 - 1, Stage.COLLECTIVE, 1.5)
+REPORT = Report(ReportKind.HANG, Outcome.BEHIND, Scope.RANK, (1, 3), RoundId(2, 7), 2, 0, (1,), (), (3,),
+                (EVIDENCE, EVIDENCE, EVIDENCE, None), 1.5, "progress differs from the strict majority")
+
+
+@pytest.mark.parametrize(
+    "message",
+    [Request(RoundId(1, 2)), Reply(RoundId(1, 2), 3, EVIDENCE), Reply(RoundId(0, 1), 2, None),
+     Delegate(RoundId(2, 7), 2, REPORT)],
+)
+def test_OBS_wire_messages_round_trip(message: object) -> None:
+    assert wire.decode_message(wire.encode_message(message), 4) == message  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        (("q", 9, 1), r"positions \[9\] outside the group of 4"),
+        (("r", 0, 1, 2, (1, 2, 3, 99, 1.0)), "unknown stage 99"),
+        (("r", 0, 1, 2, (1, 2, 3, 2, float("nan"))), "idle_s must be a finite number"),
+        (("x",), "not an observer message"),
+        (("q", "0", 1), "initiator must be an int"),
+        (("d", 0, 1, 2, ("hang",)), "13-tuple"),
+    ],
+)
+def test_OBS_wire_hostile_messages_fail_cleanly(payload: object, message: str) -> None:
+    with pytest.raises(wire.WireError, match=message):
+        wire.decode_message(codec.encode(payload), 4)
+
+
+@given(st.binary(max_size=200))
+def test_OBS_wire_random_bytes_never_raise_anything_but_wire_error(data: bytes) -> None:
+    with contextlib.suppress(wire.WireError):
+        wire.decode_message(data, 4)
+
+
+def test_OBS_wire_report_record_uses_ranks_not_positions() -> None:
+    record = wire.report_record(REPORT, group_ranks=(10, 11, 12, 13), job_id="j", generation=2)
+    assert (record["attributed_ranks"], record["missing_ranks"], record["reporter_rank"]) == ([11], [13], 10)
+    assert record["evidence"][3] == {"rank": 13, "missing": True}
+    assert record["evidence"][0]["fingerprint"] == "0xffffffffffffffff"
+    assert "rank(s) [11] behind the majority at step 1 op 3" in wire.report_line(record)
