@@ -1,15 +1,19 @@
 """``scout demo``: the main job of the README.
 
-Today it runs the consensus verdict over the worked examples of ``spec/examples/verdict.txt``
-and prints them as a table, each verdict checked against the expected line; later issues give
-the demo a simulated hang, straggler and SDC campaign.
+By default it runs a real multi-process training job on CPU (4 gloo ranks, observers enabled,
+a hang injected on rank 2: ``scout.runtime.demo_job``), prints the observer's report and the
+verdict over the peers' evidence, and exits 0 only if the injected rank was named.
+``scout demo --verdicts`` runs the consensus verdict over the worked examples of
+``spec/examples/verdict.txt`` and prints them as a table, each checked against its expected line.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
+import sys
 from typing import Any
 
 from scout.spec_examples import EXAMPLES_PATH, actual_line, load_examples, render_verdict
@@ -17,9 +21,13 @@ from scout.spec_examples import EXAMPLES_PATH, actual_line, load_examples, rende
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
-        "demo", help="run the verdict rule over the worked examples and print a table"
+        "demo", help="run a 4-rank CPU training job with an injected hang and print the observer's report"
     )
+    parser.add_argument("--verdicts", action="store_true",
+                        help="instead, run the verdict rule over the worked examples and print a table")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--timeout", type=float, default=90.0, metavar="S",
+                        help="hard bound on the job in seconds (default 90)")
     parser.set_defaults(func=run)
 
 
@@ -28,6 +36,77 @@ def _clip(text: str, width: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.verdicts:
+        return run_verdicts(args)
+    return run_job(args)
+
+
+def run_job(args: argparse.Namespace) -> int:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print("scout demo: the demo job needs torch (pip install 'scout-localize[torch]'); "
+              "`scout demo --verdicts` runs without it", file=sys.stderr)
+        return 2
+    from scout.runtime.demo_job import CONFIG, run_demo
+
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        print(f"scout demo: --timeout must be a positive number of seconds, got {args.timeout}", file=sys.stderr)
+        return 2
+    log = None if args.json else (lambda line: print(f"scout demo: {line}", flush=True))
+    result = run_demo(timeout_s=args.timeout, log=log)
+    if args.json:
+        print(json.dumps({"ok": result.ok, "report": result.report, "detection_latency_s": result.detection_latency_s,
+                          "wall_s": result.wall_s, "leftover_segments": list(result.leftover_segments),
+                          "problems": list(result.problems)}, indent=2))
+        return 0 if result.ok else 1
+    report = result.report
+    if report is not None:
+        print()
+        print(render_report(report, result.detection_latency_s, CONFIG["stall_threshold_s"]))
+    print()
+    if result.leftover_segments:
+        print(f"cleaned up {len(result.leftover_segments)} shared-memory record(s) left by killed ranks")
+    for problem in result.problems:
+        print(f"FAILED: {problem}")
+    if result.ok:
+        print(f"ok: the observers named the injected rank; job took {result.wall_s:.1f} s, every process and "
+              "shared-memory record cleaned up")
+    return 0 if result.ok else 1
+
+
+def render_report(report: dict[str, Any], latency_s: float | None, threshold_s: float) -> str:
+    """One readable block: which rank, why, the evidence (the verdict table), idle time, latency."""
+    where = report["stuck_position"]
+    lines = [
+        "=" * 78,
+        f"scout observer report: {report['kind']} ({report['scope']}-scoped, outcome {report['outcome']})",
+        f"  rank(s) at fault : {report['attributed_ranks']}",
+        f"  why              : {report['reason']}; the majority is stuck at step {where['step']} op {where['op']}",
+        f"  idle             : {report['idle_s']:.2f} s (threshold {threshold_s:.1f} s)",
+    ]
+    if latency_s is not None:
+        lines.append(f"  detection latency: {latency_s:+.3f} s after the threshold (report - hang start - threshold)")
+    lines.append(f"  reported by rank {report['reporter_rank']} (decided by rank {report['decided_by_rank']}, "
+                 f"round {report['round']['initiator_rank']}/{report['round']['number']})")
+    lines.append("  evidence (one row per peer; the verdict is the strict majority of step/op and fingerprint):")
+    lines.append(f"    {'rank':>4}  {'step':>4}  {'op':>4}  {'stage':<12} {'fingerprint':<18}  {'idle_s':>6}  verdict")
+    attributed = set(report["attributed_ranks"])
+    for row in report["evidence"]:
+        if row.get("missing"):
+            lines.append(f"    {row['rank']:>4}  {'-':>4}  {'-':>4}  {'MISSING':<12} {'-':<18}  {'-':>6}  missing")
+            continue
+        verdict = "OUTLIER" if row["rank"] in attributed else "majority"
+        lines.append(f"    {row['rank']:>4}  {row['step']:>4}  {row['op']:>4}  {row['stage']:<12} "
+                     f"{row['fingerprint']:<18}  {row['idle_s']:>6.2f}  {verdict}")
+    majority = len(report["evidence"]) - len(attributed) - len(report["missing_ranks"])
+    lines.append(f"  verdict: Attributed {sorted(attributed)} -- {majority} of {len(report['evidence'])} peers "
+                 "form the strict majority" if attributed else "  verdict: no single rank attributed")
+    lines.append("=" * 78)
+    return "\n".join(lines)
+
+
+def run_verdicts(args: argparse.Namespace) -> int:
     examples = load_examples()
     rows: list[dict[str, Any]] = []
     mismatches = 0

@@ -74,8 +74,12 @@ from scout.runtime.progress import (
     process_alive,
 )
 
-__all__ = ["ObserverFailed", "ObserverHandle", "ObserverSpec", "run_observer", "start_observer"]
+__all__ = [
+    "ObserverFailed", "ObserverHandle", "ObserverSpec", "load_observer_machine", "run_observer", "start_observer",
+]
 
+# The machine's table is read at run time from the repository's spec/ directory (the normative
+# source; no copy is packaged, so an installed copy cannot drift from it).
 SPEC_PATH: Final = Path(__file__).resolve().parents[2] / "spec" / "observer.toml"
 REPORT_QUEUE_MAX: Final = 64
 CLOSE_TIMEOUT_S: Final = 5.0
@@ -85,6 +89,26 @@ _PR_SET_PDEATHSIG: Final = 1
 
 class ObserverFailed(RuntimeError):
     """The rank's observer died or failed; hang detection for this rank is off."""
+
+
+_MACHINE: list[Machine[ObserverContext]] = []  # loaded once per process
+
+
+def load_observer_machine(path: Path = SPEC_PATH) -> Machine[ObserverContext]:
+    """The observer machine built from ``spec/observer.toml`` (cached). The table lives in the
+    repository, not in the installed package: a missing file is a clear error naming the path."""
+    if path == SPEC_PATH and _MACHINE:
+        return _MACHINE[0]
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"the observer's machine table {path} does not exist: scout reads spec/observer.toml "
+            "from its source checkout; run scout from a checkout (pip install -e .) rather than "
+            "from a wheel that lacks spec/"
+        )
+    machine: Machine[ObserverContext] = load_machine(path)
+    if path == SPEC_PATH:
+        _MACHINE.append(machine)
+    return machine
 
 
 @attrs.frozen
@@ -139,7 +163,7 @@ class _Driver:
     def __init__(self, spec: ObserverSpec, reports: Any) -> None:
         self.spec = spec
         self.reports = reports
-        self.machine: Machine[ObserverContext] = load_machine(SPEC_PATH)
+        self.machine = load_observer_machine()
         self.signalled = threading.Event()
         self.channel: UdpChannel | None = None
         self.reader: ProgressReader | None = None
@@ -410,6 +434,23 @@ class ObserverHandle:
         self._thread.join(timeout_s)
 
 
+@contextlib.contextmanager
+def _without_mpi_initialization() -> Any:
+    """A spawned child re-imports the trainer's main module; in an MPI program that module
+    imports mpi4py, whose import would initialise MPI in the observer (and fail: the launcher
+    knows no such process). ``MPI4PY_RC_INITIALIZE=false`` stops that; only for this start."""
+    name = "MPI4PY_RC_INITIALIZE"
+    previous = os.environ.get(name)
+    os.environ[name] = "false"
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = previous
+
+
 def start_observer(
     publisher: ProgressPublisher,
     *,
@@ -452,5 +493,6 @@ def start_observer(
     context = multiprocessing.get_context("spawn")
     reports = context.Queue(maxsize=REPORT_QUEUE_MAX)
     process = context.Process(target=run_observer, args=(spec, reports), name=f"scout-observer-{rank}", daemon=True)
-    process.start()
+    with _without_mpi_initialization():
+        process.start()
     return ObserverHandle(spec, process, reports, on_report, on_failure, publisher)

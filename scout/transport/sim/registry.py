@@ -45,6 +45,7 @@ __all__ = [
 # Modules whose import registers scenarios. Add a line here for each new scenario module.
 SCENARIO_MODULES: list[str] = [
     "scout.transport.sim.scenarios",
+    "scout.runtime.observer_sim",
 ]
 
 DEFAULT_GROUP_SIZE = 8

@@ -1,0 +1,96 @@
+"""Issue 4 on the simulator: the real observer machine (spec/observer.toml, via the machinery's
+``step``) as the ``observer`` program of every simulated rank, beside a simulated trainer that
+publishes progress into ``ctx.shared``. Scenarios: scout/runtime/observer_sim.py. At 1024 ranks
+the peer group of each observer is its replica group of 8 (``--group-size``), not the world.
+A failure prints the seed and the command that replays it (``assert_scenario``)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from scout.transport.sim import ProgramState
+from scout.transport.sim.registry import (
+    ScenarioParams,
+    ScenarioReport,
+    run_scenario,
+    scenario_names,
+)
+from scout.transport.sim.testing import ScenarioFailed, assert_scenario
+
+OBSERVER_SCENARIOS = [
+    "observer-behind",
+    "observer-desync",
+    "observer-frozen",
+    "observer-group-stall",
+    "observer-healthy",
+    "observer-process-frozen",
+    "observer-trainer-dead",
+]
+
+
+def hanging(report: ScenarioReport) -> list[object]:
+    """Programs that neither returned nor were crashed by the scenario's fault: none may be left."""
+    return [o for o in report.result.unfinished() if o.state is not ProgramState.CRASHED]
+
+
+def test_observer_scenarios_are_registered() -> None:
+    assert set(OBSERVER_SCENARIOS) <= set(scenario_names())
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("name", OBSERVER_SCENARIOS)
+def test_OBS_sim_4_ranks(name: str, seed: int) -> None:
+    report = assert_scenario(name, ranks=4, seed=seed)
+    assert hanging(report) == []
+
+
+@pytest.mark.parametrize("name", OBSERVER_SCENARIOS)
+def test_OBS_sim_1024_ranks_in_replica_groups_of_8(name: str) -> None:
+    started = time.perf_counter()
+    report = assert_scenario(name, ranks=1024, seed=5, group_size=8)
+    assert time.perf_counter() - started < 20.0
+    assert hanging(report) == []
+
+
+def test_OBS_1_sim_healthy_sends_no_observer_message_and_reports_nothing() -> None:
+    report = assert_scenario("observer-healthy", ranks=16, seed=9)
+    assert report.rows == [] and report.result.messages_sent == 0
+
+
+def test_OBS_7_sim_reporter_is_a_surviving_peer_not_rank_0_when_rank_0_is_at_fault() -> None:
+    # Find a seed whose faulty rank is position 0 of its group: the report must come from another.
+    for seed in range(40):
+        report = assert_scenario("observer-behind", ranks=4, seed=seed)
+        (row,) = report.rows
+        if row[4] == (0,):
+            assert row[7] == 1
+            return
+    pytest.fail("no seed in 0..39 made rank 0 the faulty one")
+
+
+def test_sim_observer_scenarios_are_deterministic() -> None:
+    params = ScenarioParams(ranks=32, seed=4)
+    first = run_scenario("observer-desync", params)
+    second = run_scenario("observer-desync", params)
+    assert first.trace_digest == second.trace_digest and first.rows == second.rows
+
+
+def test_sim_failure_message_names_the_seed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from scout.runtime import observer_sim
+
+    # A threshold the checks do not expect: detection is then "late" and the check fails.
+    monkeypatch.setitem(observer_sim.OBSERVER_CONFIG, "stall_threshold_s", 2.0)
+    monkeypatch.setattr(observer_sim, "_threshold_s", lambda: 0.5)
+    with pytest.raises(ScenarioFailed, match="reproduce with: scout simulate observer-behind --ranks 4 --seed 3"):
+        assert_scenario("observer-behind", ranks=4, seed=3)
+
+
+def test_missing_machine_table_is_a_clear_error_naming_the_path(tmp_path: Path) -> None:
+    from scout.runtime.observer import load_observer_machine
+
+    missing = tmp_path / "spec" / "observer.toml"
+    with pytest.raises(FileNotFoundError, match=str(missing)):
+        load_observer_machine(missing)
