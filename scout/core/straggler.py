@@ -1,12 +1,14 @@
 """Straggler confirmation over rounds, and cross-process-group localization (spec/replay.md
-STRAG-2..STRAG-6). Pure: no torch, no clock, no I/O.
+STRAG-1..STRAG-6; the machine's own invariants STRAG-7..STRAG-15 are in spec/straggler.md).
+Pure: no torch, no clock, no I/O (beyond reading the machine table once).
 
-*Temporal confirmation.* One replay timing verdict (``classify_timing`` over the peers'
-replay compute times) is a *round*. A single slow round is noise as often as not; a peer is
-confirmed a straggler when it is named slow in ``rounds_required`` consecutive *decided*
-rounds. The machine is a pure step ``step(state, round) -> (state, effects)`` in the style of
-the other core machines; an exhaustive test compares it with a naive re-computation from the
-whole history.
+*Temporal confirmation.* One timing verdict (``classify_timing`` over the peers' replay compute
+times, or over their own time inside replay collectives) is a *round*. A single slow round is
+noise as often as not; a peer is confirmed a straggler when it is named slow in
+``rounds_required`` consecutive *decided* rounds. Each peer runs the machine of
+``spec/straggler.toml`` (bindings: :mod:`scout.core.straggler_bindings`); this module turns a
+round into one event per peer -- ``slow_round``, ``clean_round`` or ``undecided_round`` -- and
+steps every peer's machine. No transition exists only in code: the table is the machine.
 
 *Cross-PG localization.* Communication stragglers show up as slow collectives of whole
 groups, not of one rank. Independently slow groups (different member sets) that all contain
@@ -16,13 +18,29 @@ one rank, with no healthy group containing it, name that rank -- and its host.
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Final
 
 import attrs
 
+from scout.core.machine import Machine, MachineState, load_machine
+from scout.core.straggler_bindings import (
+    CLEAN_ROUND,
+    CONFIRMED,
+    SLOW_ROUND,
+    UNDECIDED_ROUND,
+    Confirmed,
+    PeerContext,
+    PeerEvent,
+    PeerState,
+    Recovered,
+)
 from scout.core.verdict import Status, Verdict
 
 __all__ = [
+    "STRAGGLER_TABLE_PATH",
     "Confirmed",
     "ConfirmationState",
     "GroupObservation",
@@ -34,11 +52,22 @@ __all__ = [
     "confirmation_step",
     "localize",
     "round_from_verdict",
+    "straggler_machine",
 ]
+
+#: The normative table, read from the repository's spec/ like the gate's.
+STRAGGLER_TABLE_PATH: Final = Path(__file__).resolve().parents[2] / "spec" / "straggler.toml"
+
+
+@functools.cache
+def straggler_machine() -> Machine[PeerContext]:
+    """The per-peer confirmation machine built from ``spec/straggler.toml`` (loaded once)."""
+    machine: Machine[PeerContext] = load_machine(STRAGGLER_TABLE_PATH)
+    return machine
 
 
 # --------------------------------------------------------------------------------------------
-# Temporal confirmation (STRAG-2..STRAG-4)
+# Temporal confirmation (STRAG-2..STRAG-4; machine invariants STRAG-7..STRAG-15)
 # --------------------------------------------------------------------------------------------
 
 
@@ -64,25 +93,26 @@ def round_from_verdict(verdict: Verdict) -> Round:
 
 @attrs.frozen
 class ConfirmationState:
-    peer_count: int
-    rounds_required: int
-    consecutive: tuple[int, ...]  # per peer: decided rounds in a row it was named slow, capped
-    confirmed: frozenset[int]
+    """One machine state per peer position of the group, in position order."""
 
+    peers: tuple[PeerState, ...]
 
-@attrs.frozen
-class Confirmed:
-    """STRAG-4: emitted once when a peer becomes a confirmed straggler."""
+    @property
+    def peer_count(self) -> int:
+        return len(self.peers)
 
-    peer: int
-    rounds: int
+    @property
+    def rounds_required(self) -> int:
+        return self.peers[0].context.rounds_required
 
+    @property
+    def consecutive(self) -> tuple[int, ...]:
+        """Per peer: decided rounds in a row it was named slow, capped at rounds_required."""
+        return tuple(peer.context.slow_rounds for peer in self.peers)
 
-@attrs.frozen
-class Recovered:
-    """STRAG-4: emitted once when a confirmed straggler has a decided round not slow."""
-
-    peer: int
+    @property
+    def confirmed(self) -> frozenset[int]:
+        return frozenset(p for p, peer in enumerate(self.peers) if peer.control == CONFIRMED)
 
 
 def confirmation_start(peer_count: int, rounds_required: int) -> ConfirmationState:
@@ -90,30 +120,39 @@ def confirmation_start(peer_count: int, rounds_required: int) -> ConfirmationSta
         raise ValueError(f"peer_count must be >= 1, got {peer_count}")
     if rounds_required < 1:
         raise ValueError(f"rounds_required must be >= 1, got {rounds_required}")
-    return ConfirmationState(peer_count, rounds_required, (0,) * peer_count, frozenset())
+    machine = straggler_machine()
+    return ConfirmationState(
+        tuple(
+            machine.initial_state(PeerContext(peer, rounds_required)) for peer in range(peer_count)
+        )
+    )
 
 
 def confirmation_step(
     state: ConfirmationState, observed: Round
 ) -> tuple[ConfirmationState, tuple[Confirmed | Recovered, ...]]:
-    """STRAG-2..STRAG-4. Undecided rounds change nothing; in a decided round a peer named
-    slow advances its count (capped at ``rounds_required``), every other peer resets to 0."""
+    """Step every peer's machine with its event of this round; effects in peer order.
+
+    An undecided round is ``undecided_round`` for every peer; in a decided round the peers
+    named slow get ``slow_round`` and every other peer ``clean_round``.
+    """
     bad = [p for p in observed.slow if not 0 <= p < state.peer_count]
     if bad:
         raise ValueError(f"slow peers {sorted(bad)} outside a group of {state.peer_count}")
-    if not observed.decided:
-        return state, ()
-    required = state.rounds_required
-    consecutive = tuple(
-        min(count + 1, required) if peer in observed.slow else 0
-        for peer, count in enumerate(state.consecutive)
-    )
-    confirmed = frozenset(p for p, count in enumerate(consecutive) if count >= required)
-    effects: list[Confirmed | Recovered] = [
-        Confirmed(p, required) for p in sorted(confirmed - state.confirmed)
-    ]
-    effects += [Recovered(p) for p in sorted(state.confirmed - confirmed)]
-    return attrs.evolve(state, consecutive=consecutive, confirmed=confirmed), tuple(effects)
+    machine = straggler_machine()
+    peers: list[MachineState[PeerContext]] = []
+    effects: list[Confirmed | Recovered] = []
+    for position, peer in enumerate(state.peers):
+        if not observed.decided:
+            event: PeerEvent = UNDECIDED_ROUND
+        elif position in observed.slow:
+            event = SLOW_ROUND
+        else:
+            event = CLEAN_ROUND
+        after, emitted = machine.step(peer, event)
+        peers.append(after)
+        effects += [e for e in emitted if isinstance(e, (Confirmed, Recovered))]
+    return ConfirmationState(tuple(peers)), tuple(effects)
 
 
 # --------------------------------------------------------------------------------------------

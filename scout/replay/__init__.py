@@ -7,6 +7,8 @@ straggler confirmation and localization in :mod:`scout.core.straggler`.
 """
 
 from scout.replay.api import attach
+from scout.replay.collectives import TorchPeerGroup, TransportPeerGroup
+from scout.replay.mesh import peer_ranks, replica_groups
 from scout.replay.replay import RecipeModules, ReplayConfig, Replayer, StepReport
 from scout.replay.signature import structured_signature, tensor_signature
 
@@ -15,7 +17,11 @@ __all__ = [
     "ReplayConfig",
     "Replayer",
     "StepReport",
+    "TorchPeerGroup",
+    "TransportPeerGroup",
     "attach",
+    "peer_ranks",
+    "replica_groups",
     "structured_signature",
     "tensor_signature",
 ]

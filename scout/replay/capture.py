@@ -7,6 +7,12 @@ autocast state, the module's training flag -- and the RNG state at that instant,
 state the live call is about to consume (CAP-3). Copies are by value (CAP-4): the training
 loop may modify or free its activations afterwards.
 
+For a module whose parameters are sharded (FSDP2: DTensor parameters outside its forward), the
+hook also copies the module's parameters and buffers: FSDP2's own pre-forward hook, which runs
+first, has just gathered them, so these are exactly the unsharded values the live call uses
+(CAP-7). Replay uses them instead of gathering shards again -- no collective on the training
+job's process groups, and none that one replica group could enter while another skips it.
+
 Memory is bounded (CAP-2): before copying, the bytes a capture would hold are added to what is
 already held; over ``max_capture_bytes`` the capture is refused and recorded as
 ``CAPTURE_TOO_LARGE`` (the check is then *not ready*, never "corrupt"). ``held_bytes`` reports
@@ -17,6 +23,7 @@ recorded as the recipe's capture status.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
@@ -29,7 +36,7 @@ from scout.core.recipes import RecipeId, ReplayStatus
 from scout.replay.rng import RngState, capture_rng_state
 from scout.replay.tree import describe, map_tensors, tensor_leaves
 
-__all__ = ["Capture", "CaptureFailure", "ModuleCapture"]
+__all__ = ["Capture", "CaptureFailure", "ModuleCapture", "is_sharded"]
 
 logger = logging.getLogger("scout.replay")
 
@@ -58,6 +65,9 @@ class Capture:
     autocast: AutocastState
     training: bool
     byte_count: int
+    # CAP-7: the module's own parameters and buffers at the call (sharded modules only).
+    parameters: dict[str, torch.Tensor] | None = None
+    buffers: dict[str, torch.Tensor] | None = None
 
     def tensors(self) -> list[torch.Tensor]:
         """Tensor leaves of the call, in the order every peer enumerates them."""
@@ -74,6 +84,7 @@ class Capture:
             describe((self.args, self.kwargs)),
             self.requires_grad,
             tuple((str(t.dtype), tuple(t.shape)) for t in self.rng.tensors()),
+            None if self.parameters is None else describe((self.parameters, self.buffers)),
         )
 
 
@@ -87,6 +98,20 @@ class CaptureFailure:
     reason: str
 
 
+def is_sharded(tensor: torch.Tensor) -> bool:
+    """A DTensor (FSDP2, tensor parallel): its local shard is not the whole value."""
+    return isinstance(tensor, _dtensor_type())
+
+
+@functools.cache
+def _dtensor_type() -> type:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # torch built without distributed: nothing is sharded
+        return type(None)
+    return DTensor
+
+
 def _device_of(module: nn.Module, tensors: list[torch.Tensor]) -> torch.device:
     if tensors:
         return tensors[0].device
@@ -98,11 +123,17 @@ def _device_of(module: nn.Module, tensors: list[torch.Tensor]) -> torch.device:
 class ModuleCapture:
     """Forward pre-hooks on the catalog modules; records the armed recipes' calls."""
 
-    def __init__(self, modules: Mapping[RecipeId, nn.Module], max_capture_bytes: int) -> None:
+    def __init__(
+        self,
+        modules: Mapping[RecipeId, nn.Module],
+        max_capture_bytes: int,
+        with_parameters: Iterable[RecipeId] = (),
+    ) -> None:
         if max_capture_bytes < 0:
             raise ValueError(f"max_capture_bytes must be >= 0, got {max_capture_bytes}")
         self.max_capture_bytes = max_capture_bytes
         self._modules = dict(modules)
+        self._with_parameters = frozenset(with_parameters)  # CAP-7
         self._armed: frozenset[RecipeId] = frozenset()
         self._armed_step = 0
         self._records: dict[RecipeId, Capture | CaptureFailure] = {}
@@ -189,7 +220,19 @@ class ModuleCapture:
             )
         device = _device_of(module, live)
         rng = capture_rng_state(device).clone()
-        byte_count = sum(t.numel() * t.element_size() for t in [*live, *rng.tensors()])
+        own: list[torch.Tensor] = []
+        if recipe in self._with_parameters:
+            own = [*module.parameters(), *module.buffers()]
+            still_sharded = [type(t).__name__ for t in own if is_sharded(t)]
+            if still_sharded:
+                return CaptureFailure(
+                    recipe,
+                    step,
+                    ReplayStatus.NOT_READY,
+                    f"the parameters of {recipe} are still sharded ({still_sharded[0]}) inside "
+                    "its forward; replay needs them gathered (FSDP2 gathers them before the call)",
+                )
+        byte_count = sum(t.numel() * t.element_size() for t in [*live, *rng.tensors(), *own])
         if self.held_bytes + byte_count > self.max_capture_bytes:
             return CaptureFailure(
                 recipe,
@@ -206,6 +249,13 @@ class ModuleCapture:
         copy_args, copy_kwargs = map_tensors(
             lambda t: t.detach().clone(memory_format=torch.contiguous_format), (args, dict(kwargs))
         )
+        parameters = buffers = None
+        if recipe in self._with_parameters:
+            parameters = {
+                name: p.detach().clone().requires_grad_(p.requires_grad)
+                for name, p in module.named_parameters()
+            }
+            buffers = {name: b.detach().clone() for name, b in module.named_buffers()}
         return Capture(
             recipe=recipe,
             step=step,
@@ -217,4 +267,6 @@ class ModuleCapture:
             autocast=autocast,
             training=module.training,
             byte_count=byte_count,
+            parameters=parameters,
+            buffers=buffers,
         )

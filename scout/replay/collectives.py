@@ -9,21 +9,38 @@ Replay runs its collectives on a process group of its own, never the training jo
 deadline passes a group may be unusable (gloo and NCCL cannot cancel an operation in flight,
 transport contract guarantee 3), and that must not take the job's data-parallel group with it.
 Creating a group is itself a collective over the whole world (``torch.distributed.new_group``).
+
+Communication timing (spec/replay.md STRAG-1, COMM-1..COMM-3). Every collective call is timed in
+two parts on the monotonic clock: *entry* -- from the call until the operation is handed to the
+backend (staging the tensors, this peer's own side of the communication path, and any injected
+delay) -- and *wait* -- from then until it returns, most of which is waiting for the peer that
+arrives last. The replayer exchanges both and votes on each peer's own communication time
+(entry plus the part of the wait every peer shares), so the peer that the others wait for is
+named, not the peers that waited.
 """
 
 from __future__ import annotations
 
 import datetime
+import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+import attrs
 import torch
 import torch.distributed as dist
 
 from scout.transport.base import DeadlineExceeded, check_timeout_s
 
-__all__ = ["CollectiveTimer", "PeerGroup", "TorchPeerGroup", "TransportPeerGroup"]
+__all__ = [
+    "CollectiveTimer",
+    "CollectiveTimes",
+    "EntryHookHandle",
+    "PeerGroup",
+    "TorchPeerGroup",
+    "TransportPeerGroup",
+]
 
 
 class PeerGroup(Protocol):
@@ -38,6 +55,8 @@ class PeerGroup(Protocol):
     @property
     def ranks(self) -> tuple[int, ...]: ...
 
+    # Optional: a ``timer`` attribute (a CollectiveTimer) enables communication timing.
+
     def all_gather_int64(self, row: Sequence[int]) -> list[list[int]]:
         """Every peer's row (all rows have the same length), by peer position."""
         ...
@@ -47,24 +66,94 @@ class PeerGroup(Protocol):
         ...
 
 
+@attrs.frozen
+class CollectiveTimes:
+    """Seconds this peer spent inside collectives since the timer was last taken."""
+
+    entry_s: float = 0.0  # call -> handed to the backend: this peer's own side
+    wait_s: float = 0.0  # handed to the backend -> returned: mostly waiting for peers
+    count: int = 0  # collective calls
+
+    @property
+    def total_s(self) -> float:
+        return self.entry_s + self.wait_s
+
+
+class EntryHookHandle:
+    """Removes one entry hook (``remove()`` is idempotent)."""
+
+    def __init__(self, hooks: dict[int, Callable[[str], None]], key: int) -> None:
+        self._hooks = hooks
+        self._key = key
+
+    def remove(self) -> None:
+        self._hooks.pop(self._key, None)
+
+
 class CollectiveTimer:
-    """Accumulates wall time spent inside collectives, apart from replay compute (STRAG-1)."""
+    """Accumulates the time a peer spends inside collectives, apart from replay compute
+    (STRAG-1), split into entry and wait (COMM-1), on the monotonic clock.
+
+    Entry hooks run at the start of every collective, inside its entry part: the fault
+    injector ``scout.replay.faults.slow_communication`` delays a peer's collectives there.
+    """
+
+    _keys = itertools.count()
 
     def __init__(self) -> None:
-        self.elapsed_s = 0.0
+        self._entry_s = 0.0
+        self._wait_s = 0.0
+        self._count = 0
+        self._hooks: dict[int, Callable[[str], None]] = {}
 
-    def reset(self) -> float:
-        elapsed, self.elapsed_s = self.elapsed_s, 0.0
-        return elapsed
+    def add_entry_hook(self, hook: Callable[[str], None]) -> EntryHookHandle:
+        """Call ``hook(operation)`` at the start of every collective (opt-in, for faults)."""
+        key = next(self._keys)
+        self._hooks[key] = hook
+        return EntryHookHandle(self._hooks, key)
+
+    def enter(self, operation: str) -> float:
+        """Start of a collective call; returns its start time."""
+        started = time.monotonic()
+        for hook in tuple(self._hooks.values()):
+            hook(operation)
+        return started
+
+    def posted(self, started: float) -> float:
+        """The operation was handed to the backend; returns that time."""
+        now = time.monotonic()
+        self._entry_s += now - started
+        self._count += 1
+        return now
+
+    def returned(self, posted: float) -> None:
+        self._wait_s += time.monotonic() - posted
+
+    def peek(self) -> CollectiveTimes:
+        return CollectiveTimes(self._entry_s, self._wait_s, self._count)
+
+    def take(self) -> CollectiveTimes:
+        """The times so far, and start again from zero."""
+        times = self.peek()
+        self._entry_s, self._wait_s, self._count = 0.0, 0.0, 0
+        return times
 
 
 class TorchPeerGroup:
-    """A replay peer group over torch.distributed (gloo on CPU; NCCL for CUDA tensors)."""
+    """A replay peer group over torch.distributed (gloo on CPU; NCCL for CUDA tensors).
+
+    ``ranks``: one group (default: the whole world, DDP replicas). ``partition``: every peer
+    group of the job (disjoint; each rank finds its own) -- needed whenever there is more than
+    one group, because every rank must create every group, in the same order
+    (``torch.distributed.new_group`` is collective over the world). :meth:`from_mesh` and
+    :meth:`from_process_group` compute the partition (PEER-1..PEER-3).
+    """
 
     def __init__(
         self,
         ranks: Sequence[int] | None = None,
         *,
+        partition: Sequence[Sequence[int]] | None = None,
         timeout_s: float = 60.0,
         backend: str = "gloo",
         device: torch.device | str = "cpu",
@@ -76,23 +165,73 @@ class TorchPeerGroup:
             )
         self.timeout_s = check_timeout_s(timeout_s, "TorchPeerGroup")
         world_size = dist.get_world_size()
-        members = tuple(range(world_size)) if ranks is None else tuple(int(r) for r in ranks)
-        if len(set(members)) != len(members) or not all(0 <= r < world_size for r in members):
-            raise ValueError(
-                f"peer ranks {list(members)} must be distinct ranks of 0..{world_size - 1}"
-            )
+        if ranks is not None and partition is not None:
+            raise ValueError("give the peer ranks or a partition into peer groups, not both")
+        if partition is not None:
+            groups = [tuple(int(r) for r in group) for group in partition]
+        elif ranks is not None:
+            groups = [tuple(int(r) for r in ranks)]
+        else:
+            groups = [tuple(range(world_size))]
+        _check_partition(groups, world_size)
         rank = dist.get_rank()
-        # Every rank of the world takes part in creating the group, members or not.
-        group = dist.new_group(
-            list(members), timeout=datetime.timedelta(seconds=self.timeout_s), backend=backend
-        )
-        if rank not in members:
-            raise ValueError(f"rank {rank} is not one of the peers {list(members)}")
-        self._group = group
-        self._ranks = members
-        self._position = members.index(rank)
+        own: tuple[tuple[int, ...], Any] | None = None
+        # Every rank of the world takes part in creating every group, members or not.
+        for members in groups:
+            group = dist.new_group(
+                list(members), timeout=datetime.timedelta(seconds=self.timeout_s), backend=backend
+            )
+            if rank in members:
+                own = (members, group)
+        if own is None:
+            where = list(groups[0]) if len(groups) == 1 else [list(g) for g in groups]
+            raise ValueError(f"rank {rank} is not one of the peers {where}")
+        self._ranks, self._group = own
+        self._position = self._ranks.index(rank)
         self.device = torch.device(device)
-        self.timer = CollectiveTimer()
+        self._timer = CollectiveTimer()
+
+    @classmethod
+    def from_mesh(cls, mesh: Any, replicate: str | Sequence[str], **options: Any) -> TorchPeerGroup:
+        """Peers along the replicate dimension(s) of a ``DeviceMesh`` (PEER-1, PEER-2): DDP
+        ``("dp",)``, HSDP ``("replicate", "shard")``, data x tensor ``("dp", "tp")``. The mesh
+        must span the whole world (the root mesh, not a slice): every rank creates every group.
+        No communication beyond creating the groups."""
+        from scout.replay.mesh import mesh_layout, replica_groups
+
+        layout = mesh_layout(mesh)
+        world_size = dist.get_world_size()
+        if sorted(layout.ranks) != list(range(world_size)):
+            raise ValueError(
+                f"the device mesh {layout.dim_names} of shape {layout.shape} spans ranks "
+                f"{sorted(layout.ranks)}, not the whole world of {world_size}; pass the root "
+                "mesh (every rank must create every replay group)"
+            )
+        partition = replica_groups(layout.shape, layout.dim_names, replicate, layout.ranks)
+        return cls(partition=partition, **options)
+
+    @classmethod
+    def from_process_group(cls, group: Any, **options: Any) -> TorchPeerGroup:
+        """Peers = the members of ``group`` (e.g. DDP's ``process_group``, or
+        ``mesh.get_group("replicate")``), in a replay group of their own (PEER-3). Collective
+        over the world: the ranks exchange their groups' members (one all-gather on the default
+        process group) to learn the whole partition."""
+        mine = tuple(int(r) for r in dist.get_process_group_ranks(group))
+        world_size = dist.get_world_size()
+        gathered: list[Any] = [None] * world_size
+        dist.all_gather_object(gathered, mine)
+        partition: list[tuple[int, ...]] = []
+        for rank, members in enumerate(gathered):
+            members = tuple(members)
+            if rank not in members:
+                raise ValueError(f"rank {rank} reported a process group {list(members)} without it")
+            if members not in partition:
+                partition.append(members)
+        return cls(partition=partition, **options)
+
+    @property
+    def timer(self) -> CollectiveTimer:
+        return self._timer
 
     @property
     def position(self) -> int:
@@ -106,21 +245,22 @@ class TorchPeerGroup:
     def ranks(self) -> tuple[int, ...]:
         return self._ranks
 
-    def _wait(self, work: dist.Work, operation: str, started: float) -> None:
+    def _wait(self, work: dist.Work, operation: str, posted: float) -> None:
         try:
             work.wait(timeout=datetime.timedelta(seconds=self.timeout_s))
         except RuntimeError as exc:
             raise DeadlineExceeded(operation, self.timeout_s, ()) from exc
         finally:
-            self.timer.elapsed_s += time.perf_counter() - started
+            self.timer.returned(posted)
 
     def all_gather_int64(self, row: Sequence[int]) -> list[list[int]]:
-        started = time.perf_counter()
+        operation = f"replay all_gather of {len(row)} int64"
+        started = self.timer.enter(operation)
         mine = torch.tensor(list(row), dtype=torch.int64, device=self.device)
         gathered = [torch.empty_like(mine) for _ in self._ranks]
         work = dist.all_gather(gathered, mine, group=self._group, async_op=True)
         assert work is not None
-        self._wait(work, f"replay all_gather of {len(row)} int64", started)
+        self._wait(work, operation, self.timer.posted(started))
         return [t.cpu().tolist() for t in gathered]
 
     def broadcast_(self, tensors: Sequence[torch.Tensor], source_position: int) -> None:
@@ -128,16 +268,18 @@ class TorchPeerGroup:
         tensor); every peer's tensors must have the same byte sizes (READY-1 checked that)."""
         if not 0 <= source_position < self.size:
             raise ValueError(f"source_position {source_position} outside 0..{self.size - 1}")
-        started = time.perf_counter()
+        started = self.timer.enter(f"replay broadcast of {len(tensors)} tensors")
         packed = _pack(tensors, self.device)
         if packed is None:
+            self.timer.posted(started)
             return
         work = dist.broadcast(
             packed, src=self._ranks[source_position], group=self._group, async_op=True
         )
         assert work is not None
+        posted = self.timer.posted(started)
         self._wait(
-            work, f"replay broadcast of {len(tensors)} tensors, {packed.numel()} bytes", started
+            work, f"replay broadcast of {len(tensors)} tensors, {packed.numel()} bytes", posted
         )
         _unpack(packed, tensors)
 
@@ -158,7 +300,11 @@ class TransportPeerGroup:
         self._transport = transport
         self._ranks: tuple[int, ...] = tuple(transport.world.ranks)
         self.device = torch.device(device)
-        self.timer = CollectiveTimer()
+        self._timer = CollectiveTimer()
+
+    @property
+    def timer(self) -> CollectiveTimer:
+        return self._timer
 
     @property
     def position(self) -> int:
@@ -173,28 +319,49 @@ class TransportPeerGroup:
         return self._ranks
 
     def all_gather_int64(self, row: Sequence[int]) -> list[list[int]]:
-        started = time.perf_counter()
+        # The transport's call blocks: its entry ends where the transport is called.
+        started = self.timer.enter(f"replay all_gather of {len(row)} int64")
+        mine = torch.tensor(list(row), dtype=torch.int64, device=self.device)
+        posted = self.timer.posted(started)
         try:
-            mine = torch.tensor(list(row), dtype=torch.int64, device=self.device)
             gathered = self._transport.all_gather_tensor(mine, timeout_s=self.timeout_s)
             return [t.cpu().tolist() for t in gathered]
         finally:
-            self.timer.elapsed_s += time.perf_counter() - started
+            self.timer.returned(posted)
 
     def broadcast_(self, tensors: Sequence[torch.Tensor], source_position: int) -> None:
         if not 0 <= source_position < self.size:
             raise ValueError(f"source_position {source_position} outside 0..{self.size - 1}")
-        started = time.perf_counter()
+        started = self.timer.enter(f"replay broadcast of {len(tensors)} tensors")
+        packed = _pack(tensors, self.device)
+        posted = self.timer.posted(started)
+        if packed is None:
+            return
         try:
-            packed = _pack(tensors, self.device)
-            if packed is None:
-                return
             self._transport.broadcast_tensor(
                 packed, root=self._ranks[source_position], timeout_s=self.timeout_s
             )
             _unpack(packed, tensors)
         finally:
-            self.timer.elapsed_s += time.perf_counter() - started
+            self.timer.returned(posted)
+
+
+def _check_partition(groups: Sequence[tuple[int, ...]], world_size: int) -> None:
+    """Peer groups are non-empty, hold distinct ranks of the world, and do not overlap."""
+    seen: dict[int, tuple[int, ...]] = {}
+    for members in groups:
+        if not members:
+            raise ValueError("a peer group is empty: every group needs at least one rank")
+        if len(set(members)) != len(members) or not all(0 <= r < world_size for r in members):
+            raise ValueError(
+                f"peer ranks {list(members)} must be distinct ranks of 0..{world_size - 1}"
+            )
+        for rank in members:
+            if rank in seen:
+                raise ValueError(
+                    f"rank {rank} is in two peer groups, {list(seen[rank])} and {list(members)}"
+                )
+            seen[rank] = members
 
 
 def _pack(tensors: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor | None:

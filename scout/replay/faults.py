@@ -1,4 +1,4 @@
-"""Opt-in fault injection for tests and the demo (spec/replay.md FAULT-1..FAULT-3).
+"""Opt-in fault injection for tests and the demo (spec/replay.md FAULT-1..FAULT-4).
 
 Nothing here is active unless called. Each injector returns a handle with ``remove()``.
 
@@ -7,6 +7,8 @@ Nothing here is active unless called. Each injector returns a handle with ``remo
 * :func:`flip_tensor_bit_` -- flip one bit of a parameter, gradient or optimizer-state tensor
   once, in place: the model of a memory upset (FAULT-2).
 * :func:`slow_module` -- a module that takes ``delay_s`` longer on every call (FAULT-3).
+* :func:`slow_communication` -- a peer whose every replay collective enters ``delay_s`` late,
+  on its own side of the communication path (FAULT-4).
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-__all__ = ["flip_output_bit", "flip_tensor_bit_", "slow_module"]
+from scout.replay.collectives import EntryHookHandle
+
+__all__ = ["flip_output_bit", "flip_tensor_bit_", "slow_communication", "slow_module"]
 
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -86,3 +90,23 @@ def slow_module(module: nn.Module, delay_s: float) -> RemovableHandle:
         time.sleep(delay_s)
 
     return module.register_forward_pre_hook(hook)
+
+
+def slow_communication(peers: Any, delay_s: float) -> EntryHookHandle:
+    """Every collective of the replay peer group ``peers`` (this peer only) sleeps ``delay_s``
+    after it is called and before it is handed to the backend: a communication straggler
+    (FAULT-4). Compute is untouched. ``peers`` must have a ``timer`` (TorchPeerGroup and
+    TransportPeerGroup do)."""
+    if not delay_s >= 0:
+        raise ValueError(f"delay_s must be >= 0, got {delay_s}")
+    timer = getattr(peers, "timer", None)
+    if timer is None:
+        raise TypeError(
+            f"slow_communication needs a peer group with a timer, got {type(peers).__name__}"
+        )
+
+    def hook(_operation: str) -> None:
+        time.sleep(delay_s)
+
+    handle: EntryHookHandle = timer.add_entry_hook(hook)
+    return handle

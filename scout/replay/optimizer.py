@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from scout.core.recipes import RecipeId, ReplayStatus, Segment, optimizer_window
-from scout.replay.capture import CaptureFailure
+from scout.replay.capture import CaptureFailure, is_sharded
 from scout.replay.signature import structured_signature
 from scout.replay.tree import describe
 
@@ -98,8 +98,14 @@ class OptimizerSnapshot:
         )
 
 
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """OPT-4: a sharded (DTensor) parameter or state is sliced in its local shard -- the part
+    this rank updates, identical on every replica of the same shard -- never redistributed."""
+    return tensor.to_local() if is_sharded(tensor) else tensor  # type: ignore[attr-defined]
+
+
 def _flat_slice(tensor: torch.Tensor, segment: Segment) -> torch.Tensor:
-    return tensor.detach().reshape(-1)[segment.start : segment.stop].clone()
+    return _local(tensor).detach().reshape(-1)[segment.start : segment.stop].clone()
 
 
 class OptimizerCapture:
@@ -155,7 +161,7 @@ class OptimizerCapture:
             )
 
     def window(self, check_index: int) -> tuple[Segment, ...]:
-        numels = [p.numel() for p, _ in self._parameters()]
+        numels = [_local(p).numel() for p, _ in self._parameters()]
         return optimizer_window(check_index, numels, self.slice_numel)
 
     def _snapshot(
@@ -177,7 +183,7 @@ class OptimizerCapture:
                 if isinstance(value, torch.Tensor) and value.shape == parameter.shape:
                     sliced[str(key)] = _flat_slice(value, segment)
                 elif isinstance(value, torch.Tensor):
-                    whole[str(key)] = value.detach().clone()
+                    whole[str(key)] = _local(value).detach().clone()
                 else:
                     plain[str(key)] = copy.deepcopy(value)
             segments.append(

@@ -16,9 +16,11 @@ forward. At a due step every peer, ready or not:
    peer's captured inputs and RNG state by broadcast, signs them (INPUT, RNG), and replays on
    isolated copies under deterministic algorithms (REPLAY-3..5); local failures become a status
    code, never a skipped broadcast;
-5. exchanges every evidence signature, status and replay compute time in a second fixed-size
-   all-gather and decides each recipe with ``combine_evidence`` (EVID-*) and the replay time
-   with ``classify_timing`` (STRAG-1).
+5. exchanges every evidence signature, status and replay compute time -- and its own time
+   inside this check's earlier collectives, apart from compute (COMM-1) -- in a second
+   fixed-size all-gather, and decides each recipe with ``combine_evidence`` (EVID-*), each
+   replay time with ``classify_timing`` (STRAG-1) and the communication times likewise
+   (COMM-2). Both kinds of timing verdict feed a confirmation machine (spec/straggler.toml).
 
 Every wait is bounded by the peer group's deadline. A deadline makes the replay group unusable
 (contract guarantee 3), so the replayer disables itself and every later due recipe is
@@ -30,10 +32,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Final
 
 import attrs
 import torch
@@ -73,7 +76,7 @@ from scout.core.verdict import (
     classify_exact,
     classify_timing,
 )
-from scout.replay.capture import Capture, CaptureFailure, ModuleCapture
+from scout.replay.capture import Capture, CaptureFailure, ModuleCapture, is_sharded
 from scout.replay.collectives import PeerGroup
 from scout.replay.optimizer import OptimizerCapture, OptimizerSnapshot
 from scout.replay.rng import installed_rng_state
@@ -103,8 +106,12 @@ _EVIDENCE_ORDER = tuple(EvidenceKind)
 # Fixed-size rows (READY-3, EVID-1): one slot per recipe class, whatever is due locally.
 _READINESS_SLOT = 3  # due flag, status, description digest
 _EVIDENCE_SLOT = 2 + len(_EVIDENCE_ORDER)  # status, compute microseconds, evidence...
+_COMMUNICATION_SLOT = 2  # COMM-1: entry and wait microseconds of the check's collectives so far
 READINESS_ROW_LENGTH = 1 + _READINESS_SLOT * len(CLASS_ORDER)
-EVIDENCE_ROW_LENGTH = _EVIDENCE_SLOT * len(CLASS_ORDER)
+EVIDENCE_ROW_LENGTH = _EVIDENCE_SLOT * len(CLASS_ORDER) + _COMMUNICATION_SLOT
+#: COMM-2: a peer's own time inside collectives is small; scheduler noise on a shared host is
+#: of the order of a millisecond, so communication rounds use a higher absolute floor.
+DEFAULT_COMMUNICATION_TIMING: Final = TimingConfig(absolute_floor_ms=5.0)
 
 
 @attrs.frozen
@@ -118,6 +125,7 @@ class ReplayConfig:
     cotangent_seed: int = 2608  # REPLAY-5: the fixed output gradient used for backward replay
     history_limit: int = 4096  # results kept for coverage queries
     timing: TimingConfig = DEFAULT_TIMING_CONFIG
+    communication_timing: TimingConfig = DEFAULT_COMMUNICATION_TIMING  # COMM-2
     straggler_rounds: int = 3  # STRAG-2: consecutive slow decided rounds to confirm
 
     def __attrs_post_init__(self) -> None:
@@ -226,11 +234,17 @@ class StepReport:
     results: tuple[RecipeResult, ...]
     timing: dict[str, Verdict]  # recipe id -> timing verdict over replay compute ms
     compute_ms: dict[str, float]  # this peer's replay compute time per recipe
-    collective_ms: float  # this peer's time inside replay collectives this step
+    collective_ms: float  # this peer's time inside replay collectives this step (entry + wait)
     capture_bytes: int  # bytes held by captures when the check began
     errors: tuple[str, ...] = ()
-    stragglers: tuple[Confirmed | Recovered, ...] = ()  # STRAG-4 reports of this step
-    confirmed_stragglers: frozenset[int] = frozenset()  # peer positions confirmed now
+    stragglers: tuple[Confirmed | Recovered, ...] = ()  # STRAG-4 reports of this step (compute)
+    confirmed_stragglers: frozenset[int] = frozenset()  # peer positions confirmed now (compute)
+    # COMM-1..COMM-3: every peer's own communication time (ms, by position) in the collectives
+    # before the evidence exchange, its timing verdict, and the confirmation machine's reports.
+    communication_ms: tuple[float, ...] = ()
+    communication: Verdict | None = None
+    communication_stragglers: tuple[Confirmed | Recovered, ...] = ()
+    confirmed_communication_stragglers: frozenset[int] = frozenset()
 
 
 class NondeterministicReplay(RuntimeError):
@@ -305,7 +319,17 @@ class Replayer:
             optimizer_slice_count=self.config.optimizer_slices_per_cycle if optimizer else 0,
         )
         self.schedule = Schedule(self.catalog, self.config.intervals)
-        self._capture = ModuleCapture(self.modules.by_recipe(), self.config.max_capture_bytes)
+        by_recipe = self.modules.by_recipe()
+        # REPLAY-8: modules with sharded (FSDP2) parameters replay on the gathered parameters
+        # their own forward used, captured with the inputs (CAP-7).
+        self.sharded_recipes = frozenset(
+            recipe
+            for recipe, module in by_recipe.items()
+            if any(is_sharded(p) for p in module.parameters())
+        )
+        self._capture = ModuleCapture(
+            by_recipe, self.config.max_capture_bytes, with_parameters=self.sharded_recipes
+        )
         self._optimizer = (
             OptimizerCapture(
                 optimizer, self.config.optimizer_slice_numel, self.config.max_capture_bytes
@@ -321,6 +345,19 @@ class Replayer:
         self.stragglers: ConfirmationState = confirmation_start(
             peers.size, self.config.straggler_rounds
         )
+        self.communication_stragglers: ConfirmationState = confirmation_start(
+            peers.size, self.config.straggler_rounds
+        )
+        if (
+            self.config.deterministic
+            and not os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+            and any(p.is_cuda for p in model.parameters())
+        ):
+            logger.warning(
+                "scout: replay runs under deterministic algorithms (REPLAY-4), and cuBLAS is "
+                "deterministic only with CUBLAS_WORKSPACE_CONFIG=:4096:8 set before CUDA starts; "
+                "without it GPU replays are Inconclusive 'nondeterministic'"
+            )
         if peers.size == 1:
             logger.warning(
                 "scout: the replay peer group has one member; nothing can be compared, so "
@@ -425,17 +462,17 @@ class Replayer:
             return StepReport(step, self._inconclusive_all(due, reason), {}, {}, 0.0, capture_bytes)
         timer = getattr(self.peers, "timer", None)
         if timer is not None:
-            timer.reset()
+            timer.take()
         locals_ = [self._prepare(d) for d in due]
         try:
-            results, timing, compute_ms = self._exchange_and_replay(step, locals_)
+            results, timing, compute_ms, communication_ms = self._exchange_and_replay(step, locals_)
         except TransportError as exc:  # a deadline, or a group the binding marked unusable
             kind = "deadline" if isinstance(exc, DeadlineExceeded) else "transport failure"
             self.disabled_reason = f"{kind} at step {step}: {exc}"
             logger.warning("scout: replay disabled: %s", self.disabled_reason)
             results = self._inconclusive_all(due, f"{kind}: {exc}")
             return StepReport(step, results, {}, {}, 0.0, capture_bytes, (str(exc),))
-        collective_ms = timer.reset() * 1e3 if timer is not None else 0.0
+        collective_ms = timer.take().total_s * 1e3 if timer is not None else 0.0
         self.results.extend(results)
         reports: list[Confirmed | Recovered] = []
         for name in sorted(timing, key=lambda n: RecipeId.parse(n)):
@@ -443,6 +480,13 @@ class Replayer:
                 self.stragglers, round_from_verdict(timing[name])
             )
             reports += effects
+        communication: Verdict | None = None
+        communication_reports: tuple[Confirmed | Recovered, ...] = ()
+        if communication_ms:  # COMM-2: one round per check that exchanged evidence
+            communication = classify_timing(communication_ms, self.config.communication_timing)
+            self.communication_stragglers, communication_reports = confirmation_step(
+                self.communication_stragglers, round_from_verdict(communication)
+            )
         return StepReport(
             step,
             results,
@@ -452,6 +496,10 @@ class Replayer:
             capture_bytes,
             stragglers=tuple(reports),
             confirmed_stragglers=self.stragglers.confirmed,
+            communication_ms=communication_ms,
+            communication=communication,
+            communication_stragglers=communication_reports,
+            confirmed_communication_stragglers=self.communication_stragglers.confirmed,
         )
 
     def _prepare(self, due: DueRecipe) -> _Local:
@@ -479,7 +527,7 @@ class Replayer:
 
     def _exchange_and_replay(
         self, step: int, locals_: list[_Local]
-    ) -> tuple[tuple[RecipeResult, ...], dict[str, Verdict], dict[str, float]]:
+    ) -> tuple[tuple[RecipeResult, ...], dict[str, Verdict], dict[str, float], tuple[float, ...]]:
         by_class = {local.due.recipe.recipe_class: local for local in locals_}
         if self.peers.size == 1:
             rows = [self._readiness_row(by_class)]
@@ -509,9 +557,14 @@ class Replayer:
             self._replay(local)
         timing: dict[str, Verdict] = {}
         compute_ms = {str(local.due.recipe): local.compute_s * 1e3 for local in proceeding}
+        communication_ms: tuple[float, ...] = ()
         if proceeding:
             mine = self._evidence_row(proceeding)
             evidence_rows = [mine] if self.peers.size == 1 else self.peers.all_gather_int64(mine)
+            if self.peers.size > 1 and getattr(self.peers, "timer", None) is not None:
+                communication_ms = own_communication_ms(
+                    [row[-_COMMUNICATION_SLOT:] for row in evidence_rows]
+                )
             for local in proceeding:
                 recipe_class = local.due.recipe.recipe_class
                 slot = _EVIDENCE_SLOT * CLASS_ORDER.index(recipe_class)
@@ -528,7 +581,7 @@ class Replayer:
                     [row[slot + 1] / 1e3 for row in evidence_rows], self.config.timing
                 )
         ordered = tuple(results[c] for c in CLASS_ORDER if c in results)
-        return ordered, timing, compute_ms
+        return ordered, timing, compute_ms, communication_ms
 
     def _readiness_row(self, by_class: dict[RecipeClass, _Local]) -> list[int]:
         row = [self._schedule_digest]
@@ -545,6 +598,10 @@ class Replayer:
             row[slot + 1] = round(local.compute_s * 1e6)
             for kind, value in local.evidence.items():
                 row[slot + 2 + _EVIDENCE_ORDER.index(kind)] = value
+        timer = getattr(self.peers, "timer", None)
+        if timer is not None:  # COMM-1: the readiness exchange and broadcasts of this check
+            so_far = timer.peek()
+            row[-_COMMUNICATION_SLOT:] = [round(so_far.entry_s * 1e6), round(so_far.wait_s * 1e6)]
         return row
 
     # ----------------------------------------------------------------------------------------
@@ -617,11 +674,22 @@ class Replayer:
         args, kwargs = map_tensors(fresh, (capture.args, capture.kwargs))
         grad_inputs = [t for t in tensor_leaves((args, kwargs)) if t.requires_grad]
         # REPLAY-5: isolated copies; the live parameters and buffers are never handed out.
+        if capture.parameters is not None and capture.buffers is not None:
+            # REPLAY-8: a sharded module replays on the parameters its live forward used, and
+            # without its own hooks (FSDP2's would gather and reshard the live parameters and
+            # reduce-scatter gradients into them); its submodules' hooks still run.
+            own_parameters, own_buffers = capture.parameters, capture.buffers
+            target: nn.Module = _WithoutOwnHooks(module)
+            prefix = _WithoutOwnHooks.PREFIX
+        else:
+            own_parameters = dict(module.named_parameters())
+            own_buffers = dict(module.named_buffers())
+            target, prefix = module, ""
         parameters = {
             name: p.detach().clone().requires_grad_(p.requires_grad)
-            for name, p in module.named_parameters()
+            for name, p in own_parameters.items()
         }
-        buffers = {name: b.detach().clone() for name, b in module.named_buffers()}
+        buffers = {name: b.detach().clone() for name, b in own_buffers.items()}
         trainable = [(n, p) for n, p in parameters.items() if p.requires_grad]
         device = next(iter(parameters.values())).device if parameters else torch.device("cpu")
         _synchronize(device)
@@ -633,7 +701,8 @@ class Replayer:
             capture.autocast.context(),
             torch.enable_grad(),
         ):
-            output = functional_call(module, {**parameters, **buffers}, tuple(args), kwargs)
+            substitutes = {prefix + name: t for name, t in {**parameters, **buffers}.items()}
+            output = functional_call(target, substitutes, tuple(args), kwargs, strict=bool(prefix))
             outputs = [o for o in tensor_leaves(output) if o.requires_grad]
             targets = grad_inputs + [p for _, p in trainable]
             gradients: Sequence[torch.Tensor | None] = ()
@@ -667,6 +736,20 @@ class Replayer:
         )
 
 
+class _WithoutOwnHooks(nn.Module):
+    """Calls ``inner.forward`` directly: the inner module's own hooks do not run, its
+    submodules' do. Holding ``inner`` as a child changes nothing in it."""
+
+    PREFIX: Final = "inner."
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.inner.forward(*args, **kwargs)
+
+
 def _module_state_signature(module: nn.Module) -> int:
     """PARAMETERS: the live parameters and buffers of a module (REPLAY-3)."""
     return structured_signature(
@@ -675,6 +758,20 @@ def _module_state_signature(module: nn.Module) -> int:
             "buffers": dict(module.named_buffers()),
         }
     )
+
+
+def own_communication_ms(entry_wait_us: Sequence[Sequence[int]]) -> tuple[float, ...]:
+    """COMM-2: each peer's own communication time in ms from its ``(entry_us, wait_us)``.
+
+    The peers of one collective return at about the same moment, so a peer's wait beyond the
+    shortest wait in the group is time spent waiting for a later peer, not communicating:
+    own = entry + min(wait). A peer whose side of the path is slow has a long entry and the
+    shortest wait; the peers waiting for it have a long wait, not a long entry.
+    """
+    if not entry_wait_us:
+        return ()
+    shared_us = min(wait for _, wait in entry_wait_us)
+    return tuple((entry + shared_us) / 1e3 for entry, _ in entry_wait_us)
 
 
 def timing_summary(report: StepReport) -> dict[str, tuple[str, tuple[int, ...]]]:

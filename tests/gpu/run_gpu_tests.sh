@@ -22,3 +22,9 @@ echo "run_gpu_tests.sh: $gpus rank(s), results in $out"
 timeout 600 "$python" -m torch.distributed.run --standalone --nproc-per-node="$gpus" \
     -m tests.gpu.gpu_worker "$out"
 "$python" -m tests.gpu.gpu_worker --check "$out" "$gpus"
+# The replay SDC case (tests/gpu/replay_worker.py), unless SCOUT_CASES leaves it out.
+case ",${SCOUT_CASES:-replay_sdc_bit_flip}," in *,replay_sdc_bit_flip,*)
+    timeout 600 "$python" -m torch.distributed.run --standalone --nproc-per-node="$gpus" \
+        -m tests.gpu.replay_worker "$out"
+    "$python" -m tests.gpu.replay_worker --check "$out" "$gpus" ;;
+esac

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.gpu import replay_worker
 from tests.transport import binding_cases as cases
 from tests.transport.process_runs import REPO, RankRun, run_ranks
 from tests.transport.torch_cases import TORCH_CASES
@@ -56,6 +57,12 @@ def test_torch_case_nccl(nccl_run: RankRun, name: str) -> None:
     nccl_run.check(name, TORCH_CASES)
 
 
+def test_FAULT_1_REPLAY_6_SIG_7_replay_sdc_bit_flip_nccl(nccl_run: RankRun) -> None:
+    """The replay SDC scenario on the GPUs, NCCL for training and replay (replay_worker.py):
+    with 3 or more GPUs the faulty rank is attributed within one cycle."""
+    replay_worker.check_results(replay_worker.load(nccl_run.out_dir, nccl_run.size), nccl_run.size)
+
+
 TORCHRUN_CPU_CASES = (
     "exchange_everyone",
     "exchange_silent_peer",
@@ -87,6 +94,29 @@ def test_torchrun_launch_on_cpu(tmp_path: Path) -> None:
     all_cases = {**cases.CASES, **TORCH_CASES}
     for name in TORCHRUN_CPU_CASES:
         run.check(name, all_cases)
+
+
+@pytest.mark.slow
+@pytest.mark.torchdist
+def test_FAULT_1_replay_sdc_case_under_torchrun_on_cpu(tmp_path: Path) -> None:
+    """The replay case of the GPU suite, launched the same way with gloo on CPU (4 ranks), so
+    its plumbing is exercised on machines without a GPU."""
+    pytest.importorskip("torch", reason="needs torch: pip install 'scout-localize[torch]'")
+    command = [
+        "env",
+        "SCOUT_TORCHRUN_DEVICE=cpu",
+        "SCOUT_GPUS=4",
+        f"SCOUT_CASES={replay_worker.CASE}",
+        f"PYTHON={sys.executable}",
+        "GLOO_SOCKET_IFNAME=lo",
+        "bash",
+        str(REPO / "tests" / "gpu" / "run_gpu_tests.sh"),
+        str(tmp_path),
+    ]
+    run = run_ranks(command, tmp_path, 4, "torch", RUN_TIMEOUT_S)
+    per_rank = replay_worker.load(run.out_dir, 4)
+    assert all(entry["backend"] == "gloo" for entry in per_rank)
+    replay_worker.check_results(per_rank, 4)
 
 
 def test_run_script_refuses_without_gpu() -> None:

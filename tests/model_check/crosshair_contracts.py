@@ -8,6 +8,7 @@ The ``VERDICT_IMPL`` indirection lets the mutant reuse these exact contracts.
 from __future__ import annotations
 
 from scout.core import verdict as VERDICT_IMPL
+
 # Status is used inside the docstring contracts, which linters cannot see.
 from scout.core.verdict import Status, Verdict  # noqa: F401
 

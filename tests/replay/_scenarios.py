@@ -121,6 +121,7 @@ def train(
     tiny_capture_rank: int | None = None,
     intervals_override: dict[str, Any] | None = None,
     slow_rank: dict[str, Any] | None = None,
+    slow_communication: dict[str, Any] | None = None,
     binding: bool = False,
     check_isolation: bool = False,
 ) -> dict[str, Any]:
@@ -152,6 +153,8 @@ def train(
     if slow_rank and rank == slow_rank["rank"]:
         for layer in model.layers:
             faults.slow_module(layer, slow_rank["delay_s"])
+    if slow_communication and rank == slow_communication["rank"]:
+        faults.slow_communication(peers, slow_communication["delay_s"])
     results: list[dict[str, Any]] = []
     stragglers: list[list[Any]] = []
     confirmed: list[list[int]] = []
@@ -160,6 +163,7 @@ def train(
     collective_ms: list[float] = []
     capture_bytes = []
     errors: list[str] = []
+    communication: list[dict[str, Any]] = []
     for step in range(1, steps + 1):
         length = SEQUENCE
         if short_batch and rank == short_batch["rank"] and step == short_batch["step"]:
@@ -181,6 +185,16 @@ def train(
         errors += list(report.errors)
         stragglers.append([[type(e).__name__, e.peer] for e in report.stragglers])
         confirmed.append(sorted(report.confirmed_stragglers))
+        verdict = report.communication
+        communication.append(
+            {
+                "own_ms": list(report.communication_ms),
+                "status": verdict.status.value if verdict is not None else None,
+                "outliers": list(verdict.outliers) if verdict is not None else [],
+                "reports": [[type(e).__name__, e.peer] for e in report.communication_stragglers],
+                "confirmed": sorted(report.confirmed_communication_stragglers),
+            }
+        )
         if parameter_flip and rank == parameter_flip["rank"] and step == parameter_flip["step"]:
             weight = model.layers[parameter_flip["layer"]].mlp[0].weight
             faults.flip_tensor_bit_(weight.data, element=5, bit=parameter_flip["bit"])
@@ -199,7 +213,85 @@ def train(
         "errors": errors,
         "stragglers": stragglers,
         "confirmed_stragglers": confirmed,
+        "communication": communication,
         "disabled_reason": replayer.disabled_reason,
         "coverage_pending": [str(r) for r in coverage.pending],
+        "final_loss": float(loss.detach()),
+    }
+
+
+def _local_tensors(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """Parameters, gradients and optimizer state as this rank holds them (local shards)."""
+
+    def local(t: torch.Tensor) -> torch.Tensor:
+        to_local = getattr(t, "to_local", None)
+        return (to_local() if to_local is not None else t).detach().clone()
+
+    tensors = [local(p) for p in model.parameters()]
+    tensors += [local(p.grad) for p in model.parameters() if p.grad is not None]
+    for state in optimizer.state.values():
+        tensors += [local(v) for v in state.values() if isinstance(v, torch.Tensor)]
+    return tensors
+
+
+def train_hsdp(
+    rank: int,
+    world: int,
+    *,
+    steps: int = 4,
+    mesh_shape: list[int] | None = None,
+    intervals: dict[str, int] | None = None,
+    output_flip: dict[str, int] | None = None,
+    check_isolation: bool = False,
+) -> dict[str, Any]:
+    """FSDP2 (``fully_shard``) with HSDP on a (replicate x shard) mesh over gloo on CPU; replay
+    peers are the replicas of one shard (``TorchPeerGroup.from_mesh(mesh, "replicate")``)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    shape = tuple(mesh_shape or (2, world // 2))
+    mesh = init_device_mesh("cpu", shape, mesh_dim_names=("replicate", "shard"))
+    torch.manual_seed(0)
+    model = TinyLM()
+    if output_flip and rank == output_flip["rank"]:
+        # A faulty unit inside block `layer` (a submodule: replay runs the block's submodules'
+        # hooks, not the FSDP block's own).
+        faults.flip_output_bit(model.layers[output_flip["layer"]].mlp, element=3, bit=20)
+    for layer in model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    peers = TorchPeerGroup.from_mesh(mesh, "replicate", timeout_s=60.0)
+    # PEER-3: the same group learned from the mesh's process group instead of its layout.
+    from_group = TorchPeerGroup.from_process_group(mesh.get_group("replicate"), timeout_s=60.0)
+    config = ReplayConfig(intervals=Intervals(**(intervals or {})))
+    replayer = Replayer(model, optimizer, peers, config, RecipeModules.discover(model))
+    results: list[dict[str, Any]] = []
+    errors: list[str] = []
+    isolation_ok = True
+    for step in range(1, steps + 1):
+        tokens = _batch(rank, step)
+        logits = model(tokens[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        before = _local_tensors(model, optimizer) if check_isolation else []
+        report = replayer.after_optimizer_step()
+        if check_isolation:
+            isolation_ok &= _bitwise_equal(before, _local_tensors(model, optimizer))
+        results += [_result_dict(r) for r in report.results]
+        errors += list(report.errors)
+    replayer.close()
+    dist.barrier()
+    return {
+        "peers": list(peers.ranks),
+        "peers_from_process_group": list(from_group.ranks),
+        "position": peers.position,
+        "sharded_recipes": sorted(str(r) for r in replayer.sharded_recipes),
+        "results": results,
+        "errors": errors,
+        "isolation_ok": isolation_ok,
+        "disabled_reason": replayer.disabled_reason,
         "final_loss": float(loss.detach()),
     }

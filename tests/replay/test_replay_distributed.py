@@ -25,7 +25,12 @@ HEALTHY_STEPS = int(os.environ.get("SCOUT_TEST_HEALTHY_STEPS", "12"))
 
 
 def run(
-    tmp_path: Path, timeout_s: float = 240, same_results: bool = True, **kwargs: Any
+    tmp_path: Path,
+    timeout_s: float = 240,
+    same_results: bool = True,
+    scenario: str = "train",
+    world: int = WORLD,
+    **kwargs: Any,
 ) -> dict[int, dict[str, Any]]:
     out = tmp_path / "ranks.json"
     environment = dict(os.environ, OMP_NUM_THREADS="1", SCOUT_TEST_RANK_DEADLINE_S=str(timeout_s))
@@ -34,8 +39,8 @@ def run(
             sys.executable,
             "-m",
             "tests.replay._launch",
-            "train",
-            str(WORLD),
+            scenario,
+            str(world),
             json.dumps(kwargs),
             str(out),
         ],
@@ -212,6 +217,40 @@ def test_STRAG_1_STRAG_2_FAULT_3_slow_compute_on_rank_1_is_a_confirmed_straggler
     first = confirmed.index([1])
     assert payload["stragglers"][first] == [["Confirmed", 1]]
     assert all(r["confirmed_stragglers"] == confirmed for r in ranks.values())
+    # COMM-3: slow compute delays rank 1's arrival at collectives, but that is time before the
+    # call, not inside it: no communication straggler.
+    communication = [c["confirmed"] for c in payload["communication"]]
+    assert all(c == [] for c in communication), [c["own_ms"] for c in payload["communication"]]
+
+
+def test_COMM_1_COMM_3_FAULT_4_slow_communication_on_rank_2_is_a_communication_straggler(
+    tmp_path: Path,
+) -> None:
+    """Rank 2 enters every replay collective 60 ms late (FAULT-4): the others wait for it, so
+    their time inside collectives grows as much as rank 2's -- only the split into entry and
+    wait (COMM-1) tells who the others waited for."""
+    hidden_only = {"embedding_steps": 0, "hidden_steps": 1, "output_steps": 0, "optimizer_steps": 0}
+    ranks = run(
+        tmp_path,
+        steps=6,
+        intervals=hidden_only,
+        slow_communication={"rank": 2, "delay_s": 0.06},
+    )
+    payload = ranks[0]
+    assert not by_status(payload["results"], "ATTRIBUTED")  # slow is not corrupt
+    rounds = payload["communication"]
+    own = [c["own_ms"] for c in rounds]
+    assert all(len(o) == WORLD for o in own), own
+    confirmed = [c["confirmed"] for c in rounds]
+    assert confirmed[0] == confirmed[1] == [], own  # STRAG-2: not before 3 decided rounds
+    assert [2] in confirmed and all(c in ([], [2]) for c in confirmed), (confirmed, own)
+    first = confirmed.index([2])
+    assert rounds[first]["reports"] == [["Confirmed", 2]]
+    assert all([c["confirmed"] for c in r["communication"]] == confirmed for r in ranks.values())
+    # Compute is untouched: no compute straggler is confirmed, on any rank.
+    assert all(not any(r["confirmed_stragglers"]) for r in ranks.values()), [
+        ranks[r]["compute_ms"] for r in ranks
+    ]
 
 
 @pytest.mark.slow
@@ -220,3 +259,76 @@ def test_EVID_5_healthy_run_of_200_steps_attributes_nothing(tmp_path: Path) -> N
     results = ranks[0]["results"]
     assert len(results) > 200 and all(r["status"] == "AGREE" for r in results)
     assert all(p["isolation_ok"] and not any(p["confirmed_stragglers"]) for p in ranks.values())
+
+
+def _same_within_groups(ranks: dict[int, dict[str, Any]]) -> dict[tuple[int, ...], list[Any]]:
+    """Results by peer group; every member of a group decides from the same rows (READY-2)."""
+    groups: dict[tuple[int, ...], list[Any]] = {}
+    for payload in ranks.values():
+        results = groups.setdefault(tuple(payload["peers"]), payload["results"])
+        assert payload["results"] == results, payload["peers"]
+    return groups
+
+
+def test_PEER_2_PEER_3_REPLAY_8_CAP_7_fsdp2_hsdp_2x2_replays_among_the_replicas_of_each_shard(
+    tmp_path: Path,
+) -> None:
+    """FSDP2 (fully_shard) with HSDP on a 2x2 (replicate x shard) mesh, gloo on CPU. Peers
+    are the replicas of one shard: (0, 2) and (1, 3). Replay runs on the parameters the live
+    forward gathered, without FSDP's hooks, and leaves every local shard, gradient and
+    optimizer state bitwise untouched. A bit flip on rank 2 is *detected* in its group but,
+    with two peers, never attributed (VERDICT: n = 2 disagreeing is not attributable)."""
+    ranks = run(
+        tmp_path,
+        same_results=False,
+        scenario="train_hsdp",
+        steps=3,
+        intervals=EVERY_CLASS,
+        output_flip={"rank": 2, "layer": 1},
+        check_isolation=True,
+    )
+    assert {r: ranks[r]["peers"] for r in ranks} == {0: [0, 2], 1: [1, 3], 2: [0, 2], 3: [1, 3]}
+    assert all(p["peers_from_process_group"] == p["peers"] for p in ranks.values())  # PEER-3
+    every_recipe = ["embedding", "hidden.0", "hidden.1", "hidden.2", "output"]
+    assert all(p["sharded_recipes"] == every_recipe for p in ranks.values())
+    assert all(p["isolation_ok"] and p["disabled_reason"] is None for p in ranks.values())
+    groups = _same_within_groups(ranks)
+    clean = groups[(1, 3)]
+    assert len(clean) == 6 and all(r["status"] == "AGREE" for r in clean)
+    flipped = groups[(0, 2)]
+    assert [r for r in flipped if r["status"] != "AGREE"] == [
+        {
+            "recipe": "hidden.1",
+            "step": 2,
+            "status": "INCONCLUSIVE",
+            "outliers": [],
+            "sources": [],
+            "reason": "output:no-majority",
+        }
+    ]
+
+
+@pytest.mark.slow
+def test_FAULT_1_REPLAY_8_fsdp2_hsdp_3x2_bit_flip_on_rank_4_is_attributed_in_its_group(
+    tmp_path: Path,
+) -> None:
+    """Three replicas of two shards (6 ranks): rank 4 (replica 2, shard 0) computes a wrong
+    bit in block 1; its group (0, 2, 4) attributes position 2, the other group agrees."""
+    ranks = run(
+        tmp_path,
+        same_results=False,
+        scenario="train_hsdp",
+        world=6,
+        steps=3,
+        mesh_shape=[3, 2],
+        intervals=EVERY_CLASS,
+        output_flip={"rank": 4, "layer": 1},
+    )
+    groups = _same_within_groups(ranks)
+    assert set(groups) == {(0, 2, 4), (1, 3, 5)}
+    assert all(r["status"] == "AGREE" for r in groups[(1, 3, 5)])
+    attributed = by_status(groups[(0, 2, 4)], "ATTRIBUTED")
+    assert [(r["recipe"], r["step"], r["outliers"], r["sources"]) for r in attributed] == [
+        ("hidden.1", 2, [2], ["output"])
+    ]
+    assert not by_status(groups[(0, 2, 4)], "INCONCLUSIVE")

@@ -1,0 +1,158 @@
+"""Replay peer groups from a device mesh (spec/replay.md PEER-1..PEER-4).
+
+Replay compares ranks that do identical work on identical state: the replicas of one
+data-parallel dimension. On a mesh that is every rank that shares all coordinates *outside*
+the replicate dimension(s):
+
+- DDP: a 1-D mesh ``("dp",)``; one group, the whole mesh.
+- FSDP2 with HSDP: ``("replicate", "shard")``; rank ``(i, j)`` holds shard ``j`` of replica
+  ``i``, so its peers are the ranks ``(*, j)`` -- the same shard in every replica.
+- 2-D data x tensor parallel: ``("dp", "tp")``; peers share the tensor coordinate and vary in
+  ``dp`` (the same tensor shard of the same layer in every data-parallel replica).
+- Any n-D mesh: ``("pp", "dp", "tp")`` with replicate ``"dp"`` groups ranks of one pipeline
+  stage and one tensor shard.
+
+The functions on shapes are pure (no torch): :func:`replica_groups` partitions a mesh into its
+peer groups, :func:`peer_ranks` gives one rank's group. :func:`mesh_layout` reads a
+``torch.distributed.device_mesh.DeviceMesh``; ``TorchPeerGroup.from_mesh`` builds the replay
+group from it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+__all__ = ["MeshLayout", "mesh_layout", "peer_ranks", "replica_groups"]
+
+
+@attrs.frozen
+class MeshLayout:
+    """A mesh's shape, dimension names and rank layout (row-major, like ``DeviceMesh.mesh``)."""
+
+    shape: tuple[int, ...]
+    dim_names: tuple[str, ...]
+    ranks: tuple[int, ...]
+
+
+def _validated(
+    shape: Sequence[int], dim_names: Sequence[str], ranks: Sequence[int] | None
+) -> MeshLayout:
+    shape_t = tuple(shape)
+    names = tuple(dim_names)
+    if not shape_t:
+        raise ValueError("the mesh has no dimensions: give its shape, e.g. (2, 2)")
+    bad_sizes = [
+        s for s in shape_t if not (isinstance(s, int) and not isinstance(s, bool) and s >= 1)
+    ]
+    if bad_sizes:
+        raise ValueError(f"mesh dimension sizes must be ints >= 1, got shape {shape_t}")
+    if len(names) != len(shape_t):
+        raise ValueError(
+            f"the mesh has {len(shape_t)} dimensions (shape {shape_t}) but {len(names)} names "
+            f"{names}: name every dimension"
+        )
+    if len(set(names)) != len(names):
+        raise ValueError(f"mesh dimension names must be distinct, got {names}")
+    size = math.prod(shape_t)
+    layout = tuple(range(size)) if ranks is None else tuple(ranks)
+    if len(layout) != size:
+        raise ValueError(
+            f"a mesh of shape {shape_t} holds {size} ranks, but the layout lists {len(layout)}"
+        )
+    if len(set(layout)) != size:
+        repeated = sorted({r for r in layout if layout.count(r) > 1})
+        raise ValueError(f"ranks {repeated} appear more than once in the mesh layout")
+    return MeshLayout(shape_t, names, layout)
+
+
+def _replicate_axes(layout: MeshLayout, replicate: str | Sequence[str]) -> tuple[int, ...]:
+    wanted = (replicate,) if isinstance(replicate, str) else tuple(replicate)
+    if not wanted:
+        raise ValueError(
+            f"no replicate dimension given; name one of the mesh dimensions {layout.dim_names}"
+        )
+    unknown = [name for name in wanted if name not in layout.dim_names]
+    if unknown:
+        raise ValueError(
+            f"replicate dimension(s) {unknown} not in the mesh dimensions {layout.dim_names}; "
+            "name the data-parallel replicate dimension (e.g. 'dp' or 'replicate')"
+        )
+    if len(set(wanted)) != len(wanted):
+        raise ValueError(f"replicate dimensions repeated: {wanted}")
+    return tuple(sorted(layout.dim_names.index(name) for name in wanted))
+
+
+def replica_groups(
+    shape: Sequence[int],
+    dim_names: Sequence[str],
+    replicate: str | Sequence[str],
+    ranks: Sequence[int] | None = None,
+) -> tuple[tuple[int, ...], ...]:
+    """Partition a mesh into replay peer groups (PEER-1).
+
+    Two ranks are peers when their coordinates agree in every dimension not in ``replicate``.
+    Groups are listed in row-major order of those other coordinates; within a group ranks are
+    in row-major order of their replicate coordinates, so a rank's *position* in its group is
+    its data-parallel replica index. ``ranks`` is the row-major rank layout (default
+    ``0..size-1``). Errors name the offending value.
+    """
+    layout = _validated(shape, dim_names, ranks)
+    axes = _replicate_axes(layout, replicate)
+    others = [a for a in range(len(layout.shape)) if a not in axes]
+    strides = [math.prod(layout.shape[a + 1 :]) for a in range(len(layout.shape))]
+    groups: list[tuple[int, ...]] = []
+    for fixed in itertools.product(*(range(layout.shape[a]) for a in others)):
+        members = []
+        for varying in itertools.product(*(range(layout.shape[a]) for a in axes)):
+            coordinate = [0] * len(layout.shape)
+            for axis, value in zip(others, fixed, strict=True):
+                coordinate[axis] = value
+            for axis, value in zip(axes, varying, strict=True):
+                coordinate[axis] = value
+            flat = sum(c * s for c, s in zip(coordinate, strides, strict=True))
+            members.append(layout.ranks[flat])
+        groups.append(tuple(members))
+    return tuple(groups)
+
+
+def peer_ranks(
+    shape: Sequence[int],
+    dim_names: Sequence[str],
+    replicate: str | Sequence[str],
+    rank: int,
+    ranks: Sequence[int] | None = None,
+) -> tuple[int, ...]:
+    """This rank's replay peer group, in replica order (PEER-1)."""
+    for group in replica_groups(shape, dim_names, replicate, ranks):
+        if rank in group:
+            return group
+    layout = _validated(shape, dim_names, ranks)
+    raise ValueError(f"rank {rank} is not in the mesh (ranks {sorted(layout.ranks)})")
+
+
+def mesh_layout(mesh: Any) -> MeshLayout:
+    """Shape, dimension names and rank layout of a ``DeviceMesh`` (PEER-2).
+
+    The mesh must be named (``init_device_mesh(..., mesh_dim_names=...)``): replay needs to
+    know which dimension holds the replicas.
+    """
+    names = getattr(mesh, "mesh_dim_names", None)
+    layout_tensor = getattr(mesh, "mesh", None)
+    if layout_tensor is None:
+        raise TypeError(f"expected a torch.distributed DeviceMesh, got {type(mesh).__name__}")
+    if not names:
+        raise ValueError(
+            f"the device mesh of shape {tuple(layout_tensor.shape)} has no dimension names; "
+            "create it with init_device_mesh(..., mesh_dim_names=(...)) so the replicate "
+            "dimension can be named"
+        )
+    return _validated(
+        tuple(int(s) for s in layout_tensor.shape),
+        tuple(str(n) for n in names),
+        tuple(int(r) for r in layout_tensor.reshape(-1).tolist()),
+    )
