@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import importlib
 import sys
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,20 @@ def _diff(current: str | None, expected: str, document: Path) -> str:
     return shown
 
 
+def _decision_outputs(table_path: Path, data: dict[str, Any]) -> list[tuple[Path, str | None, str]]:
+    """Files derived from a decision table: (path, current text or None, expected text). The
+    renderer module is named by ``[decision] renderer`` and provides ``generated_files``."""
+    renderer = data["decision"]["renderer"]
+    if not isinstance(renderer, str):
+        raise SpecError(f"{table_path}: [decision] renderer must name the module that renders the table")
+    module = importlib.import_module(renderer)
+    outputs: list[tuple[Path, str | None, str]] = []
+    for path, expected_of in module.generated_files(data, table_path):
+        current = _read(path)
+        outputs.append((path, current, expected_of(current)))
+    return outputs
+
+
 def run(args: argparse.Namespace) -> int:
     spec_dir: Path = args.spec_dir
     if not spec_dir.is_dir():
@@ -75,38 +90,46 @@ def run(args: argparse.Namespace) -> int:
     failures = 0
     machines = 0
     for table_path in sorted(spec_dir.glob("*.toml")):
+        outputs: list[tuple[Path, str | None, str]] = []
         try:
-            if "machine" not in read_toml(table_path):
-                # Other normative tables (e.g. decision tables) may live beside the machines.
-                print(f"{table_path}: no [machine] table, skipped")
-                continue
-            machine = load_machine(table_path)
-            document = table_path.with_suffix(".md")
-            current = _read(document)
-            if current is None:
-                expected = new_document(machine.table)
+            data = read_toml(table_path)
+            if "machine" not in data:
+                decision = data.get("decision")
+                if not (isinstance(decision, dict) and "renderer" in decision):
+                    print(f"{table_path}: no [machine] table, skipped")
+                    continue
+                # A decision table (e.g. spec/recovery.toml) names the module that renders it.
+                outputs = _decision_outputs(table_path, data)
             else:
-                expected = splice(current, render_block(machine.table), machine.name, str(document))
-        except SpecError as error:
+                machine = load_machine(table_path)
+                document = table_path.with_suffix(".md")
+                current = _read(document)
+                if current is None:
+                    expected = new_document(machine.table)
+                else:
+                    expected = splice(current, render_block(machine.table), machine.name, str(document))
+                outputs = [(document, current, expected)]
+        except (SpecError, ValueError, ImportError) as error:
             print(f"scout spec: {error}", file=sys.stderr)
             failures += 1
             continue
         machines += 1
-        if current == expected:
-            print(f"{document}: current")
-        elif args.check:
-            state = "missing" if current is None else "stale"
-            print(
-                f"scout spec --check: {document} is {state}: its generated block does not match "
-                f"{table_path}. Run `scout spec` to regenerate it, then commit the result.\n"
-                f"{_diff(current, expected, document)}",
-                file=sys.stderr,
-            )
-            failures += 1
-        else:
-            with document.open("w", encoding="utf-8", newline="") as file:
-                file.write(expected)
-            print(f"{document}: {'written' if current is None else 'updated'} from {table_path}")
+        for document, current, expected in outputs:
+            if current == expected:
+                print(f"{document}: current")
+            elif args.check:
+                state = "missing" if current is None else "stale"
+                print(
+                    f"scout spec --check: {document} is {state}: its generated block does not match "
+                    f"{table_path}. Run `scout spec` to regenerate it, then commit the result.\n"
+                    f"{_diff(current, expected, document)}",
+                    file=sys.stderr,
+                )
+                failures += 1
+            else:
+                with document.open("w", encoding="utf-8", newline="") as file:
+                    file.write(expected)
+                print(f"{document}: {'written' if current is None else 'updated'} from {table_path}")
     if machines == 0 and failures == 0:
         print(f"{spec_dir}: no machine tables (*.toml with a [machine] table); nothing to generate")
     return 1 if failures else 0

@@ -46,6 +46,7 @@ __all__ = [
 SCENARIO_MODULES: list[str] = [
     "scout.transport.sim.scenarios",
     "scout.runtime.observer_sim",
+    "scout.runtime.gate_campaign",
 ]
 
 DEFAULT_GROUP_SIZE = 8

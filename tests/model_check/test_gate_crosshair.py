@@ -1,0 +1,66 @@
+"""CrossHair checks the gate step's postconditions (gate_crosshair_contracts.py) with an explicit
+budget, and catches a planted bug in a mutant of the bindings, so the check is not vacuous."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CONTRACTS = Path(__file__).with_name("gate_crosshair_contracts.py")
+BUDGET = ["--max_uninteresting_iterations=20", "--per_condition_timeout=30"]
+
+
+def run_crosshair(target: Path, extra_path: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + ([str(extra_path)] if extra_path else []))
+    return subprocess.run(
+        [sys.executable, "-m", "crosshair", "check", "--analysis_kind=PEP316", *BUDGET, str(target)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_GATE_4_5_crosshair_step_postconditions_hold() -> None:
+    result = run_crosshair(CONTRACTS)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "function"),
+    [
+        # SDC quarantines only the candidate, not every unverified checkpoint (GATE-4).
+        (
+            "        if entry.trust in UNVERIFIED_RESTORABLE\n    }",
+            "        if entry.trust is Trust.CANDIDATE\n    }",
+            "result_step",
+        ),
+        # An unclean cycle leaves the candidate standing, so a later clean cycle would promote
+        # it without a clean cycle right after its capture (GATE-1).
+        pytest.param(
+            "    if candidate is not None:\n        changes[candidate.id] = (\n            Trust.CAPTURED,",
+            "    if False:\n        changes[candidate.id] = (\n            Trust.CAPTURED,",
+            "boundary_step",
+            marks=pytest.mark.slow,
+        ),
+    ],
+)
+def test_crosshair_catches_a_planted_gate_bug(tmp_path: Path, old: str, new: str, function: str) -> None:
+    source = (REPO / "scout" / "gate" / "bindings.py").read_text(encoding="utf-8")
+    assert source.count(old) == 1, "the planted mutation no longer applies; update this test"
+    (tmp_path / "mutant_gate_bindings.py").write_text(source.replace(old, new), encoding="utf-8")
+    contracts = CONTRACTS.read_text(encoding="utf-8").replace(
+        "from scout.gate import bindings as GATE_BINDINGS_IMPL", "import mutant_gate_bindings as GATE_BINDINGS_IMPL"
+    )
+    target = tmp_path / "mutant_gate_contracts.py"
+    target.write_text(contracts, encoding="utf-8")
+    result = run_crosshair(target, extra_path=tmp_path)
+    assert result.returncode != 0, "CrossHair did not catch the planted bug"
+    assert function in result.stdout + result.stderr

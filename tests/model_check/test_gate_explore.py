@@ -1,0 +1,213 @@
+"""Model checking of the checkpoint gate (spec/gate.toml): every invariant GATE-1..15 plus the
+referee's independent account, over every reachable state of catalogs of 1-4 recipes and 1-3
+peer groups, with every verdict outcome (harness: gate_harness.py).
+
+The CI configurations finish in well under a minute on the 2-core dev box; the full matrix
+(every outcome vector for every configuration, two captures per run) is marked ``slow`` and
+also runs as ``bench/gate_model_check.py``, which records its figures.
+"""
+
+from __future__ import annotations
+
+import time
+
+import attrs
+import pytest
+
+from scout.core.machine import (
+    Bindings,
+    ModelCheckFailure,
+    build_machine,
+    conformance_problems,
+    explore,
+)
+from scout.gate import bindings as gate_bindings
+from scout.gate.gate import GateSystem, gate_machine
+from scout.gate.model import GateContext, RecipeResult, Replay, ResultClass
+from tests.model_check.gate_harness import (
+    CheckedGate,
+    checked_environment,
+    class_vectors,
+    every_vector,
+    initial,
+    make_config,
+)
+
+ALL_IDS = {f"GATE-{n}" for n in range(1, 16)}
+SOMETIMES_IDS = {"GATE-11", "GATE-12", "GATE-13", "GATE-14", "GATE-15"}
+
+
+def run(recipes_count: int, groups_count: int, vectors=class_vectors, captures_max: int = 1, system=None):
+    return explore(
+        system or CheckedGate(),
+        [initial(make_config(recipes_count, groups_count))],
+        checked_environment(vectors, captures_max=captures_max),
+        depth_max=200,
+        states_max=2_000_000,
+        require_exhaustive=True,
+    )
+
+
+def test_gate_table_declares_GATE_1_to_15_and_conforms_to_transitions() -> None:
+    machine = gate_machine()
+    assert {p.id for p in machine.properties} == ALL_IDS
+    assert {p.id for p in machine.properties if p.kind == "sometimes"} == SOMETIMES_IDS
+    assert conformance_problems(machine) == []
+
+
+@pytest.mark.parametrize("recipes_count", [1, 2, 3, 4])
+def test_GATE_1_to_15_hold_in_every_reachable_state_for_catalogs_of_1_to_4_recipes(recipes_count: int) -> None:
+    """One representative vector per way a result can be unclean, three peer groups, one capture
+    per run: exhaustive (not cut by any bound), every row fired, every witness found."""
+    result = run(recipes_count, 3)
+    assert not result.truncated
+    assert result.labels_unfired == ()
+    assert set(result.witnesses) == SOMETIMES_IDS
+    # Depth >= 12 is required of the check; the longest shortest path is longer still.
+    assert result.depth_reached >= 12 + recipes_count
+
+
+@pytest.mark.parametrize(("recipes_count", "groups_count"), [(1, 1), (1, 2), (1, 3), (2, 1), (2, 2)])
+def test_GATE_1_to_15_hold_for_every_verdict_outcome_of_every_group(recipes_count: int, groups_count: int) -> None:
+    """Every one of the 4 ** groups outcome vectors (AGREE, ATTRIBUTED, INCONCLUSIVE, MISSING per
+    group) is offered for every recipe in every state."""
+    result = run(recipes_count, groups_count, every_vector)
+    assert not result.truncated and result.labels_unfired == ()
+    assert set(result.witnesses) == SOMETIMES_IDS
+
+
+def test_GATE_11_liveness_witness_is_two_clean_cycles() -> None:
+    result = run(1, 1)
+    names = sorted(type(event).__name__ for event in result.witnesses["GATE-11"].events)
+    # open, replay, close (clean), capture (candidate), replay, close: promoted. The capture may
+    # come just before or just after the boundary it belongs to.
+    assert names == ["CheckpointCaptured", "CycleBoundary", "CycleBoundary", "CycleBoundary", "RecipeResult", "RecipeResult"]
+
+
+def test_class_representatives_reach_the_same_states_as_every_vector() -> None:
+    """Why the larger CI configurations may use one vector per result class: in every reachable
+    state, any vector of a class leads where its representative leads (the vector only shapes
+    the reports, which the every-vector explorations check)."""
+    config = make_config(2, 3)
+    system = CheckedGate()
+    representative = {harness_class(v): v for v in class_vectors(config.groups)}
+    vectors = [(v, representative[harness_class(v)]) for v in every_vector(config.groups)]
+    for state in _reachable(config):
+        context = state.raw[0].context
+        if context.cycle_start_step is None:
+            continue
+        for recipe in config.recipe_ids:
+            for vector, twin_vector in vectors:
+                event = RecipeResult(recipe, context.cycle, context.cycle_start_step, vector)
+                twin = RecipeResult(recipe, context.cycle, context.cycle_start_step, twin_vector)
+                assert system.fire(state, event).state == system.fire(state, twin).state, (state, event)
+
+
+def harness_class(vector) -> ResultClass:
+    return RecipeResult("r0", 0, 0, vector).result_class
+
+
+def _reachable(config):
+    states = []
+    system = CheckedGate()
+    frontier = [initial(config)]
+    seen = set(frontier)
+    environment = checked_environment(class_vectors, captures_max=1)
+    while frontier:
+        state = frontier.pop()
+        states.append(state)
+        for event in environment(state):
+            successor = system.fire(state, event).state
+            if successor not in seen:
+                seen.add(successor)
+                frontier.append(successor)
+    return states
+
+
+# ------------------------------------------------------------------------------------------
+# The check is not vacuous: planted bugs are found with short traces.
+# ------------------------------------------------------------------------------------------
+
+
+def _mutant(**replacements) -> CheckedGate:
+    """The gate's table bound to its functions with some replaced, explored through the harness."""
+    bindings = Bindings()
+    registries = (
+        (bindings.guard, gate_bindings.BINDINGS.guards),
+        (bindings.effect, gate_bindings.BINDINGS.effects),
+        (bindings.predicate, gate_bindings.BINDINGS.predicates),
+    )
+    for register, registry in registries:
+        for name, function in registry.items():
+            register(replacements.get(name, function))
+    return CheckedGate(GateSystem(build_machine(gate_machine().table, bindings)))
+
+
+def _renamed(function, name):
+    function.__name__ = name
+    return function
+
+
+def _fabricating_replays(context: GateContext, event: RecipeResult):
+    """Bug: one clean replay is booked as a replay of every recipe."""
+    new, effects = gate_bindings.record_clean_replay(context, event)
+    fake = tuple(Replay(recipe, event.step, event.verdicts) for recipe in context.config.recipe_ids)
+    return new.replace(covered=context.config.recipe_ids, replays=fake), effects
+
+
+@pytest.mark.parametrize(
+    ("replacements", "found_by"),
+    [
+        # An incomplete cycle counts as complete: the guard forgets to look at coverage.
+        ({"cycle_complete": _renamed(lambda context, event: True, "cycle_complete")}, "GATE-6"),
+        # Inconclusive counts as clean.
+        (
+            {
+                "clean": _renamed(lambda c, e: e.result_class is not ResultClass.SDC, "clean"),
+                "unchecked": _renamed(lambda c, e: False, "unchecked"),
+            },
+            "GATE-5",
+        ),
+        # Inconclusive is treated as SDC (the reference's W9).
+        (
+            {
+                "sdc_attributed": _renamed(lambda c, e: e.result_class is not ResultClass.CLEAN, "sdc_attributed"),
+                "unchecked": _renamed(lambda c, e: False, "unchecked"),
+            },
+            "GATE-5",
+        ),
+        # The gate's own books are wrong in a way its predicates cannot see: only the referee,
+        # which counts from the events, notices the certificate claims unreplayed recipes.
+        ({"record_clean_replay": _renamed(_fabricating_replays, "record_clean_replay")}, "GATE-1-referee"),
+    ],
+)
+def test_planted_bugs_are_found_with_short_traces(replacements, found_by: str) -> None:
+    with pytest.raises(ModelCheckFailure) as failure:
+        run(2, 2, system=_mutant(**replacements))
+    assert failure.value.property_id == found_by
+    assert failure.value.trace is not None and len(failure.value.trace.steps) <= 8
+
+
+def test_planted_quarantine_lifting_bug_is_found() -> None:
+    """A restart that also clears quarantine breaks GATE-2."""
+    original = gate_bindings.restart
+
+    def restart(context: GateContext, event):
+        new, effects = original(context, event)
+        entries = tuple(attrs.evolve(e, trust=gate_bindings.Trust.CAPTURED) if e.trust is gate_bindings.Trust.QUARANTINED else e for e in new.checkpoints)
+        return new.replace(checkpoints=entries), effects
+
+    with pytest.raises(ModelCheckFailure) as failure:
+        run(1, 1, system=_mutant(restart=restart))
+    assert failure.value.property_id == "GATE-2"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("groups_count", [1, 2, 3])
+@pytest.mark.parametrize("recipes_count", [1, 2, 3, 4])
+def test_GATE_1_to_15_full_matrix_every_vector_two_captures(recipes_count: int, groups_count: int) -> None:
+    started = time.perf_counter()
+    result = run(recipes_count, groups_count, every_vector, captures_max=2)
+    assert not result.truncated and result.labels_unfired == ()
+    assert set(result.witnesses) == SOMETIMES_IDS
+    print(f"R={recipes_count} G={groups_count}: {result.summary()} in {time.perf_counter() - started:.1f} s")
