@@ -27,7 +27,10 @@ def register(subparsers: Any) -> None:
                         help="instead, run the verdict rule over the worked examples and print a table")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--timeout", type=float, default=90.0, metavar="S",
-                        help="hard bound on the job in seconds (default 90)")
+                        help="hard bound on each phase's job in seconds (default 90)")
+    parser.add_argument("--phase", choices=("all", "hang", "replay"), default="all",
+                        help="hang: the observer job only; replay: the SDC/straggler/gate job only; "
+                        "all (default): both, then the summary")
     parser.set_defaults(func=run)
 
 
@@ -54,7 +57,17 @@ def run_job(args: argparse.Namespace) -> int:
         print(f"scout demo: --timeout must be a positive number of seconds, got {args.timeout}", file=sys.stderr)
         return 2
     log = None if args.json else (lambda line: print(f"scout demo: {line}", flush=True))
+    if args.phase == "replay":
+        return run_replay_phase(args, log, hang=None)
     result = run_demo(timeout_s=args.timeout, log=log)
+    if args.phase == "all":
+        if not args.json:
+            if result.report is not None:
+                print()
+                print(render_report(result.report, result.detection_latency_s, CONFIG["stall_threshold_s"]))
+            for problem in result.problems:
+                print(f"FAILED: {problem}")
+        return run_replay_phase(args, log, hang=result)
     if args.json:
         print(json.dumps({"ok": result.ok, "report": result.report, "detection_latency_s": result.detection_latency_s,
                           "wall_s": result.wall_s, "leftover_segments": list(result.leftover_segments),
@@ -73,6 +86,76 @@ def run_job(args: argparse.Namespace) -> int:
         print(f"ok: the observers named the injected rank; job took {result.wall_s:.1f} s, every process and "
               "shared-memory record cleaned up")
     return 0 if result.ok else 1
+
+
+def run_replay_phase(args: argparse.Namespace, log: Any, hang: Any) -> int:
+    """Phase 2: SDC and straggler localized by in-situ replay, the gate's certified checkpoint,
+    the recovery decision; then the summary table. Exit 0 only if every fault was localized."""
+    from scout.commands.certificate import run as print_certificate
+    from scout.gate.recovery import Choice, FailureClass, recover
+    from scout.runtime.demo_job import _forkserver
+    from scout.runtime.demo_replay import SDC_RANK, SLOW_RANK, cleanup, run_replay_demo
+
+    hang_ok: bool | None = None if hang is None else bool(hang.ok)
+    result = run_replay_demo(context=_forkserver(), timeout_s=args.timeout, log=log)
+    try:
+        sdc_named = sorted({
+            tuple(r["outliers"]) for r in result.results if r["status"] == "ATTRIBUTED"
+        })
+        sdc_ok = sdc_named == [(SDC_RANK,)]
+        confirmed = sorted({rank for _, ranks in result.confirmed for rank in ranks})
+        straggler_ok = confirmed == [SLOW_RANK]
+        decision = None
+        if result.gate_state is not None:
+            decision = recover(result.gate_state, FailureClass.SDC)
+        gate_ok = decision is not None and decision.choice is Choice.VERIFIED
+        rows = []
+        if hang_ok is not None:
+            rows.append(("hang: rank 2 sleeps before an all-reduce", "rank 2 behind", "see report above", hang_ok))
+        rows.append((f"SDC: bit flip in rank {SDC_RANK}'s hidden-layer output", f"rank {SDC_RANK}",
+                     "ranks " + (", ".join(str(list(t)) for t in sdc_named) or "none"), sdc_ok))
+        ratio = f" (replay compute {result.compute_ratio:.1f}x)" if result.compute_ratio else ""
+        rows.append((f"straggler: rank {SLOW_RANK} computes slower", f"rank {SLOW_RANK} confirmed",
+                     f"confirmed {confirmed}{ratio}", straggler_ok))
+        chosen = "none" if decision is None else f"{decision.choice.value} {decision.checkpoint} (rule {decision.rule})"
+        rows.append(("recovery after the SDC", "the verified checkpoint, not the quarantined one", chosen, gate_ok))
+        ok = result.ok and sdc_ok and straggler_ok and gate_ok and hang_ok is not False
+        if args.json:
+            print(json.dumps({
+                "ok": ok,
+                "hang_ok": hang_ok,
+                "hang_report": None if hang is None else hang.report,
+                "detection_latency_s": None if hang is None else hang.detection_latency_s,
+                "sdc_attributed": [list(t) for t in sdc_named],
+                "stragglers_confirmed": confirmed,
+                "compute_ratio": result.compute_ratio,
+                "recovery": None if decision is None else decision.to_json(),
+                "replay_wall_s": result.wall_s,
+                "problems": list(result.problems) + ([] if hang is None else list(hang.problems)),
+            }, indent=2, default=str))
+            return 0 if ok else 1
+        if decision is not None:
+            print()
+            print(f"recovery decision for an SDC: restore {decision.choice.value} checkpoint "
+                  f"{decision.checkpoint} -- {decision.reason} (rule {decision.rule}: {decision.why})")
+        if result.manifest_dir is not None and gate_ok:
+            print("\ncertificate of the verified checkpoint (scout certificate MANIFEST):")
+            print_certificate(argparse.Namespace(manifest=result.manifest_dir, step=None, json=False,
+                                                 list=False, job_id=None))
+        for problem in result.problems:
+            print(f"FAILED: {problem}")
+        print()
+        widths = (48, 26, 36)
+        print(f"{'fault injected':<{widths[0]}} {'expected':<{widths[1]}} {'localized as':<{widths[2]}} ok")
+        print(f"{'-' * widths[0]} {'-' * widths[1]} {'-' * widths[2]} --")
+        for fault, expected, got, good in rows:
+            print(f"{_clip(fault, widths[0]):<{widths[0]}} {_clip(expected, widths[1]):<{widths[1]}} "
+                  f"{_clip(got, widths[2]):<{widths[2]}} {'yes' if good else 'NO'}")
+        print()
+        print("ok: every injected fault was localized" if ok else "FAILED: not every injected fault was localized")
+        return 0 if ok else 1
+    finally:
+        cleanup(result)
 
 
 def render_report(report: dict[str, Any], latency_s: float | None, threshold_s: float) -> str:

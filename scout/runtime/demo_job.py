@@ -121,7 +121,8 @@ def demo_rank(rank: int, world: int, job_id: str, options: dict[str, Any], contr
 def _forkserver() -> Any:
     os.environ["OMP_NUM_THREADS"] = "1"
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["torch", "torch.distributed", "scout.runtime.instrument", "scout.runtime.demo_job"])
+    context.set_forkserver_preload(["torch", "torch.distributed", "scout.runtime.instrument", "scout.runtime.demo_job",
+                                       "scout.runtime.demo_replay", "scout.replay"])
     return context
 
 

@@ -50,7 +50,7 @@ def test_demo_runs_a_real_job_names_the_hung_rank_and_cleans_up() -> None:
     pytest.importorskip("torch")
     shm_before = set(os.listdir("/dev/shm"))
     started = time.monotonic()
-    completed, session = _scout("demo", "--json", timeout_s=DEMO_BOUND_S)
+    completed, session = _scout("demo", "--phase", "hang", "--json", timeout_s=DEMO_BOUND_S)
     wall_s = time.monotonic() - started
     assert completed.returncode == 0, completed.stdout + completed.stderr
     result = json.loads(completed.stdout)
@@ -65,6 +65,25 @@ def test_demo_runs_a_real_job_names_the_hung_rank_and_cleans_up() -> None:
     assert _session_processes(session) == []
     new_segments = [name for name in set(os.listdir("/dev/shm")) - shm_before if name.startswith("scout")]
     assert new_segments == []
+
+
+@pytest.mark.torchdist
+def test_full_demo_localizes_hang_sdc_and_straggler_and_certifies_a_checkpoint() -> None:
+    """The README's main job: every injected fault localized, the SDC-era candidate not used."""
+    pytest.importorskip("torch")
+    completed, session = _scout("demo", "--json", timeout_s=2 * DEMO_BOUND_S)
+    assert completed.returncode == 0, completed.stdout[-4000:] + completed.stderr[-4000:]
+    result = json.loads(completed.stdout)
+    assert result["ok"] and result["hang_ok"]
+    assert result["hang_report"]["attributed_ranks"] == [2]
+    assert result["sdc_attributed"] == [[2]]
+    assert result["stragglers_confirmed"] == [1]
+    recovery = result["recovery"]
+    assert recovery["choice"] == "verified", recovery
+    deadline = time.monotonic() + 5.0
+    while _session_processes(session) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _session_processes(session) == []
 
 
 def test_demo_verdicts_prints_the_worked_examples() -> None:
