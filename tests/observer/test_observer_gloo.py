@@ -10,6 +10,7 @@ The different-shape desync is covered by the fingerprint tests and the model che
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
@@ -23,6 +24,7 @@ import pytest
 
 pytest.importorskip("torch")
 
+from scout.runtime.progress import record_name  # noqa: E402
 from tests.observer import runtime_ranks, torch_ranks  # noqa: E402
 from tests.observer.test_observer_runtime import (  # noqa: E402
     FAST,
@@ -60,6 +62,11 @@ def gloo_job(tmp_path: Path, scenario: str, world: int = 4, **options: Any) -> I
             if process.is_alive():
                 process.kill()
                 process.join(WAIT_S)
+        # A trainer killed on purpose leaves its record behind; a later writer for the same rank
+        # would reclaim it, but this job id is never reused, so remove the job's records here.
+        for rank in range(world):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join("/dev/shm", record_name(job_id, 0, rank)))
 
 
 def ready_of(control: Any, world: int) -> dict[int, tuple[Any, ...]]:
