@@ -3,29 +3,16 @@ budget, and catches a planted bug in a mutant of the bindings, so the check is n
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.model_check.crosshair_runner import REPO
+from tests.model_check.crosshair_runner import run_crosshair as _run
+
 CONTRACTS = Path(__file__).with_name("gate_crosshair_contracts.py")
-BUDGET = ["--max_uninteresting_iterations=20", "--per_condition_timeout=30"]
-
-
-def run_crosshair(target: Path, extra_path: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + ([str(extra_path)] if extra_path else []))
-    return subprocess.run(
-        [sys.executable, "-m", "crosshair", "check", "--analysis_kind=PEP316", *BUDGET, str(target)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+run_crosshair = partial(_run, max_uninteresting_iterations=20, per_condition_timeout_s=30)
 
 
 def test_GATE_4_5_crosshair_step_postconditions_hold() -> None:

@@ -7,28 +7,14 @@ shows the check is not vacuous.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
+from functools import partial
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.model_check.crosshair_runner import REPO
+from tests.model_check.crosshair_runner import run_crosshair as _run
+
 CONTRACTS = Path(__file__).with_name("crosshair_contracts.py")
-BUDGET = ["--max_uninteresting_iterations=30", "--per_condition_timeout=20"]
-
-
-def run_crosshair(target: Path, extra_path: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
-    paths = [str(REPO)] + ([str(extra_path)] if extra_path else [])
-    env["PYTHONPATH"] = os.pathsep.join(paths)
-    return subprocess.run(
-        [sys.executable, "-m", "crosshair", "check", "--analysis_kind=PEP316", *BUDGET, str(target)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+run_crosshair = partial(_run, max_uninteresting_iterations=30, per_condition_timeout_s=20, timeout_s=240)
 
 
 def test_VERDICT_13_crosshair_postconditions_hold() -> None:
