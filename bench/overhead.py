@@ -3,9 +3,9 @@ same run; the cost of each replay check by recipe; the bytes held by captures.
 
 A tiny decoder-only transformer is trained with DDP on ``--ranks`` CPU processes (gloo, one
 thread each). The run alternates *plain* phases (no scout) and *scout* phases
-(``scout.replay.attach`` with the default ``ReplayConfig``: hidden layers every 10 steps,
-embedding, output head and an optimizer slice every 50) in the order ABBA ABBA ..., so a slow
-drift of the machine's load hits both alike. Every phase is ``--phase-steps`` steps (a multiple
+(``scout.replay.attach`` with the default ``ReplayConfig``: one hidden layer, the embedding,
+the output head and an optimizer slice together every 50 steps) in the order ABBA ABBA ...,
+so a slow drift of the machine's load hits both alike. Every phase is ``--phase-steps`` steps (a multiple
 of the 50-step cycle, so each scout phase runs the whole default cadence). Attaching and
 closing happen outside the timed window.
 
@@ -18,8 +18,8 @@ Reported (bench/results/overhead.json):
 * ``cpu_overhead``: the same in CPU time (``time.process_time``, all threads), summed over the
   ranks: what scout costs the processes themselves, nearly blind to other tenants.
 * ``checks``: rank 0's wall time inside ``handle.step()`` at steps where a check was due, by
-  the set of recipes due (step 10: a hidden layer; step 50: hidden + embedding + output +
-  optimizer), split into replay compute and time inside replay collectives; and at steps where
+  the set of recipes due (every 50th step: hidden + embedding + output + optimizer, unless
+  a class is set to another interval), split into replay compute and time inside replay collectives; and at steps where
   nothing was due.
 * ``recipes``: replay compute time per recipe class.
 * ``capture_bytes``: bytes held by captures when each check began (CAP-5), by due set.
@@ -28,7 +28,7 @@ Reported (bench/results/overhead.json):
   with the measured overhead (and to project it onto other models).
 
 The run is repeated for each ``--layers`` depth (default 8 and 24): the hidden-layer recipe
-replays one layer every 10 steps, so its compute costs about 1 / (10 x layers) of a step, and
+replays one layer every 50 steps, so its compute costs about 1 / (50 x layers) of a step, and
 the depth decides whether the goal can be met at the default cadence. JSON: one entry per
 depth under ``runs``.
 
@@ -372,7 +372,7 @@ def main() -> int:
         type=int,
         nargs="+",
         default=[8, 24],
-        help="one run per depth: the hidden-layer replay costs about 1/(layers x 10) of a step",
+        help="one run per depth: the hidden-layer replay costs about 1/(layers x 50) of a step",
     )
     parser.add_argument("--sequence", type=int, default=64)
     parser.add_argument("--batch", type=int, default=8)

@@ -7,12 +7,15 @@ Nothing here is active unless called. Each injector returns a handle with ``remo
 * :func:`flip_tensor_bit_` -- flip one bit of a parameter, gradient or optimizer-state tensor
   once, in place: the model of a memory upset (FAULT-2).
 * :func:`slow_module` -- a module that takes ``delay_s`` longer on every call (FAULT-3).
+* :func:`slow_compute` -- a replayer whose every replay compute takes ``factor`` times as
+  long as it measured: a proportional compute straggler (FAULT-3).
 * :func:`slow_communication` -- a peer whose every replay collective enters ``delay_s`` late,
   on its own side of the communication path (FAULT-4).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -22,7 +25,13 @@ from torch.utils.hooks import RemovableHandle
 
 from scout.replay.collectives import EntryHookHandle
 
-__all__ = ["flip_output_bit", "flip_tensor_bit_", "slow_communication", "slow_module"]
+__all__ = [
+    "flip_output_bit",
+    "flip_tensor_bit_",
+    "slow_communication",
+    "slow_compute",
+    "slow_module",
+]
 
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -90,6 +99,23 @@ def slow_module(module: nn.Module, delay_s: float) -> RemovableHandle:
         time.sleep(delay_s)
 
     return module.register_forward_pre_hook(hook)
+
+
+def slow_compute(replayer: Any, factor: float) -> RemovableHandle:
+    """Every replay compute of ``replayer`` (this peer only) takes ``factor`` times its own
+    measured duration: after the work it sleeps ``(factor - 1)`` times the time measured, inside
+    the timed span (FAULT-3, proportional). ``factor`` 1 changes nothing."""
+    if not (factor >= 1 and math.isfinite(factor)):
+        raise ValueError(f"factor must be finite and >= 1, got {factor}")
+    add = getattr(replayer, "add_compute_hook", None)
+    if add is None:
+        raise TypeError(f"slow_compute needs a Replayer, got {type(replayer).__name__}")
+
+    def hook(elapsed_s: float) -> None:
+        time.sleep((factor - 1.0) * elapsed_s)
+
+    handle: RemovableHandle = add(hook)
+    return handle
 
 
 def slow_communication(peers: Any, delay_s: float) -> EntryHookHandle:

@@ -34,14 +34,15 @@ import contextlib
 import logging
 import os
 import time
-from collections import deque
-from collections.abc import Iterator, Sequence
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final
 
 import attrs
 import torch
 from torch import nn
 from torch.func import functional_call
+from torch.utils.hooks import RemovableHandle
 
 from scout.core.recipes import (
     CLASS_ORDER,
@@ -339,6 +340,7 @@ class Replayer:
         )
         self.step_count = 0
         self._closed = False
+        self._compute_hooks: OrderedDict[int, Callable[[float], None]] = OrderedDict()
         self.results: deque[RecipeResult] = deque(maxlen=self.config.history_limit)
         self.disabled_reason: str | None = None
         self._schedule_digest = structured_signature(self.schedule.describe())
@@ -628,7 +630,7 @@ class Replayer:
                 started = time.perf_counter()
                 with deterministic_algorithms(self.config.deterministic):
                     updated = optimizer.replay(record)
-                local.compute_s = time.perf_counter() - started
+                local.compute_s = self._measured(started)
                 return {EvidenceKind.INPUT: inputs, EvidenceKind.UPDATED: updated}
 
             self._guarded(local, run_optimizer)
@@ -639,6 +641,21 @@ class Replayer:
         if self.peers.size > 1:
             self.peers.broadcast_(record.tensors() + record.rng.tensors(), source)
         self._guarded(local, lambda: self._replay_module(local, module, record))
+
+    def add_compute_hook(self, hook: Callable[[float], None]) -> RemovableHandle:
+        """Call ``hook(elapsed_s)`` at the end of every replay compute, inside its timed span,
+        with the time measured so far (opt-in, for faults: FAULT-3's ``slow_compute``)."""
+        handle = RemovableHandle(self._compute_hooks)
+        self._compute_hooks[handle.id] = hook
+        return handle
+
+    def _measured(self, started: float) -> float:
+        """STRAG-1: this peer's replay compute time since ``started``, compute hooks included."""
+        if self._compute_hooks:
+            elapsed = time.perf_counter() - started
+            for hook in tuple(self._compute_hooks.values()):
+                hook(elapsed)
+        return time.perf_counter() - started
 
     def _guarded(self, local: _Local, work: Any) -> None:
         if local.status is not ReplayStatus.OK:
@@ -712,7 +729,7 @@ class Replayer:
                     outputs, targets, cotangents, allow_unused=True, materialize_grads=False
                 )
         _synchronize(device)
-        local.compute_s = time.perf_counter() - started
+        local.compute_s = self._measured(started)
         gradients = list(gradients) or [None] * len(targets)
         evidence[EvidenceKind.OUTPUT] = structured_signature(
             map_tensors(lambda t: t.detach(), output)

@@ -72,9 +72,9 @@ class TinyLM(nn.Module):
         return self.lm_head(self.norm(x))
 
 
-def _batch(rank: int, step: int, length: int = SEQUENCE) -> torch.Tensor:
+def _batch(rank: int, step: int, length: int = SEQUENCE, batch: int = BATCH) -> torch.Tensor:
     generator = torch.Generator().manual_seed(1000 * step + rank)
-    return torch.randint(0, VOCAB, (BATCH, length + 1), generator=generator)
+    return torch.randint(0, VOCAB, (batch, length + 1), generator=generator)
 
 
 def _result_dict(result: Any) -> dict[str, Any]:
@@ -122,6 +122,8 @@ def train(
     intervals_override: dict[str, Any] | None = None,
     slow_rank: dict[str, Any] | None = None,
     slow_communication: dict[str, Any] | None = None,
+    slow_factor: dict[str, Any] | None = None,
+    batch: int = BATCH,
     binding: bool = False,
     check_isolation: bool = False,
 ) -> dict[str, Any]:
@@ -155,6 +157,8 @@ def train(
             faults.slow_module(layer, slow_rank["delay_s"])
     if slow_communication and rank == slow_communication["rank"]:
         faults.slow_communication(peers, slow_communication["delay_s"])
+    if slow_factor and rank == slow_factor["rank"]:
+        faults.slow_compute(replayer, slow_factor["factor"])
     results: list[dict[str, Any]] = []
     stragglers: list[list[Any]] = []
     confirmed: list[list[int]] = []
@@ -168,7 +172,7 @@ def train(
         length = SEQUENCE
         if short_batch and rank == short_batch["rank"] and step == short_batch["step"]:
             length = SEQUENCE // 2
-        tokens = _batch(rank, step, length)
+        tokens = _batch(rank, step, length, batch)
         logits = ddp(tokens[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
         optimizer.zero_grad(set_to_none=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -221,6 +222,43 @@ def test_STRAG_1_STRAG_2_FAULT_3_slow_compute_on_rank_1_is_a_confirmed_straggler
     # call, not inside it: no communication straggler.
     communication = [c["confirmed"] for c in payload["communication"]]
     assert all(c == [] for c in communication), [c["own_ms"] for c in payload["communication"]]
+
+
+def test_STRAG_1_STRAG_2_FAULT_3_rank_1_at_1_5x_replay_compute_is_a_confirmed_straggler(
+    tmp_path: Path,
+) -> None:
+    """Rank 1's replay compute takes 1.5x its own measured time (``faults.slow_compute``).
+
+    Four ranks share two cores here, so healthy replay times scatter by tens of percent and a
+    1.5x straggler is named slow in only about a third of the rounds (measured: 11-13 of 150
+    steps confirmed, first confirmation after 8-32 steps). The run is therefore bounded, not
+    short: rank 1 must be confirmed at some point, never before 3 rounds, and no other rank
+    ever; nothing is attributed as corruption."""
+    steps = 150
+    hidden_only = {"embedding_steps": 0, "hidden_steps": 1, "output_steps": 0, "optimizer_steps": 0}
+    ranks = run(
+        tmp_path,
+        steps=steps,
+        batch=32,  # a few ms of replay compute per check: well above the 1 ms timing floor
+        intervals=hidden_only,
+        slow_factor={"rank": 1, "factor": 1.5},
+    )
+    payload = ranks[0]
+    assert not by_status(payload["results"], "ATTRIBUTED")  # slow is not corrupt
+    times = [[ranks[r]["compute_ms"][i] for r in range(WORLD)] for i in range(steps)]
+    medians = [
+        statistics.median(sum(ranks[r]["compute_ms"][i].values()) for i in range(steps))
+        for r in range(WORLD)
+    ]
+    healthy = statistics.median(medians[r] for r in (0, 2, 3))
+    assert medians[1] >= 1.25 * healthy, medians  # the fault does slow rank 1 by about 1.5x
+    confirmed = payload["confirmed_stragglers"]
+    assert confirmed[0] == confirmed[1] == [], times[:3]  # STRAG-2: not before 3 rounds
+    assert [1] in confirmed, (medians, times)
+    assert all(c in ([], [1]) for c in confirmed), [c for c in confirmed if c not in ([], [1])]
+    first = confirmed.index([1])
+    assert payload["stragglers"][first] == [["Confirmed", 1]]
+    assert all(r["confirmed_stragglers"] == confirmed for r in ranks.values())
 
 
 def test_COMM_1_COMM_3_FAULT_4_slow_communication_on_rank_2_is_a_communication_straggler(

@@ -14,6 +14,7 @@ from torch import nn
 
 from scout.core.recipes import EvidenceKind, Intervals, ReplayStatus
 from scout.core.verdict import Status
+from scout.replay import faults
 from scout.replay import replay as replay_module
 from scout.replay.replay import RecipeModules, ReplayConfig, Replayer, deterministic_algorithms
 from scout.transport.base import DeadlineExceeded
@@ -320,6 +321,29 @@ def test_STRAG_1_compute_time_reported_apart_from_collectives() -> None:
     assert all(ms > 0 for ms in report.compute_ms.values())
     assert set(report.timing) == set(report.compute_ms)
     assert all(v.status is Status.AGREE for v in report.timing.values())
+
+
+def test_FAULT_3_slow_compute_multiplies_each_measured_replay_compute_by_its_factor() -> None:
+    model, optimizer, replayer = _setup(ScriptedPeers())
+    seen: list[float] = []
+    recorder = replayer.add_compute_hook(seen.append)  # runs first: the time before the fault
+    slow = faults.slow_compute(replayer, factor=3.0)
+    _train_step(model, optimizer, 1)
+    report = replayer.after_optimizer_step()
+    assert len(seen) == len(report.compute_ms) == 4
+    # Recipes replay in a fixed order; each reported time includes the sleep of 2x its own.
+    for elapsed_s, ms in zip(seen, report.compute_ms.values(), strict=True):
+        assert ms >= 3.0 * elapsed_s * 1e3
+    slow.remove()
+    recorder.remove()
+    _train_step(model, optimizer, 2)
+    replayer.after_optimizer_step()
+    assert len(seen) == 4  # removed hooks are not called again
+    for factor in (0.5, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="factor"):
+            faults.slow_compute(replayer, factor)
+    with pytest.raises(TypeError, match="Replayer"):
+        faults.slow_compute(object(), 1.5)
 
 
 def test_CAP_2_too_large_capture_is_not_ready_on_that_peer() -> None:
