@@ -331,7 +331,30 @@ def run_observer(spec: ObserverSpec, reports: Any = None) -> None:
         driver.emit(wire.failure_report(rank=spec.rank, group_ranks=spec.group_ranks, job_id=spec.job_id,
                                         generation=spec.generation, reason=f"observer crashed: {error!r}"))
         code = EXIT_FAILED
-    sys.exit(code)
+    # Exit without the interpreter's exit handlers: multiprocessing's finalizers join the report
+    # queue's feeder thread without a bound, and an orphaned observer was once seen blocked there
+    # for minutes after its trainer died. Flush what we can within a bound, then leave.
+    _flush_reports(reports, timeout_s=2.0)
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
+
+
+def _flush_reports(reports: Any, timeout_s: float) -> None:
+    """Hand queued reports to the trainer's pipe, waiting at most ``timeout_s``."""
+    if reports is None or not hasattr(reports, "join_thread"):
+        return
+    flushed = threading.Event()
+
+    def flush() -> None:
+        with contextlib.suppress(Exception):
+            reports.close()
+            reports.join_thread()
+        flushed.set()
+
+    threading.Thread(target=flush, name="scout-report-flush", daemon=True).start()
+    flushed.wait(timeout_s)
 
 
 # --------------------------------------------------------------------------------------------
