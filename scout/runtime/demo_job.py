@@ -19,6 +19,7 @@ import secrets
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Final
@@ -118,6 +119,29 @@ def demo_rank(rank: int, world: int, job_id: str, options: dict[str, Any], contr
     control.join_thread()
 
 
+def control_messages(control: Any, processes: list[Any], done: set[int], world: int, deadline: float,
+                     timeout_s: float, what: str, problems: list[str]) -> Iterator[Any]:
+    """The ranks' control messages until ``done`` holds every rank, bounded by ``deadline``.
+
+    Stops early, with the reason appended to ``problems``, at the deadline or when a rank
+    process exits abnormally; polls in slices of at most 0.5 s so neither goes unnoticed.
+    """
+    while len(done) < world:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            problems.append(f"{what} did not finish within {timeout_s} s (ranks done: {sorted(done)})")
+            return
+        try:
+            message = control.get(timeout=min(remaining, 0.5))
+        except queue.Empty:
+            dead = [p.name for p in processes if p.exitcode not in (None, 0)]
+            if dead:
+                problems.append(f"rank processes exited abnormally: {dead}")
+                return
+            continue
+        yield message
+
+
 def _forkserver() -> Any:
     os.environ["OMP_NUM_THREADS"] = "1"
     context = multiprocessing.get_context("forkserver")
@@ -159,19 +183,7 @@ def run_demo(*, timeout_s: float = TIMEOUT_S, hold_s: float = HOLD_S, steps: int
     try:
         for process in processes:
             process.start()
-        while len(done) < WORLD:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                problems.append(f"the job did not finish within {timeout_s} s (ranks done: {sorted(done)})")
-                break
-            try:
-                message = control.get(timeout=min(remaining, 0.5))
-            except queue.Empty:
-                dead = [p.name for p in processes if p.exitcode not in (None, 0)]
-                if dead:
-                    problems.append(f"rank processes exited abnormally: {dead}")
-                    break
-                continue
+        for message in control_messages(control, processes, done, WORLD, deadline, timeout_s, "the job", problems):
             kind = message[0]
             if kind == "ready":
                 ready[message[1]] = (message[2], message[3])

@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import queue
 import secrets
 import shutil
 import statistics
@@ -36,6 +35,8 @@ from pathlib import Path
 from typing import Any, Final
 
 import attrs
+
+from scout.runtime.demo_job import control_messages
 
 __all__ = ["ReplayDemoResult", "run_replay_demo"]
 
@@ -264,19 +265,8 @@ def run_replay_demo(*, context: Any, timeout_s: float = TIMEOUT_S, log: Any = No
     try:
         for process in processes:
             process.start()
-        while len(done) < WORLD:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                problems.append(f"the replay job did not finish within {timeout_s} s (ranks done: {sorted(done)})")
-                break
-            try:
-                message = control.get(timeout=min(remaining, 0.5))
-            except queue.Empty:
-                dead = [p.name for p in processes if p.exitcode not in (None, 0)]
-                if dead:
-                    problems.append(f"rank processes exited abnormally: {dead}")
-                    break
-                continue
+        for message in control_messages(control, processes, done, WORLD, deadline, timeout_s, "the replay job",
+                                        problems):
             kind, rank = message[0], message[1]
             if kind == "catalog":
                 catalog = message[2]
