@@ -47,6 +47,7 @@ SDC_CYCLE: Final = 3
 SDC_RANK: Final = 2
 SDC_LAYER: Final = 1
 SLOW_RANK: Final = 1
+REPLAY_SLOW_FACTOR: Final = 3.0  # every replay compute of the slow rank, the optimizer's included
 SLOW_FACTOR: Final = 12.0  # forward only; measured ~6x on replay compute (noisy 2-core box)
 GROUP: Final = "dp"  # the one peer group: the 4 data-parallel replicas
 TIMEOUT_S: Final = 120.0
@@ -159,6 +160,9 @@ def replay_rank(rank: int, world: int, options: dict[str, Any], control: Any) ->
         if rank == SLOW_RANK:
             for module in (model.embed, *model.layers, model.norm, model.lm_head):
                 slow_compute(module, SLOW_FACTOR)
+            # The optimizer replay runs no module forward; without this its rounds come out clean
+            # and reset the K-round confirmation (STRAG-8), so the straggler was sometimes missed.
+            faults.slow_compute(replayer, REPLAY_SLOW_FACTOR)
         if rank == 0:
             control.put(("catalog", rank, [str(r) for r in replayer.catalog.recipes()],
                          replayer.schedule.cycle_length_steps()))
