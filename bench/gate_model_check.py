@@ -21,10 +21,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import scout.runtime.gate_campaign  # noqa: E402,F401  (registers the scenario)
+import scout.scenarios.gate_campaign  # noqa: E402,F401  (registers the scenario)
 from scout.core.machine import explore  # noqa: E402
 from scout.gate.manifest import ManifestWriter  # noqa: E402
-from scout.transport.sim.registry import ScenarioParams, run_scenario  # noqa: E402
+from scout.scenarios.registry import ScenarioParams, run_scenario  # noqa: E402
 from tests.gate_story import story_payloads  # noqa: E402
 from tests.model_check.gate_harness import (  # noqa: E402
     CheckedGate,

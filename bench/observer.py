@@ -1,7 +1,7 @@
 """Benchmark: the observer's costs on the trainer and in the observer. Writes
 bench/results/observer.json.
 
-- publish: one ProgressPublisher call (goal <= 2 us, issue 4), per kind of publish;
+- publish: one ProgressPublisher call (goal <= 2 us), per kind of publish;
 - read: one consistent ProgressReader.read() (the observer's poll);
 - step: one observer machine step on a poll tick (the observer's per-poll CPU);
 - instrumentation overhead on a training step (goal <= 1 %): a small MLP trained on one
@@ -39,7 +39,7 @@ from scout.core.observer import (  # noqa: E402
     Tick,
     initial_context,
 )
-from scout.runtime.progress import ProgressPublisher, ProgressReader, RecordIdentity  # noqa: E402
+from scout.observer.progress import ProgressPublisher, ProgressReader, RecordIdentity  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "observer.json"
 CALLS_PER_BATCH = 20_000
@@ -114,7 +114,7 @@ def _component_costs() -> dict[str, float]:
     import torch
     import torch.distributed as dist
 
-    from scout.runtime import instrument as inst
+    from scout.observer import instrument as inst
 
     layer = torch.nn.Linear(4, 4)
     data = torch.ones(1, 4)
@@ -142,7 +142,7 @@ def _overhead(*, width: int, depth: int, batch: int, pairs: int) -> dict[str, An
     import torch
     import torch.distributed as dist
 
-    from scout.runtime import instrument as inst
+    from scout.observer import instrument as inst
 
     torch.manual_seed(0)
     blocks = [torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU()) for _ in range(depth)]

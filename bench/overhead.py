@@ -12,7 +12,7 @@ closing happen outside the timed window.
 Reported (bench/results/overhead.json):
 
 * ``overhead``: per ABBA block, (scout - plain) / plain in wall time on rank 0 between two
-  barriers -- the job's throughput; the median over blocks with its spread. Goal (issue 6):
+  barriers -- the job's throughput; the median over blocks with its spread. Goal:
   <= 1 % (aim 0.5 %). On a shared host other tenants' load moves phase times by several
   percent, so this figure is only as good as its spread.
 * ``cpu_overhead``: the same in CPU time (``time.process_time``, all threads), summed over the

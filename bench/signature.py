@@ -1,7 +1,7 @@
 """Benchmark: tensor_signature on 512 MiB of fp32, one CPU thread, beside xxh3 and a plain copy
 into a preallocated buffer, all measured in the same run. Writes bench/results/signature.json.
 
-Goal (issue 6, SIG-12): >= 10 GB/s. Figures to beat (PRIOR_ART.md, same class of machine): the
+Goal (SIG-12): >= 10 GB/s. Figures to beat (docs/prior-art.md; measured on the same class of machine): the
 reference's signature 0.6-0.7 GB/s; xxh3 16-19 GB/s; copy into preallocated memory 9-10 GB/s.
 Every buffer is allocated and written before timing, so no timed pass pays fresh-page faults
 (about 1.6 GB/s here). The torch-ops fallback is measured too, on a smaller tensor.

@@ -4,7 +4,7 @@
 
 Runs the built-in scenarios and a world-wide collective job on one core and writes
 ``bench/results/sim.json``. Every number in it is measured here with ``time.perf_counter``;
-nothing is estimated. Goals (DESIGN.md section 4, "thousands of ranks on one core"): at least
+nothing is estimated. Goals (docs/design.md §4, "thousands of ranks on one core"): at least
 100,000 events/s, and a 4096-rank scenario in under 30 s of wall time.
 """
 
@@ -20,9 +20,9 @@ from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
+from scout.scenarios.registry import ScenarioParams, run_scenario
 from scout.transport.program import AllGather, Barrier, Broadcast
 from scout.transport.sim import SimCluster, SimContext
-from scout.transport.sim.registry import ScenarioParams, run_scenario
 
 RESULTS = Path(__file__).resolve().parent / "results" / "sim.json"
 GOAL_EVENTS_PER_S = 100_000

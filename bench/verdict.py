@@ -1,8 +1,8 @@
 """Benchmark: classify_exact / classify_timing beside a plain Counter / statistics.median
 implementation of the same rule, at n = 8, 1024, 16384. Writes bench/results/verdict.json.
 
-Goals (issue 2): exact at n = 16384 <= 0.5 ms, timing <= 2 ms. The reference implementation
-measured 0.7-1.3 ms and 4.7-7.4 ms on this class of machine (PRIOR_ART.md).
+Goals: exact at n = 16384 <= 0.5 ms, timing <= 2 ms. The reference implementation
+measured 0.7-1.3 ms and 4.7-7.4 ms on this class of machine (docs/prior-art.md).
 Run: ./dev py bench/verdict.py   (or ./dev bench)
 """
 

@@ -6,7 +6,7 @@ equivalent replicas is the outlier (SCOUT, arXiv 2608.11034). The pure rule live
 in-situ replay on PyTorch in :mod:`scout.replay`.
 
 ``scout.attach(model, optimizer, ...)`` is :func:`scout.replay.attach`; it is resolved lazily so
-that ``import scout`` never imports torch (DESIGN.md section 1).
+that ``import scout`` never imports torch (docs/design.md §1).
 """
 
 from __future__ import annotations

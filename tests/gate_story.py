@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from typing import Any
 
 from scout.gate.codec import transition_to_json
-from scout.gate.gate import initial_state, step
 from scout.gate.model import (
     CheckpointCaptured,
     CycleBoundary,
@@ -17,11 +16,12 @@ from scout.gate.model import (
     GroupVerdict,
     Outcome,
     Persist,
-    RecipeResult,
+    RecipeVerdicts,
     Restart,
     TrustChange,
 )
-from scout.runtime.gate_driver import gate_payload
+from scout.gate.recorder import gate_payload
+from scout.gate.step import initial_state, step
 
 CONFIG = GateConfig("story-job", ("embedding", "hidden", "head"), ("dp0", "dp1"))
 
@@ -44,7 +44,7 @@ def verdicts(**outcomes: Outcome) -> tuple[GroupVerdict, ...]:
 
 def clean_cycle(cycle: int, first_step: int) -> list[GateEvent]:
     return [
-        RecipeResult(recipe, cycle, first_step + 10 * index, verdicts())
+        RecipeVerdicts(recipe, cycle, first_step + 10 * index, verdicts())
         for index, recipe in enumerate(CONFIG.recipe_ids)
     ]
 
@@ -59,16 +59,16 @@ def story() -> list[GateEvent]:
         CheckpointCaptured(150),  # mid-cycle: CAPTURED
         CycleBoundary(200),  # promotes t0/s100
         CheckpointCaptured(200),  # CANDIDATE
-        RecipeResult("embedding", 3, 210, verdicts()),
-        RecipeResult("hidden", 3, 220, verdicts(dp1=Outcome.INCONCLUSIVE)),  # unchecked
-        RecipeResult("head", 3, 230, verdicts()),
+        RecipeVerdicts("embedding", 3, 210, verdicts()),
+        RecipeVerdicts("hidden", 3, 220, verdicts(dp1=Outcome.INCONCLUSIVE)),  # unchecked
+        RecipeVerdicts("head", 3, 230, verdicts()),
         CycleBoundary(300),  # candidate t0/s200 is not promoted
         CheckpointCaptured(300),  # CAPTURED: cycle 3 was unclean
         *clean_cycle(4, 300),
         CycleBoundary(400),
         CheckpointCaptured(400),  # CANDIDATE
-        RecipeResult("embedding", 5, 410, verdicts()),
-        RecipeResult("hidden", 5, 420, verdicts(dp0=Outcome.ATTRIBUTED)),  # SDC: quarantine
+        RecipeVerdicts("embedding", 5, 410, verdicts()),
+        RecipeVerdicts("hidden", 5, 420, verdicts(dp0=Outcome.ATTRIBUTED)),  # SDC: quarantine
         CheckpointCaptured(450),  # quarantined at capture
         CycleBoundary(500),
         Restart(100),  # back to the verified checkpoint; timeline 1

@@ -1,6 +1,6 @@
 """``scout certificate MANIFEST [STEP]``: show the coverage certificate of a recovery-verified
 checkpoint -- which recipes were replayed in the cycle before and the cycle after its capture, at
-which steps, with which verdicts from which peer groups (DESIGN.md 2.3; docs/gate.md).
+which steps, with which verdicts from which peer groups (docs/design.md §2.3; docs/gate.md).
 
 MANIFEST is a manifest directory (the newest good generation is read) or one generation file.
 STEP picks the verified checkpoint at that step; without it, the newest verified one. ``--json``

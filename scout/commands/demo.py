@@ -1,7 +1,7 @@
 """``scout demo``: the main job of the README.
 
 By default it runs a real multi-process training job on CPU (4 gloo ranks, observers enabled,
-a hang injected on rank 2: ``scout.runtime.demo_job``), prints the observer's report and the
+a hang injected on rank 2: ``scout.demo.hang``), prints the observer's report and the
 verdict over the peers' evidence, and exits 0 only if the injected rank was named.
 ``scout demo --verdicts`` runs the consensus verdict over the worked examples of
 ``spec/examples/verdict.txt`` and prints them as a table, each checked against its expected line.
@@ -51,7 +51,7 @@ def run_job(args: argparse.Namespace) -> int:
         print("scout demo: the demo job needs torch (pip install 'scout-localize[torch]'); "
               "`scout demo --verdicts` runs without it", file=sys.stderr)
         return 2
-    from scout.runtime.demo_job import CONFIG, run_demo
+    from scout.demo.hang import CONFIG, run_demo
 
     if not (math.isfinite(args.timeout) and args.timeout > 0):
         print(f"scout demo: --timeout must be a positive number of seconds, got {args.timeout}", file=sys.stderr)
@@ -92,9 +92,9 @@ def run_replay_phase(args: argparse.Namespace, log: Any, hang: Any) -> int:
     """Phase 2: SDC and straggler localized by in-situ replay, the gate's certified checkpoint,
     the recovery decision; then the summary table. Exit 0 only if every fault was localized."""
     from scout.commands.certificate import run as print_certificate
+    from scout.demo.hang import _forkserver
+    from scout.demo.replay import SDC_RANK, SLOW_RANK, cleanup, run_replay_demo
     from scout.gate.recovery import Choice, FailureClass, recover
-    from scout.runtime.demo_job import _forkserver
-    from scout.runtime.demo_replay import SDC_RANK, SLOW_RANK, cleanup, run_replay_demo
 
     hang_ok: bool | None = None if hang is None else bool(hang.ok)
     result = run_replay_demo(context=_forkserver(), timeout_s=args.timeout, log=log)
@@ -160,30 +160,31 @@ def run_replay_phase(args: argparse.Namespace, log: Any, hang: Any) -> int:
 
 def render_report(report: dict[str, Any], latency_s: float | None, threshold_s: float) -> str:
     """One readable block: which rank, why, the evidence (the verdict table), idle time, latency."""
-    where = report["stuck_position"]
+    found = report["evidence"]
+    where = found["stuck_position"]
     lines = [
         "=" * 78,
-        f"scout observer report: {report['kind']} ({report['scope']}-scoped, outcome {report['outcome']})",
-        f"  rank(s) at fault : {report['attributed_ranks']}",
+        f"scout observer report: {report['kind']} ({found['scope']}-scoped, finding {found['finding']})",
+        f"  rank(s) at fault : {report['ranks']} on {', '.join(report['hosts']) or 'unknown host'}",
         f"  why              : {report['reason']}; the majority is stuck at step {where['step']} op {where['op']}",
-        f"  idle             : {report['idle_s']:.2f} s (threshold {threshold_s:.1f} s)",
+        f"  idle             : {found['idle_s']:.2f} s (threshold {threshold_s:.1f} s)",
     ]
     if latency_s is not None:
         lines.append(f"  detection latency: {latency_s:+.3f} s after the threshold (report - hang start - threshold)")
-    lines.append(f"  reported by rank {report['reporter_rank']} (decided by rank {report['decided_by_rank']}, "
-                 f"round {report['round']['initiator_rank']}/{report['round']['number']})")
+    lines.append(f"  reported by rank {report['reporter_rank']} (decided by rank {found['decided_by_rank']}, "
+                 f"round {found['round']['initiator_rank']}/{found['round']['number']})")
     lines.append("  evidence (one row per peer; the verdict is the strict majority of step/op and fingerprint):")
     lines.append(f"    {'rank':>4}  {'step':>4}  {'op':>4}  {'stage':<12} {'fingerprint':<18}  {'idle_s':>6}  verdict")
-    attributed = set(report["attributed_ranks"])
-    for row in report["evidence"]:
+    attributed = set(found["attributed_ranks"])
+    for row in found["peers"]:
         if row.get("missing"):
             lines.append(f"    {row['rank']:>4}  {'-':>4}  {'-':>4}  {'MISSING':<12} {'-':<18}  {'-':>6}  missing")
             continue
         verdict = "OUTLIER" if row["rank"] in attributed else "majority"
         lines.append(f"    {row['rank']:>4}  {row['step']:>4}  {row['op']:>4}  {row['stage']:<12} "
                      f"{row['fingerprint']:<18}  {row['idle_s']:>6.2f}  {verdict}")
-    majority = len(report["evidence"]) - len(attributed) - len(report["missing_ranks"])
-    lines.append(f"  verdict: Attributed {sorted(attributed)} -- {majority} of {len(report['evidence'])} peers "
+    majority = len(found["peers"]) - len(attributed) - len(found["missing_ranks"])
+    lines.append(f"  verdict: Attributed {sorted(attributed)} -- {majority} of {len(found['peers'])} peers "
                  "form the strict majority" if attributed else "  verdict: no single rank attributed")
     lines.append("=" * 78)
     return "\n".join(lines)

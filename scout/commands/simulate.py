@@ -17,9 +17,7 @@ import random
 import sys
 from typing import Any
 
-from scout.transport.sim.errors import SimulationError
-from scout.transport.sim.faults import describe_ranks
-from scout.transport.sim.registry import (
+from scout.scenarios.registry import (
     DEFAULT_GROUP_SIZE,
     DEFAULT_ROUNDS,
     ScenarioParams,
@@ -29,6 +27,8 @@ from scout.transport.sim.registry import (
     run_scenario,
     scenario_names,
 )
+from scout.transport.sim.errors import SimulationError
+from scout.transport.sim.faults import describe_ranks
 
 DEFAULT_RANKS = 8
 SEED_BITS = 32  # a seed drawn when none is given: short enough to type back

@@ -1,6 +1,8 @@
-"""``scout spec``: regenerate the generated block of every machine's spec document from its
-table (``spec/<name>.toml`` -> ``spec/<name>.md``); ``--check`` only reports stale documents,
-which is how CI proves that no diagram or table has drifted from the spec (DESIGN.md 3)."""
+"""``scout spec``: regenerate what is generated from the spec tables -- the block of every
+machine's document (``spec/<name>.toml`` -> ``spec/<name>.md``), the copy of each table the
+package ships (``scout/core/tables/<name>.toml``) and the decision tables' Python -- and with
+``--check`` only report what is stale, which is how CI proves that no diagram, table or packaged
+copy has drifted from the spec (docs/spec-format.md)."""
 
 from __future__ import annotations
 
@@ -11,8 +13,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import scout
 from scout.core.machine import SpecError, load_machine, new_document, render_block, splice
-from scout.core.machine.loader import read_toml
+from scout.core.machine.loader import PACKAGED_TABLES, read_toml
+
+# The repository's spec/ directory, beside the package in a checkout (absent in a wheel).
+REPOSITORY_SPEC = Path(scout.__file__).resolve().parents[1] / "spec"
+PACKAGED_TABLES_DIR = Path(scout.__file__).resolve().parent / "core" / "tables"
 
 # A stale document's diff is printed to help, not to be complete; the fix is always to rerun.
 DIFF_LINES_MAX = 40
@@ -109,6 +116,9 @@ def run(args: argparse.Namespace) -> int:
                 else:
                     expected = splice(current, render_block(machine.table), machine.name, str(document))
                 outputs = [(document, current, expected)]
+                if table_path.stem in PACKAGED_TABLES and spec_dir.resolve() == REPOSITORY_SPEC:
+                    packaged = PACKAGED_TABLES_DIR / table_path.name
+                    outputs.append((packaged, _read(packaged), _read(table_path) or ""))
         except (SpecError, ValueError, ImportError) as error:
             print(f"scout spec: {error}", file=sys.stderr)
             failures += 1

@@ -1,6 +1,6 @@
 """Collective fingerprints: one stable 64-bit value per "which collective, on what".
 
-The observer compares the fingerprint of the collective each rank is blocked in (DESIGN.md 2.2):
+The observer compares the fingerprint of the collective each rank is blocked in (docs/design.md §2.2):
 ranks at the same progress coordinate whose fingerprints differ entered *different* collectives
 (a desync), and the strict-majority rule (``classify_exact``) names the odd ones out.
 

@@ -7,7 +7,7 @@ function of the step number alone, which recipes are due -- so every peer, and a
 restarts, computes the same answer without exchanging anything. The torch side
 (``scout.replay``) captures and replays; this module decides.
 
-Every vote goes through :func:`scout.core.verdict.classify_exact` (DESIGN.md 2.1): readiness
+Every vote goes through :func:`scout.core.verdict.classify_exact` (docs/design.md §2.1): readiness
 digests, replay status codes and evidence signatures alike. Nothing here counts a majority.
 """
 
@@ -299,7 +299,7 @@ def decide_readiness(
     description digest agrees (exact verdict AGREE). ``MISSING`` marks a peer that has no such
     recipe due, or did not answer. Readiness never attributes a culprit: a peer that is not
     ready or describes other work makes the check Inconclusive -- it is not evidence of
-    corruption (PRIOR_ART lesson 4)."""
+    corruption (docs/prior-art.md lesson 4)."""
     if len(digests) != len(statuses):
         raise ValueError(f"{len(digests)} digests but {len(statuses)} status codes")
     verdict = classify_exact(digests)

@@ -8,7 +8,7 @@ other versions of scout. The JSON shapes are documented in ``docs/gate.md``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any, Final, TypeVar
 
 from scout.core.machine import MachineState
@@ -19,6 +19,7 @@ from scout.gate.model import (
     CycleRecord,
     GateConfig,
     GateContext,
+    GateState,
     GroupVerdict,
     Outcome,
     Recipe,
@@ -41,7 +42,7 @@ __all__ = [
 ]
 
 CERTIFICATE_SCHEMA: Final = "scout.certificate/1"
-CONTROL_STATES: Final = ("IDLE", "CHECKING", "UNCLEAN", "TAINTED")
+CONTROL_STATES: Final = tuple(state.value for state in GateState)
 #: What a certificate claims, word for word (docs/gate.md); printed with every certificate.
 CERTIFICATE_CLAIM: Final = (
     "Every recipe of the catalog was replayed in the cycle before this checkpoint's capture and in "
@@ -50,7 +51,7 @@ CERTIFICATE_CLAIM: Final = (
     "corruption shared by a majority of a group's replicas, are outside it."
 )
 
-GateState = MachineState[GateContext]
+GateMachineState = MachineState[GateContext]
 T = TypeVar("T")
 
 
@@ -129,7 +130,7 @@ def _entry(entry: CheckpointEntry, job_id: str) -> dict[str, Any]:
     }
 
 
-def state_to_json(state: GateState) -> dict[str, Any]:
+def state_to_json(state: GateMachineState) -> dict[str, Any]:
     context = state.context
     job_id = context.config.job_id
     sdc = context.sdc
@@ -319,7 +320,7 @@ def _names(value: Any, path: str, config: GateConfig) -> tuple[str, ...]:
     return names
 
 
-def state_from_json(data: Any) -> GateState:
+def state_from_json(data: Any) -> GateMachineState:
     """Decode :func:`state_to_json`'s output; raises :class:`CodecError` naming the bad field."""
     control = _get(data, "control", "")
     if control not in CONTROL_STATES:
@@ -339,9 +340,4 @@ def state_from_json(data: Any) -> GateState:
         last_capture_step=_int(_get(data, "last_capture_step", ""), "last_capture_step", optional=True),
         sdc=_sdc_from(_get(data, "sdc", ""), "sdc"),
     )
-    return MachineState(str(control), context)
-
-
-def certificates_of(state: GateState) -> Sequence[CheckpointEntry]:
-    """Verified entries, oldest first."""
-    return tuple(e for e in state.context.checkpoints if e.trust is Trust.RECOVERY_VERIFIED)
+    return MachineState(GateState(control), context)

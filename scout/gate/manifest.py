@@ -1,4 +1,4 @@
-"""The durable gate manifest: the one I/O module of :mod:`scout.gate` (DESIGN.md 1, 2.3).
+"""The durable gate manifest: the one I/O module of :mod:`scout.gate` (docs/design.md §1, 2.3).
 
 One writer persists the gate's state and every trust transition; any rank reads it; a job that
 restarts resumes its gate from it. The payload is an opaque JSON object (the gate's codec makes

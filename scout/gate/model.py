@@ -1,7 +1,7 @@
 """Values of the two-cycle checkpoint gate: configuration, events, effects, trust and records.
 
-The machine itself is ``spec/gate.toml`` (normative) bound to :mod:`scout.gate.bindings`;
-:mod:`scout.gate.gate` validates input and steps it. Everything here is a frozen, hashable attrs
+The machine itself is ``spec/gate.toml`` (normative) bound to :mod:`scout.gate.machine`;
+:mod:`scout.gate.step` validates input and steps it. Everything here is a frozen, hashable attrs
 value, so the explorer can deduplicate gate states and the manifest codec can round-trip them.
 Vocabulary (spec/gate.md):
 
@@ -20,8 +20,6 @@ from typing import Any, ClassVar, Final
 
 import attrs
 
-from scout.core.verdict import MISSING, MissingType, Status, Verdict
-
 __all__ = [
     "Certificate",
     "CheckpointCaptured",
@@ -32,22 +30,31 @@ __all__ = [
     "GateConfig",
     "GateContext",
     "GateEvent",
+    "GateReport",
+    "GateReportKind",
+    "GateState",
     "GroupVerdict",
     "Outcome",
     "Persist",
     "Recipe",
-    "RecipeResult",
+    "RecipeVerdicts",
     "Replay",
-    "Report",
-    "ReportKind",
     "Restart",
     "ResultClass",
     "SdcRecord",
     "Trust",
     "TrustChange",
-    "group_verdict",
     "is_complete_and_clean",
 ]
+
+
+class GateState(str, enum.Enum):
+    """Control states of spec/gate.toml (the loader checks both name the same states)."""
+
+    IDLE = "IDLE"
+    CHECKING = "CHECKING"
+    UNCLEAN = "UNCLEAN"
+    TAINTED = "TAINTED"
 
 
 class Outcome(enum.Enum):
@@ -83,7 +90,7 @@ RESTORABLE: Final = frozenset({Trust.CAPTURED, Trust.CANDIDATE, Trust.RECOVERY_V
 UNVERIFIED_RESTORABLE: Final = frozenset({Trust.CAPTURED, Trust.CANDIDATE})
 
 
-class ReportKind(enum.Enum):
+class GateReportKind(enum.Enum):
     SDC = "sdc"
     UNCHECKED = "unchecked"
 
@@ -114,7 +121,7 @@ class CheckpointId:
 class Recipe:
     """One catalog entry. ``groups`` names the peer groups it applies to (None: every group).
     A recipe that does not apply to a group is configuration, never "missing" evidence
-    (PRIOR_ART lesson 4, reference W8)."""
+    (docs/prior-art.md lesson 4, reference weakness R8)."""
 
     id: str = attrs.field(validator=_nonempty_name)
     groups: tuple[str, ...] | None = None
@@ -191,29 +198,6 @@ class GroupVerdict:
             )
 
 
-def group_verdict(group: str, verdict: Verdict | MissingType) -> GroupVerdict:
-    """The gate's view of an exact-mode verdict (``MISSING``: the group's verdict did not arrive).
-
-    Timing verdicts are refused: a straggler is not corruption, and the gate certifies
-    numerics only (DESIGN.md 2.3).
-    """
-    if verdict is MISSING:
-        return GroupVerdict(group, Outcome.MISSING, (), "no-result")
-    if not isinstance(verdict, Verdict):
-        raise TypeError(f"group {group!r}: expected a Verdict or MISSING, got {type(verdict).__name__}")
-    if verdict.threshold_ms is not None:
-        raise ValueError(
-            f"group {group!r}: a timing verdict (threshold {verdict.threshold_ms} ms) was given to the "
-            "checkpoint gate; the gate takes exact-mode verdicts over replay signatures only"
-        )
-    if verdict.status is Status.AGREE:
-        return GroupVerdict(group, Outcome.AGREE)
-    if verdict.status is Status.ATTRIBUTED:
-        return GroupVerdict(group, Outcome.ATTRIBUTED, tuple(verdict.outliers))
-    reason = verdict.reason.value if verdict.reason is not None else "inconclusive"
-    return GroupVerdict(group, Outcome.INCONCLUSIVE, (), reason)
-
-
 # ------------------------------------------------------------------------------------------
 # Events (spec/gate.toml [events])
 # ------------------------------------------------------------------------------------------
@@ -224,7 +208,7 @@ def _verdicts(value: Iterable[GroupVerdict]) -> tuple[GroupVerdict, ...]:
 
 
 @attrs.frozen(cache_hash=True)
-class RecipeResult:
+class RecipeVerdicts:
     """The job-wide result of one replay: one verdict per peer group the recipe applies to."""
 
     trigger: ClassVar[str] = "result"
@@ -270,7 +254,7 @@ class Restart:
     step: int | None
 
 
-GateEvent = RecipeResult | CheckpointCaptured | CycleBoundary | Restart
+GateEvent = RecipeVerdicts | CheckpointCaptured | CycleBoundary | Restart
 
 # ------------------------------------------------------------------------------------------
 # Records
@@ -303,7 +287,7 @@ class CycleRecord:
 
 @attrs.frozen(cache_hash=True)
 class Certificate:
-    """Coverage certificate of a RECOVERY_VERIFIED checkpoint (DESIGN.md 2.3): it claims no more
+    """Coverage certificate of a RECOVERY_VERIFIED checkpoint (docs/design.md §2.3): it claims no more
     than the replays of the cycle before its capture and the cycle after."""
 
     checkpoint: CheckpointId
@@ -364,10 +348,10 @@ class TrustChange:
 
 
 @attrs.frozen(cache_hash=True)
-class Report:
+class GateReport:
     """Tell people and the job manager. ``sdc`` and ``unchecked`` are never merged (GATE-5)."""
 
-    kind: ReportKind
+    kind: GateReportKind
     cycle: int
     step: int
     recipes: tuple[str, ...]

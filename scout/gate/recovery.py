@@ -1,4 +1,4 @@
-"""The recovery decision: after a failure, which checkpoint to restore, and why (DESIGN.md 2.3).
+"""The recovery decision: after a failure, which checkpoint to restore, and why (docs/design.md §2.3).
 
 Pure. The rules are ``spec/recovery.toml`` (normative, rendered in ``spec/recovery.md``); this
 module reads them from the generated :mod:`scout.gate.recovery_table`, so no rule exists only in

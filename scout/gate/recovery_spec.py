@@ -1,6 +1,6 @@
 """The recovery decision table as data: parse ``spec/recovery.toml`` and render what is derived
 from it -- the Markdown block in ``spec/recovery.md`` and the Python module
-``scout/gate/recovery_table.py`` -- so neither is written by hand (DESIGN.md 3).
+``scout/gate/recovery_table.py`` -- so neither is written by hand (docs/design.md §3).
 
 Pure string functions over the parsed TOML mapping; ``scout spec`` reads and writes the files
 and ``scout spec --check`` proves both current.

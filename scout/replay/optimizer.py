@@ -23,7 +23,6 @@ function of identical inputs, so peers stay comparable, but it is not the live u
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 from typing import Any
 
 import attrs
@@ -262,11 +261,3 @@ def _fresh_optimizer(
         return factory(groups)  # type: ignore[no-any-return]
     except TypeError:  # a constructor with required hyperparameters
         return factory(groups, **live.defaults)  # type: ignore[no-any-return]
-
-
-def iter_optimizer_tensors(optimizer: torch.optim.Optimizer) -> Iterator[torch.Tensor]:
-    """Every tensor the optimizer holds in its state (tests compare them before and after)."""
-    for state in optimizer.state.values():
-        for value in state.values():
-            if isinstance(value, torch.Tensor):
-                yield value

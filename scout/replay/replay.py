@@ -789,8 +789,3 @@ def own_communication_ms(entry_wait_us: Sequence[Sequence[int]]) -> tuple[float,
         return ()
     shared_us = min(wait for _, wait in entry_wait_us)
     return tuple((entry + shared_us) / 1e3 for entry, _ in entry_wait_us)
-
-
-def timing_summary(report: StepReport) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """Recipe -> (timing status, slow peer positions), for logs."""
-    return {name: (v.status.value, v.outliers) for name, v in report.timing.items()}

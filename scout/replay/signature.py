@@ -3,8 +3,8 @@
 A signature is a 64-bit summary of a tensor's bytes, dtype and shape. Peers compare
 signatures with ``classify_exact``; a peer whose replay produced even one flipped bit must get
 a different signature. The reference implementation's folded hash multiplies half of its words
-by even numbers and so cannot see the sign bit of up to half the elements (PRIOR_ART.md lesson
-2, reference W7). This one is built so that a single-bit flip changing the signature is a
+by even numbers and so cannot see the sign bit of up to half the elements (docs/prior-art.md lesson
+2, reference weakness R7). This one is built so that a single-bit flip changing the signature is a
 theorem (SIG-3), not a probability.
 
 Definition (SIG-2). Read the raw bytes as little-endian 64-bit words ``w_0 .. w_{n-1}``,

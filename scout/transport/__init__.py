@@ -1,6 +1,6 @@
 """Transports: the contract (:mod:`scout.transport.base`) and its bindings.
 
-Bindings are imported explicitly by the user (``scout.transport.mpi``, ``scout.transport.nccl``,
+Actions are imported explicitly by the user (``scout.transport.mpi``, ``scout.transport.nccl``,
 ``scout.transport.sim``) so that importing the contract never imports torch or mpi4py.
 """
 

@@ -2,7 +2,7 @@
 
 A core machine (verdict, observer, gate) never talks to a network. A *driver* runs it and,
 when the machine needs evidence from its peers, calls one of the operations below on a
-transport. Three bindings implement the same contract (DESIGN.md section 4):
+transport. Three bindings implement the same contract (docs/design.md §4):
 
 * ``scout.transport.sim``  -- a deterministic simulated cluster (virtual clock, faults);
 * ``scout.transport.mpi``  -- mpi4py over a communicator (CPU clusters, ``mpiexec``);

@@ -4,15 +4,17 @@ Each function builds a consistent gate state from a few small symbolic inputs (c
 which recipes are covered, whether a candidate or a verified checkpoint exists, the verdict of
 every peer group), takes one real step through the table's compiled machine, and states what must
 hold after it. ``test_gate_crosshair.py`` runs ``crosshair check`` with an explicit iteration
-budget, and on a mutant of the bindings to show the check can fail. The ``GATE_BINDINGS_IMPL``
+budget, and on a mutant of the bindings to show the check can fail. The ``GATE_ACTIONS_IMPL``
 indirection lets the mutant reuse these exact contracts.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import scout
 from scout.core.machine import MachineState, build_machine, load_table
-from scout.gate import bindings as GATE_BINDINGS_IMPL
-from scout.gate.gate import GATE_TABLE_PATH
+from scout.gate import machine as GATE_ACTIONS_IMPL
 from scout.gate.model import (
     Certificate,
     CheckpointCaptured,
@@ -22,19 +24,22 @@ from scout.gate.model import (
     CycleRecord,
     GateConfig,
     GateContext,
+    GateReport,
+    GateReportKind,
+    GateState,  # noqa: F401 -- named by the contracts (docstrings) CrossHair evaluates
     GroupVerdict,
     Outcome,
-    RecipeResult,
+    RecipeVerdicts,
     Replay,
-    Report,
-    ReportKind,
     Restart,
     SdcRecord,
     Trust,
     TrustChange,
 )
 
-MACHINE = build_machine(load_table(GATE_TABLE_PATH), GATE_BINDINGS_IMPL.BINDINGS)
+GATE_TABLE_PATH = Path(scout.__file__).resolve().parents[1] / "spec" / "gate.toml"
+
+MACHINE = build_machine(load_table(GATE_TABLE_PATH), GATE_ACTIONS_IMPL.ACTIONS)
 CONTROLS = ("CHECKING", "UNCLEAN", "TAINTED")
 OUTCOMES = (Outcome.AGREE, Outcome.ATTRIBUTED, Outcome.INCONCLUSIVE, Outcome.MISSING)
 RECIPES = ("r0", "r1")
@@ -97,8 +102,8 @@ def _changes(effects: tuple[object, ...], after: Trust) -> list[TrustChange]:
     return [e for e in effects if isinstance(e, TrustChange) and e.after is after]
 
 
-def _reports(effects: tuple[object, ...], kind: ReportKind) -> list[Report]:
-    return [e for e in effects if isinstance(e, Report) and e.kind is kind]
+def _reports(effects: tuple[object, ...], kind: GateReportKind) -> list[GateReport]:
+    return [e for e in effects if isinstance(e, GateReport) and e.kind is kind]
 
 
 def result_step(control_index: int, codes: list[int], recipe_index: int, with_candidate: bool, with_verified: bool) -> tuple:
@@ -107,14 +112,14 @@ def result_step(control_index: int, codes: list[int], recipe_index: int, with_ca
     pre: len(codes) == 3 and all(0 <= c <= 3 for c in codes)
     pre: 0 <= recipe_index <= 1
     post: not _changes(__return__[2], Trust.RECOVERY_VERIFIED)
-    post: (1 not in codes) or (__return__[1].control == "TAINTED" and all(t not in (Trust.CAPTURED, Trust.CANDIDATE) for t in _trust(__return__[1]).values()))
+    post: (1 not in codes) or (__return__[1].control is GateState.TAINTED and all(t not in (Trust.CAPTURED, Trust.CANDIDATE) for t in _trust(__return__[1]).values()))
     post: (1 in codes) or not _changes(__return__[2], Trust.QUARANTINED)
-    post: (1 in codes) or not _reports(__return__[2], ReportKind.SDC)
-    post: (1 in codes) or (set(codes) <= {0}) or len(_reports(__return__[2], ReportKind.UNCHECKED)) == 1
+    post: (1 in codes) or not _reports(__return__[2], GateReportKind.SDC)
+    post: (1 in codes) or (set(codes) <= {0}) or len(_reports(__return__[2], GateReportKind.UNCHECKED)) == 1
     post: all(_trust(__return__[1])[c] is Trust.RECOVERY_VERIFIED for c, t in _trust(__return__[0]).items() if t is Trust.RECOVERY_VERIFIED)
     """
     state = _state(control_index, 0, with_candidate, with_verified)
-    event = RecipeResult(RECIPES[recipe_index], 3, START, tuple(_verdict(g, c) for g, c in zip(GROUPS, codes, strict=True)))
+    event = RecipeVerdicts(RECIPES[recipe_index], 3, START, tuple(_verdict(g, c) for g, c in zip(GROUPS, codes, strict=True)))
     new, effects = MACHINE.step(state, event)
     return state, new, effects
 
@@ -150,7 +155,7 @@ def restart_step(control_index: int, restore_verified: bool, with_candidate: boo
     """
     pre: 0 <= control_index <= 2
     pre: restore_verified or control_index != 2
-    post: __return__[1].control == "IDLE" and __return__[1].context.timeline == 1 and __return__[1].context.sdc is None
+    post: __return__[1].control is GateState.IDLE and __return__[1].context.timeline == 1 and __return__[1].context.sdc is None
     post: all(_trust(__return__[1])[c] is t for c, t in _trust(__return__[0]).items() if t in (Trust.QUARANTINED, Trust.RECOVERY_VERIFIED))
     post: all(t is not Trust.CANDIDATE for t in _trust(__return__[1]).values())
     post: all(e.trust is not Trust.CAPTURED or e.id.step <= (10 if restore_verified else 15) for e in __return__[1].context.checkpoints)

@@ -33,8 +33,7 @@ from typing import Any
 import attrs
 
 from scout.core.machine import Firing, Property
-from scout.gate.bindings import GateState, restorable
-from scout.gate.gate import GateSystem, initial_state
+from scout.gate.machine import GateMachineState, restorable
 from scout.gate.model import (
     RESTORABLE,
     CheckpointCaptured,
@@ -44,12 +43,13 @@ from scout.gate.model import (
     GateConfig,
     GroupVerdict,
     Outcome,
-    RecipeResult,
+    RecipeVerdicts,
     Replay,
     Restart,
     Trust,
     TrustChange,
 )
+from scout.gate.step import GateSystem, initial_state
 
 VerdictVector = tuple[GroupVerdict, ...]
 
@@ -100,11 +100,11 @@ def environment(
     vectors_of: Callable[[tuple[str, ...]], tuple[VerdictVector, ...]],
     *,
     captures_max: int = 3,
-) -> Callable[[GateState], tuple[object, ...]]:
+) -> Callable[[GateMachineState], tuple[object, ...]]:
     """Every event the world can deliver in a gate state, in a fixed order."""
     cache: dict[tuple[str, ...], tuple[VerdictVector, ...]] = {}
 
-    def enabled(state: GateState) -> tuple[object, ...]:
+    def enabled(state: GateMachineState) -> tuple[object, ...]:
         context = state.context
         config = context.config
         now = context.last_step
@@ -117,7 +117,7 @@ def environment(
                 # Replays happen at the cycle's first step: where inside the cycle a replay ran
                 # changes no decision (the certificate test varies it), and one step per cycle
                 # keeps the state space small.
-                events.extend(RecipeResult(recipe, context.cycle, context.cycle_start_step, v) for v in cache[groups])
+                events.extend(RecipeVerdicts(recipe, context.cycle, context.cycle_start_step, v) for v in cache[groups])
         if len(context.checkpoints) < captures_max:
             if context.last_capture_step is None or context.last_capture_step < now:
                 events.append(CheckpointCaptured(now))
@@ -158,7 +158,7 @@ class Referee:
 
 
 def referee_step(config: GateConfig, referee: Referee, event: object) -> Referee:
-    if isinstance(event, RecipeResult):
+    if isinstance(event, RecipeVerdicts):
         all_agree = referee.open_all_agree and all(v.outcome is Outcome.AGREE for v in event.verdicts)
         # Only an all-agree cycle can be certified, so only its replays need remembering.
         replays = referee.open_replays | {Replay(event.recipe, event.step, event.verdicts)} if all_agree else frozenset()
@@ -202,7 +202,7 @@ def referee_step(config: GateConfig, referee: Referee, event: object) -> Referee
     raise TypeError(f"not a gate event: {event!r}")
 
 
-RefereedState = tuple[GateState, Referee]
+RefereedState = tuple[GateMachineState, Referee]
 
 
 def promotions_match_referee(
@@ -372,7 +372,7 @@ class CheckedGate:
         return Firing(Canonical(next_raw), firing.effects, firing.labels)
 
 
-def _lift_state(predicate: Callable[[GateState], bool]) -> Callable[[Canonical], bool]:
+def _lift_state(predicate: Callable[[GateMachineState], bool]) -> Callable[[Canonical], bool]:
     def lifted(state: Canonical) -> bool:
         return predicate(state.raw[0])
 
@@ -380,7 +380,7 @@ def _lift_state(predicate: Callable[[GateState], bool]) -> Callable[[Canonical],
 
 
 def _lift_step(
-    predicate: Callable[[GateState, object, GateState, tuple[object, ...]], bool],
+    predicate: Callable[[GateMachineState, object, GateMachineState, tuple[object, ...]], bool],
 ) -> Callable[[Canonical, object, Canonical, tuple[object, ...]], bool]:
     def lifted(previous: Canonical, event: object, state: Canonical, effects: tuple[object, ...]) -> bool:
         return predicate(previous.raw[0], event, state.raw[0], effects)

@@ -40,11 +40,11 @@ def test_GATE_4_5_crosshair_step_postconditions_hold() -> None:
     ],
 )
 def test_crosshair_catches_a_planted_gate_bug(tmp_path: Path, old: str, new: str, function: str) -> None:
-    source = (REPO / "scout" / "gate" / "bindings.py").read_text(encoding="utf-8")
+    source = (REPO / "scout" / "gate" / "machine.py").read_text(encoding="utf-8")
     assert source.count(old) == 1, "the planted mutation no longer applies; update this test"
-    (tmp_path / "mutant_gate_bindings.py").write_text(source.replace(old, new), encoding="utf-8")
+    (tmp_path / "mutant_gate_actions.py").write_text(source.replace(old, new), encoding="utf-8")
     contracts = CONTRACTS.read_text(encoding="utf-8").replace(
-        "from scout.gate import bindings as GATE_BINDINGS_IMPL", "import mutant_gate_bindings as GATE_BINDINGS_IMPL"
+        "from scout.gate import machine as GATE_ACTIONS_IMPL", "import mutant_gate_actions as GATE_ACTIONS_IMPL"
     )
     target = tmp_path / "mutant_gate_contracts.py"
     target.write_text(contracts, encoding="utf-8")

@@ -15,15 +15,15 @@ import attrs
 import pytest
 
 from scout.core.machine import (
-    Bindings,
+    Actions,
     ModelCheckFailure,
     build_machine,
     conformance_problems,
     explore,
 )
-from scout.gate import bindings as gate_bindings
-from scout.gate.gate import GateSystem, gate_machine
-from scout.gate.model import GateContext, RecipeResult, Replay, ResultClass
+from scout.gate import machine as gate_actions
+from scout.gate.model import GateContext, RecipeVerdicts, Replay, ResultClass
+from scout.gate.step import GateSystem, gate_machine
 from tests.model_check.gate_harness import (
     CheckedGate,
     checked_environment,
@@ -81,7 +81,7 @@ def test_GATE_11_liveness_witness_is_two_clean_cycles() -> None:
     names = sorted(type(event).__name__ for event in result.witnesses["GATE-11"].events)
     # open, replay, close (clean), capture (candidate), replay, close: promoted. The capture may
     # come just before or just after the boundary it belongs to.
-    assert names == ["CheckpointCaptured", "CycleBoundary", "CycleBoundary", "CycleBoundary", "RecipeResult", "RecipeResult"]
+    assert names == ["CheckpointCaptured", "CycleBoundary", "CycleBoundary", "CycleBoundary", "RecipeVerdicts", "RecipeVerdicts"]
 
 
 def test_class_representatives_reach_the_same_states_as_every_vector() -> None:
@@ -98,13 +98,13 @@ def test_class_representatives_reach_the_same_states_as_every_vector() -> None:
             continue
         for recipe in config.recipe_ids:
             for vector, twin_vector in vectors:
-                event = RecipeResult(recipe, context.cycle, context.cycle_start_step, vector)
-                twin = RecipeResult(recipe, context.cycle, context.cycle_start_step, twin_vector)
+                event = RecipeVerdicts(recipe, context.cycle, context.cycle_start_step, vector)
+                twin = RecipeVerdicts(recipe, context.cycle, context.cycle_start_step, twin_vector)
                 assert system.fire(state, event).state == system.fire(state, twin).state, (state, event)
 
 
 def harness_class(vector) -> ResultClass:
-    return RecipeResult("r0", 0, 0, vector).result_class
+    return RecipeVerdicts("r0", 0, 0, vector).result_class
 
 
 def _reachable(config):
@@ -131,11 +131,11 @@ def _reachable(config):
 
 def _mutant(**replacements) -> CheckedGate:
     """The gate's table bound to its functions with some replaced, explored through the harness."""
-    bindings = Bindings()
+    bindings = Actions(states=gate_actions.GateState)
     registries = (
-        (bindings.guard, gate_bindings.BINDINGS.guards),
-        (bindings.effect, gate_bindings.BINDINGS.effects),
-        (bindings.predicate, gate_bindings.BINDINGS.predicates),
+        (bindings.guard, gate_actions.ACTIONS.guards),
+        (bindings.effect, gate_actions.ACTIONS.effects),
+        (bindings.predicate, gate_actions.ACTIONS.predicates),
     )
     for register, registry in registries:
         for name, function in registry.items():
@@ -148,9 +148,9 @@ def _renamed(function, name):
     return function
 
 
-def _fabricating_replays(context: GateContext, event: RecipeResult):
+def _fabricating_replays(context: GateContext, event: RecipeVerdicts):
     """Bug: one clean replay is booked as a replay of every recipe."""
-    new, effects = gate_bindings.record_clean_replay(context, event)
+    new, effects = gate_actions.record_clean_replay(context, event)
     fake = tuple(Replay(recipe, event.step, event.verdicts) for recipe in context.config.recipe_ids)
     return new.replace(covered=context.config.recipe_ids, replays=fake), effects
 
@@ -168,7 +168,7 @@ def _fabricating_replays(context: GateContext, event: RecipeResult):
             },
             "GATE-5",
         ),
-        # Inconclusive is treated as SDC (the reference's W9).
+        # Inconclusive is treated as SDC (the reference's R9, docs/prior-art.md).
         (
             {
                 "sdc_attributed": _renamed(lambda c, e: e.result_class is not ResultClass.CLEAN, "sdc_attributed"),
@@ -190,11 +190,11 @@ def test_planted_bugs_are_found_with_short_traces(replacements, found_by: str) -
 
 def test_planted_quarantine_lifting_bug_is_found() -> None:
     """A restart that also clears quarantine breaks GATE-2."""
-    original = gate_bindings.restart
+    original = gate_actions.restart
 
     def restart(context: GateContext, event):
         new, effects = original(context, event)
-        entries = tuple(attrs.evolve(e, trust=gate_bindings.Trust.CAPTURED) if e.trust is gate_bindings.Trust.QUARANTINED else e for e in new.checkpoints)
+        entries = tuple(attrs.evolve(e, trust=gate_actions.Trust.CAPTURED) if e.trust is gate_actions.Trust.QUARANTINED else e for e in new.checkpoints)
         return new.replace(checkpoints=entries), effects
 
     with pytest.raises(ModelCheckFailure) as failure:

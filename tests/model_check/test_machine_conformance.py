@@ -1,4 +1,4 @@
-"""DESIGN.md 3: the table, the compiled step and the ``transitions`` machine are compared in
+"""docs/design.md §3: the table, the compiled step and the ``transitions`` machine are compared in
 both directions, so a transition that exists in only one of them is caught."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from scout.core.machine.reference import BoundGuard, build_transitions_machine
 from scout.core.machine.runtime import CompiledRow
 from scout.core.machine.table import TransitionRow
 from tests.model_check.toy import TOY_TABLE_PATH
-from tests.model_check.toy import bindings as toy
+from tests.model_check.toy import actions as toy
 
 
 def fresh_toy() -> Machine[Any]:
@@ -87,7 +87,7 @@ def test_row_only_in_compiled_step_is_reported() -> None:
     machine = fresh_toy()
     extra_row = TransitionRow(99, "DONE", "tick", "IDLE", None, "", "not in the table")
     rows = dict(machine.rows_by_key)
-    rows[("DONE", "tick")] = (*rows[("DONE", "tick")], CompiledRow(extra_row, None, None))
+    rows[("DONE", "tick")] = (*rows[("DONE", "tick")], CompiledRow(extra_row, None, None, "IDLE"))
     machine.rows_by_key = rows
     assert conformance_problems(machine) == [
         "in the compiled step but not the table: DONE --tick--> IDLE"
@@ -123,4 +123,4 @@ def test_building_a_transitions_machine_with_an_undeclared_state_fails_at_build_
     table = load_table(TOY_TABLE_PATH)
     bad = attrs.evolve(table, rows=(attrs.evolve(table.rows[0], dest="NOWHERE"), *table.rows[1:]))
     with pytest.raises(SpecError, match="dest state 'NOWHERE' is not declared"):
-        build_transitions_machine(bad, toy.BINDINGS)
+        build_transitions_machine(bad, toy.ACTIONS)

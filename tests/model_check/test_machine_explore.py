@@ -1,4 +1,4 @@
-"""Bounded breadth-first model checking over the real step (DESIGN.md 3): every ``always``
+"""Bounded breadth-first model checking over the real step (docs/design.md §3): every ``always``
 in every reached state, every ``sometimes`` witnessed, shortest failing traces, honest bounds."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import attrs
 import pytest
 
 from scout.core.machine import (
-    Bindings,
+    Actions,
     Machine,
     MachineState,
     ModelCheckFailure,
@@ -21,11 +21,11 @@ from scout.core.machine import (
     load_table,
 )
 from scout.core.machine.table import GuardRef
-from tests.model_check.toy import TOY_TABLE_PATH, buggy_bindings
-from tests.model_check.toy.bindings import Counted, Reset, Tick, ToyContext, ToyState, every_event
+from tests.model_check.toy import TOY_TABLE_PATH, buggy_actions
+from tests.model_check.toy.actions import Counted, Reset, Tick, ToyContext, ToyState, every_event
 
 TOY: Machine[ToyContext] = load_machine(TOY_TABLE_PATH)
-BUGGY: Machine[ToyContext] = build_machine(load_table(TOY_TABLE_PATH), buggy_bindings.BINDINGS)
+BUGGY: Machine[ToyContext] = build_machine(load_table(TOY_TABLE_PATH), buggy_actions.ACTIONS)
 
 
 def idle(limit: int) -> ToyState:
@@ -57,7 +57,7 @@ def test_exploration_is_deterministic() -> None:
 
 
 def test_planted_bug_is_found_with_a_shortest_trace() -> None:
-    # buggy_bindings.increment jumps from odd counts: 1 -> 3 -> 5 overshoots limit 4.
+    # buggy_actions.increment jumps from odd counts: 1 -> 3 -> 5 overshoots limit 4.
     with pytest.raises(ModelCheckFailure) as failure:
         explore(BUGGY, [idle(4)], every_event, depth_max=30, states_max=1000)
     trace = failure.value.trace
@@ -159,12 +159,12 @@ def test_a_step_that_raises_is_a_failure_with_its_shortest_trace() -> None:
         attrs.evolve(r, guard=GuardRef("below_or_at_limit")) if r.number == 2 else r
         for r in table.rows
     )
-    registry = Bindings()
-    for function in (below_or_at_limit, *TOY.bindings.guards.values()):
+    registry = Actions()
+    for function in (below_or_at_limit, *TOY.actions.guards.values()):
         registry.guard(function)
-    for function in TOY.bindings.effects.values():
+    for function in TOY.actions.effects.values():
         registry.effect(function)
-    for function in TOY.bindings.predicates.values():
+    for function in TOY.actions.predicates.values():
         registry.predicate(function)
     overlapping = build_machine(attrs.evolve(table, rows=rows), registry)
     with pytest.raises(ModelCheckFailure) as failure:

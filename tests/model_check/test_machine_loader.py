@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from scout.core.machine import Bindings, SpecError, build_machine, load_machine, load_table
+from scout.core.machine import Actions, SpecError, build_machine, load_machine, load_table
 from tests.model_check.toy import TOY_TABLE_PATH, write_toy_variant
-from tests.model_check.toy import bindings as toy
+from tests.model_check.toy import actions as toy
 
 ROW_4 = 'source = "DONE"\ntrigger = "tick"\ndest = "DONE"\nwhy = "TOY-2: ticks after the report change nothing, so no second report"\n'
 
@@ -40,7 +40,7 @@ BAD_TABLES = [
         "unknown_guard",
         'guard = "at_limit"',
         'guard = "at_lmit"',
-        ["'at_lmit'", "row 3", "tests.model_check.toy.bindings"],
+        ["'at_lmit'", "row 3", "tests.model_check.toy.actions"],
     ),
     ("malformed_guard", 'guard = "at_limit"', 'guard = "at limit"', ["'at limit'", "row 3"]),
     ("unknown_effect", 'effect = "report"', 'effect = "repor"', ["'repor'", "row 3"]),
@@ -85,16 +85,16 @@ BAD_TABLES = [
     ),
     ("name_differs_from_file", 'name = "toy"', 'name = "toys"', ["'toys'", "toys.toml"]),
     (
-        "bindings_not_importable",
-        'bindings = "tests.model_check.toy.bindings"',
-        'bindings = "tests.model_check.toy.missing"',
+        "actions_not_importable",
+        'actions = "tests.model_check.toy.actions"',
+        'actions = "tests.model_check.toy.missing"',
         ["tests.model_check.toy.missing", "cannot be imported"],
     ),
     (
-        "bindings_module_without_registry",
-        'bindings = "tests.model_check.toy.bindings"',
-        'bindings = "tests.model_check.toy"',
-        ["BINDINGS", "'tests.model_check.toy'"],
+        "actions_module_without_registry",
+        'actions = "tests.model_check.toy.actions"',
+        'actions = "tests.model_check.toy"',
+        ["ACTIONS", "'tests.model_check.toy'"],
     ),
     ("not_toml", "[machine]", "[machine", ["not valid TOML"]),
 ]
@@ -144,12 +144,12 @@ def test_toy_table_loads_with_its_rows_states_and_invariants_in_file_order() -> 
     ]
 
 
-def _toy_bindings(
+def _toy_actions(
     *, replace: dict[str, object] | None = None, extra_guards: tuple[object, ...] = ()
-) -> Bindings:
+) -> Actions:
     """A registry with the toy's functions, some swapped, for binding-level errors."""
     replace = replace or {}
-    registry = Bindings()
+    registry = Actions()
     for kind, names in (
         ("guard", ["at_limit"]),
         ("effect", ["start_count", "increment", "report", "clear"]),
@@ -177,7 +177,7 @@ def test_registered_function_no_row_uses_is_refused() -> None:
     table = load_table(TOY_TABLE_PATH)
     message = str(
         pytest.raises(
-            SpecError, build_machine, table, _toy_bindings(extra_guards=(idle_for_long,))
+            SpecError, build_machine, table, _toy_actions(extra_guards=(idle_for_long,))
         ).value
     )
     assert "'idle_for_long'" in message and "no row or invariant names it" in message
@@ -191,7 +191,7 @@ def test_guard_with_wrong_arity_is_refused() -> None:
     table = load_table(TOY_TABLE_PATH)
     message = str(
         pytest.raises(
-            SpecError, build_machine, table, _toy_bindings(replace={"at_limit": at_limit})
+            SpecError, build_machine, table, _toy_actions(replace={"at_limit": at_limit})
         ).value
     )
     assert "guard 'at_limit' takes 1 positional argument(s), a guard takes 2" in message
@@ -202,20 +202,20 @@ def test_step_predicate_with_state_arity_is_refused() -> None:
         return False
 
     table = load_table(TOY_TABLE_PATH)
-    bindings = _toy_bindings(replace={"count_abandoned": count_abandoned})
-    message = str(pytest.raises(SpecError, build_machine, table, bindings).value)
+    actions = _toy_actions(replace={"count_abandoned": count_abandoned})
+    message = str(pytest.raises(SpecError, build_machine, table, actions).value)
     assert "TOY-4" in message and "'count_abandoned' takes 1" in message
 
 
 def test_one_name_registered_as_two_kinds_is_refused() -> None:
-    registry = Bindings()
+    registry = Actions()
     registry.guard(toy.at_limit)
     with pytest.raises(SpecError, match="'at_limit' is already registered as a guard"):
         registry.effect(toy.at_limit)
 
 
 def test_machine_package_imports_without_torch_or_mpi4py() -> None:
-    # DESIGN.md 1: scout.core is pure; a None entry in sys.modules makes any import of it fail.
+    # docs/design.md §1: scout.core is pure; a None entry in sys.modules makes any import of it fail.
     code = (
         "import sys\n"
         "sys.modules['torch'] = None\nsys.modules['mpi4py'] = None\n"

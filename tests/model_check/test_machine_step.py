@@ -11,7 +11,7 @@ import attrs
 import pytest
 
 from scout.core.machine import (
-    Bindings,
+    Actions,
     IllegalTransition,
     Machine,
     MachineState,
@@ -24,8 +24,8 @@ from scout.core.machine import (
 )
 from scout.core.machine.table import GuardRef
 from tests.model_check.toy import TOY_TABLE_PATH
-from tests.model_check.toy import bindings as toy
-from tests.model_check.toy.bindings import (
+from tests.model_check.toy import actions as toy
+from tests.model_check.toy.actions import (
     Cleared,
     Counted,
     Reported,
@@ -71,7 +71,7 @@ def _toy_variant(
     table_change: dict[str, object], extra_guards: tuple[object, ...] = ()
 ) -> Machine[ToyContext]:
     """The toy machine with its table edited in memory and extra guards registered."""
-    registry = Bindings()
+    registry = Actions()
     registry.guard(toy.at_limit)
     for guard in extra_guards:
         registry.guard(guard)
@@ -156,7 +156,7 @@ def test_guard_returning_a_non_bool_is_refused() -> None:
     def at_limit(context: ToyContext, event: object) -> bool:
         return None  # type: ignore[return-value]
 
-    registry = Bindings()
+    registry = Actions()
     registry.guard(at_limit)
     for name in ("start_count", "increment", "report", "clear"):
         registry.effect(getattr(toy, name))

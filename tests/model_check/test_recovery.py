@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from scout.gate.gate import check_event
 from scout.gate.model import Restart
 from scout.gate.recovery import (
     RULES,
@@ -25,6 +24,7 @@ from scout.gate.recovery import (
     recover,
 )
 from scout.gate.recovery_spec import parse_decision_table, render_python
+from scout.gate.step import check_event
 from tests.gate_story import run_story
 from tests.model_check.gate_harness import (
     CheckedGate,

@@ -7,7 +7,7 @@ import os
 import time
 from multiprocessing.connection import Connection
 
-from scout.runtime.progress import ProgressPublisher, ProgressReader, RecordIdentity, Stage
+from scout.observer.progress import ProgressPublisher, ProgressReader, RecordIdentity, Stage
 
 # Every wait in a child is bounded by this, so a broken test cannot leave processes behind.
 CHILD_LIFETIME_MAX_S = 60.0

@@ -37,20 +37,21 @@ from scout.core.observer import (
     Decision,
     EmitReport,
     Evidence,
+    Finding,
     Joined,
     JoinFailed,
     ObserverConfig,
     ObserverContext,
-    Outcome,
+    ObserverState,
     Progress,
     ProgressSeen,
-    Report,
-    ReportKind,
     RoundId,
     RoundRequest,
     Scope,
     Send,
     Stage,
+    StallKind,
+    StallReport,
     Stop,
     Tick,
     TrainerExit,
@@ -159,8 +160,8 @@ class LoneObserver:
         ]
         self.labels = OBSERVER.labels
         peer = self.config.peers[0]
-        acceptable = Report(
-            ReportKind.HANG, Outcome.BEHIND, Scope.RANK, (1, 2), RoundId(peer, 1), peer, position,
+        acceptable = StallReport(
+            StallKind.HANG, Finding.BEHIND, Scope.RANK, (1, 2), RoundId(peer, 1), peer, position,
             (peer,), (), (), (None,) * group_size, 2.0, "delegated in the model",
         )
         self.delegations = (acceptable, attrs.evolve(acceptable, key=(1, 3), attributed=(position,)))
@@ -173,7 +174,7 @@ class LoneObserver:
 
     def fire(self, state: LoneState, event: Any) -> Firing[LoneState]:
         firing = OBSERVER.fire(state.machine, event)
-        if state.machine.control in ("STOPPED", "FAILED"):
+        if state.machine.control in (ObserverState.STOPPED, ObserverState.FAILED):
             # The machine ignores everything here (OBS-8 checks it); the world's clock and
             # budgets no longer matter, so they stay put and the state space stays small.
             return Firing(attrs.evolve(state, machine=firing.state), firing.effects, firing.labels)
@@ -271,7 +272,7 @@ class GroupState:
     network: tuple[Packet, ...]  # due now, FIFO
     delayed: tuple[Packet, ...]  # due at the next second
     faults_left: int  # messages the network may still lose or delay
-    reports: tuple[tuple[int, Report], ...]  # (emitter, report), in emission order
+    reports: tuple[tuple[int, StallReport], ...]  # (emitter, report), in emission order
 
     @property
     def faulty(self) -> bool:
@@ -393,7 +394,7 @@ class ObserverGroup:
             now += 1
             network, delayed = delayed, []
             for position, behaviour in enumerate(self.behaviours):
-                if observers[position].control in ("STOPPED", "FAILED"):
+                if observers[position].control in (ObserverState.STOPPED, ObserverState.FAILED):
                     continue
                 if behaviour is Behaviour.DEAD and now >= DEATH_S:
                     step(position, TrainerExit(float(now), clean=False))
@@ -425,22 +426,22 @@ class ObserverGroup:
         """The finding a fault-free group reports: (outcome, attributed, missing, key)."""
         return _finding(assess(self.true_evidence(), self.configs[0]))
 
-    def acceptable(self, report: Report, faults: int) -> bool:
+    def acceptable(self, report: StallReport, faults: int) -> bool:
         """Is ``report`` what the trainers really did, seen through at most ``faults`` lost or
         delayed messages? Each fault can hide at most one live peer from one round, so a
         decisive finding must equal the assessment of the true evidence with at most ``faults``
         live peers hidden. A confirmed finding (unresponsive, inconclusive) needs
         ``confirm_rounds`` identical rounds, which fewer faults cannot fake: it must be the truth."""
         found = (report.outcome, report.attributed, report.missing, report.key)
-        if report.outcome in (Outcome.UNRESPONSIVE, Outcome.INCONCLUSIVE):
+        if report.outcome in (Finding.UNRESPONSIVE, Finding.INCONCLUSIVE):
             return found == self.expected_report()
         return found in self._findings_with_hidden(faults)
 
     @functools.cache  # noqa: B019 - one group object per exploration
-    def _findings_with_hidden(self, faults: int) -> frozenset[Finding]:
+    def _findings_with_hidden(self, faults: int) -> frozenset[ModelFinding]:
         truth = self.true_evidence()
         live = [p for p, e in enumerate(truth) if e is not None]
-        findings: set[Finding] = set()
+        findings: set[ModelFinding] = set()
         for count in range(faults + 1):
             for hidden in itertools.combinations(live, count):
                 evidence = [None if p in hidden else e for p, e in enumerate(truth)]
@@ -450,11 +451,11 @@ class ObserverGroup:
         return frozenset(findings)
 
 
-Finding = tuple[Outcome, tuple[int, ...], tuple[int, ...], tuple[int, int]]
+ModelFinding = tuple[Finding, tuple[int, ...], tuple[int, ...], tuple[int, int]]
 
 
-def _finding(assessment: Any) -> Finding | None:
-    if assessment.outcome is Outcome.UNSETTLED or assessment.key is None:
+def _finding(assessment: Any) -> ModelFinding | None:
+    if assessment.outcome is Finding.UNSETTLED or assessment.key is None:
         return None
     return assessment.outcome, assessment.attributed, assessment.missing, assessment.key
 
@@ -462,7 +463,7 @@ def _finding(assessment: Any) -> Finding | None:
 def group_properties(group: ObserverGroup) -> list[Property]:
     expected = group.expected_report()
 
-    def matches(report: Report) -> bool:
+    def matches(report: StallReport) -> bool:
         return (report.outcome, report.attributed, report.missing, report.key) == expected
 
     def correct(state: GroupState) -> bool:

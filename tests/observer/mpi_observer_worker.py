@@ -16,7 +16,7 @@ from pathlib import Path
 from mpi4py import MPI
 
 from scout.core.fingerprint import CollectiveCall, TensorMeta, fingerprint
-from scout.runtime.mpi_observer import start_mpi_observer
+from scout.observer.mpi import start_mpi_observer
 from scout.transport.mpi import MpiTransport
 
 CONFIG = dict(stall_threshold_s=1.0, settle_idle_s=0.5, round_deadline_s=0.5, recheck_interval_s=1.0,
@@ -62,7 +62,7 @@ def main() -> None:
     comm.barrier()
     stats = json.loads((out_dir / f"stats{rank}.json").read_text()) if (out_dir / f"stats{rank}.json").exists() else {}
     result = {"rank": rank, "reports": reports, "stats": stats, "held_at": held_at,
-              "observer_exit": handle.process.exitcode}
+              "observer_exit": handle.process.returncode}
     (out_dir / f"rank{rank}.json").write_text(json.dumps(result))
     transport.close()
 

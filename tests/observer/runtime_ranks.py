@@ -19,8 +19,9 @@ from datetime import timedelta
 from typing import Any
 
 from scout.core.fingerprint import CollectiveCall, TensorMeta, fingerprint
-from scout.runtime.observer import start_observer
-from scout.runtime.progress import ProgressPublisher, RecordIdentity
+from scout.observer.launch import start_observer
+from scout.observer.progress import ProgressPublisher, RecordIdentity
+from scout.observer.rendezvous import DirectoryRendezvous
 
 COLLECTIVE_FINGERPRINT = fingerprint(CollectiveCall("all_reduce", None, (TensorMeta("torch.float32", (4,)),),
                                                     reduce_op="SUM"))
@@ -36,7 +37,7 @@ def _observe(publisher: ProgressPublisher, rank: int, world: int, options: dict[
         publisher,
         group_ranks=group,
         secret=options["secret"],
-        rendezvous_dir=options["rendezvous_dir"],
+        rendezvous=DirectoryRendezvous(options["rendezvous_dir"]),
         config=options["config"],
         report_path=options["report_path"],
         stats_path=os.path.join(options["directory"], f"stats-{rank}.json"),
@@ -88,7 +89,7 @@ def gloo_rank(rank: int, world: int, job_id: str, options: dict[str, Any], contr
     import torch
     import torch.distributed as dist
 
-    from scout.runtime import instrument as scout
+    from scout.observer import instrument as scout
 
     torch.set_num_threads(1)
     scenario = options["scenario"]

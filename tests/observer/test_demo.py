@@ -55,7 +55,7 @@ def test_demo_runs_a_real_job_names_the_hung_rank_and_cleans_up() -> None:
     assert completed.returncode == 0, completed.stdout + completed.stderr
     result = json.loads(completed.stdout)
     report = result["report"]
-    assert (report["kind"], report["outcome"], report["attributed_ranks"]) == ("hang", "behind", [2])
+    assert (report["kind"], report["evidence"]["finding"], report["ranks"]) == ("hang", "behind", [2])
     assert report["reporter_rank"] != 2
     assert abs(result["detection_latency_s"]) <= 1.0
     assert wall_s < 60.0
@@ -75,7 +75,7 @@ def test_full_demo_localizes_hang_sdc_and_straggler_and_certifies_a_checkpoint()
     assert completed.returncode == 0, completed.stdout[-4000:] + completed.stderr[-4000:]
     result = json.loads(completed.stdout)
     assert result["ok"] and result["hang_ok"]
-    assert result["hang_report"]["attributed_ranks"] == [2]
+    assert result["hang_report"]["ranks"] == [2]
     assert result["sdc_attributed"] == [[2]]
     assert result["stragglers_confirmed"] == [1]
     recovery = result["recovery"]

@@ -18,8 +18,8 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
 from scout.core.fingerprint import CollectiveCall, TensorMeta, fingerprint  # noqa: E402
-from scout.runtime import instrument as inst  # noqa: E402
-from scout.runtime.progress import ProgressPublisher, ProgressReader, RecordIdentity, Stage  # noqa: E402
+from scout.observer import instrument as inst  # noqa: E402
+from scout.observer.progress import ProgressPublisher, ProgressReader, RecordIdentity, Stage  # noqa: E402
 from tests.observer import torch_ranks  # noqa: E402
 
 pytestmark = pytest.mark.torchdist

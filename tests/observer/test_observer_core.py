@@ -15,14 +15,14 @@ from scout.core.observer import (
     Delegate,
     EmitReport,
     Evidence,
+    Finding,
     Joined,
     Noted,
     ObserverConfig,
-    Outcome,
+    ObserverState,
     Progress,
     ProgressSeen,
     Reply,
-    ReportKind,
     Request,
     RoundClosed,
     RoundId,
@@ -30,6 +30,7 @@ from scout.core.observer import (
     Scope,
     Send,
     Stage,
+    StallKind,
     Stopped,
     Tick,
     TrainerExit,
@@ -59,34 +60,34 @@ def before(idle_s: float = 3.0, stage: Stage = Stage.COMPUTE) -> Evidence:
 
 ASSESSMENTS = [
     # (evidence by position, outcome, attributed, ahead, missing, key, kind, scope)
-    ([in_f(), in_f(), before(), in_f()], Outcome.BEHIND, (2,), (), (), (1, 3), ReportKind.HANG, Scope.RANK),
-    ([in_f(), in_f(), in_f(op=5), in_f()], Outcome.BEHIND, (2,), (2,), (), (1, 3), ReportKind.HANG, Scope.RANK),
-    ([in_f(), in_f(fp=G), in_f(), in_f()], Outcome.DESYNC, (1,), (), (), (1, 3), ReportKind.DESYNC, Scope.RANK),
-    ([in_f()] * 4, Outcome.GROUP_STALL, (), (), (), (1, 3), ReportKind.HANG, Scope.GROUP),
-    ([None, in_f(), in_f(), in_f()], Outcome.UNRESPONSIVE, (), (), (0,), (1, 3), ReportKind.HANG, Scope.RANK),
-    ([None, in_f(), before(), in_f()], Outcome.INCONCLUSIVE, (), (), (0,), (1, 2), ReportKind.HANG, Scope.GROUP),
-    ([in_f(), in_f(), before(), before()], Outcome.INCONCLUSIVE, (), (), (), (1, 2), ReportKind.HANG, Scope.GROUP),
-    ([in_f(), in_f(), in_f(fp=G), in_f(fp=G)], Outcome.INCONCLUSIVE, (), (), (), (1, 3), ReportKind.HANG, Scope.GROUP),
+    ([in_f(), in_f(), before(), in_f()], Finding.BEHIND, (2,), (), (), (1, 3), StallKind.HANG, Scope.RANK),
+    ([in_f(), in_f(), in_f(op=5), in_f()], Finding.BEHIND, (2,), (2,), (), (1, 3), StallKind.HANG, Scope.RANK),
+    ([in_f(), in_f(fp=G), in_f(), in_f()], Finding.DESYNC, (1,), (), (), (1, 3), StallKind.DESYNC, Scope.RANK),
+    ([in_f()] * 4, Finding.GROUP_STALL, (), (), (), (1, 3), StallKind.HANG, Scope.GROUP),
+    ([None, in_f(), in_f(), in_f()], Finding.UNRESPONSIVE, (), (), (0,), (1, 3), StallKind.HANG, Scope.RANK),
+    ([None, in_f(), before(), in_f()], Finding.INCONCLUSIVE, (), (), (0,), (1, 2), StallKind.HANG, Scope.GROUP),
+    ([in_f(), in_f(), before(), before()], Finding.INCONCLUSIVE, (), (), (), (1, 2), StallKind.HANG, Scope.GROUP),
+    ([in_f(), in_f(), in_f(fp=G), in_f(fp=G)], Finding.INCONCLUSIVE, (), (), (), (1, 3), StallKind.HANG, Scope.GROUP),
     # A rank that still moves makes the round unsettled: a straggler, not a hang.
-    ([in_f(), in_f(), before(idle_s=0.2), in_f()], Outcome.UNSETTLED, (), (), (), None, ReportKind.HANG, Scope.GROUP),
+    ([in_f(), in_f(), before(idle_s=0.2), in_f()], Finding.UNSETTLED, (), (), (), None, StallKind.HANG, Scope.GROUP),
     # Data loading: attributed only once it has lasted its own (longer) threshold.
-    ([in_f(), in_f(), before(4.0, Stage.DATA_LOADING), in_f()], Outcome.UNSETTLED, (), (), (), None,
-     ReportKind.HANG, Scope.GROUP),
-    ([in_f(), in_f(), before(5.0, Stage.DATA_LOADING), in_f()], Outcome.BEHIND, (2,), (), (), (1, 3),
-     ReportKind.DATA_STALL, Scope.RANK),
-    ([in_f(), before(9.0, Stage.CHECKPOINT_WRITE), in_f(), in_f()], Outcome.BEHIND, (1,), (), (), (1, 3),
-     ReportKind.CHECKPOINT_STALL, Scope.RANK),
-    ([before(6.0, Stage.DATA_LOADING)] * 4, Outcome.GROUP_STALL, (), (), (), (1, 2), ReportKind.DATA_STALL,
+    ([in_f(), in_f(), before(4.0, Stage.DATA_LOADING), in_f()], Finding.UNSETTLED, (), (), (), None,
+     StallKind.HANG, Scope.GROUP),
+    ([in_f(), in_f(), before(5.0, Stage.DATA_LOADING), in_f()], Finding.BEHIND, (2,), (), (), (1, 3),
+     StallKind.DATA_STALL, Scope.RANK),
+    ([in_f(), before(9.0, Stage.CHECKPOINT_WRITE), in_f(), in_f()], Finding.BEHIND, (1,), (), (), (1, 3),
+     StallKind.CHECKPOINT_STALL, Scope.RANK),
+    ([before(6.0, Stage.DATA_LOADING)] * 4, Finding.GROUP_STALL, (), (), (), (1, 2), StallKind.DATA_STALL,
      Scope.GROUP),
     # Two of four: detectable, never attributable (VERDICT: no strict majority).
-    ([in_f(), in_f(fp=G)], Outcome.INCONCLUSIVE, (), (), (), (1, 3), ReportKind.HANG, Scope.GROUP),
+    ([in_f(), in_f(fp=G)], Finding.INCONCLUSIVE, (), (), (), (1, 3), StallKind.HANG, Scope.GROUP),
 ]
 
 
 @pytest.mark.parametrize(("evidence", "outcome", "attributed", "ahead", "missing", "key", "kind", "scope"), ASSESSMENTS)
 def test_OBS_assessment_table(
-    evidence: list[Evidence | None], outcome: Outcome, attributed: tuple[int, ...], ahead: tuple[int, ...],
-    missing: tuple[int, ...], key: tuple[int, int] | None, kind: ReportKind, scope: Scope,
+    evidence: list[Evidence | None], outcome: Finding, attributed: tuple[int, ...], ahead: tuple[int, ...],
+    missing: tuple[int, ...], key: tuple[int, int] | None, kind: StallKind, scope: Scope,
 ) -> None:
     found = assess(evidence, config(n=len(evidence)))
     assert (found.outcome, found.attributed, found.ahead, found.missing, found.key, found.kind, found.scope) == (
@@ -97,7 +98,7 @@ def test_OBS_assessment_table(
 def test_OBS_7_the_reporter_is_the_lowest_responsive_unattributed_position() -> None:
     evidence = [before(), None, in_f(), in_f(), in_f()]
     found = assess(evidence, config(n=5))
-    assert found.outcome is Outcome.BEHIND and found.attributed == (0,)
+    assert found.outcome is Finding.BEHIND and found.attributed == (0,)
     assert reporter_for(found, evidence) == 2  # 0 is the culprit, 1 did not answer
 
 
@@ -139,31 +140,31 @@ def test_OBS_1_and_2_a_scripted_hang_rank_2_behind() -> None:
     state = watching()
     # Below the threshold: silent.
     state, effects = OBSERVER.step(state, Tick(101.0))
-    assert state.control == "WATCHING" and effects == ()
+    assert state.control is ObserverState.WATCHING and effects == ()
     state, effects = OBSERVER.step(state, Tick(102.0))
-    assert state.control == "ROUND"
+    assert state.control is ObserverState.ROUND
     assert effects == (Send((1, 2, 3), Request(RoundId(0, 1))), WakeAt(103.0))
     state, _ = OBSERVER.step(state, Answer(102.1, RoundId(0, 1), 1, in_f(2.1)))
     state, _ = OBSERVER.step(state, Answer(102.1, RoundId(0, 1), 3, in_f(2.1)))
     state, effects = OBSERVER.step(state, Answer(102.2, RoundId(0, 1), 2, before(2.2)))
-    assert state.control == "HOLDING"
+    assert state.control is ObserverState.HOLDING
     closed = [e for e in effects if isinstance(e, RoundClosed)]
     reports = [e.report for e in effects if isinstance(e, EmitReport)]
     assert len(closed) == 1 and not closed[0].by_deadline
     assert len(reports) == 1
     report = reports[0]
     assert (report.outcome, report.attributed, report.reporter, report.key, report.kind) == (
-        Outcome.BEHIND, (2,), 0, (1, 3), ReportKind.HANG,
+        Finding.BEHIND, (2,), 0, (1, 3), StallKind.HANG,
     )
     # A recheck finds the same: no second report for the same stuck position (OBS-6).
     state, effects = OBSERVER.step(state, Tick(104.2))
-    assert state.control == "ROUND"
+    assert state.control is ObserverState.ROUND
     for sender, evidence in ((1, in_f()), (2, before()), (3, in_f())):
         state, effects = OBSERVER.step(state, Answer(104.3, RoundId(0, 2), sender, evidence))
     assert not [e for e in effects if isinstance(e, EmitReport)]
     # Progress ends the stall.
     state, effects = OBSERVER.step(state, ProgressSeen(110.0, Progress(1, 4)))
-    assert state.control == "WATCHING" and not [e for e in effects if isinstance(e, Send)]
+    assert state.control is ObserverState.WATCHING and not [e for e in effects if isinstance(e, Send)]
 
 
 def test_OBS_3_a_silent_peer_is_missing_evidence_at_the_deadline() -> None:
@@ -171,12 +172,12 @@ def test_OBS_3_a_silent_peer_is_missing_evidence_at_the_deadline() -> None:
     state, _ = OBSERVER.step(state, Tick(102.0))
     state, _ = OBSERVER.step(state, Answer(102.1, RoundId(0, 1), 1, in_f()))
     state, effects = OBSERVER.step(state, Tick(102.5))
-    assert state.control == "ROUND" and effects == ()
+    assert state.control is ObserverState.ROUND and effects == ()
     state, effects = OBSERVER.step(state, Tick(103.0))
-    assert state.control == "HOLDING"
+    assert state.control is ObserverState.HOLDING
     (closed,) = [e for e in effects if isinstance(e, RoundClosed)]
     assert closed.by_deadline and closed.answered == (0, 1)
-    assert closed.assessment.outcome is Outcome.INCONCLUSIVE and closed.assessment.missing == (2, 3)
+    assert closed.assessment.outcome is Finding.INCONCLUSIVE and closed.assessment.missing == (2, 3)
 
 
 def test_OBS_7_a_culprit_delegates_its_report() -> None:
@@ -193,7 +194,7 @@ def test_OBS_7_a_culprit_delegates_its_report() -> None:
     other = watching(position=1)
     other, effects = OBSERVER.step(other, event_for(delegation.message, 102.2))
     assert effects == (EmitReport(attrs.evolve(report, reporter=1)),)
-    assert (report.outcome, report.attributed, report.decided_by) == (Outcome.BEHIND, (0,), 0)
+    assert (report.outcome, report.attributed, report.decided_by) == (Finding.BEHIND, (0,), 0)
     other, effects = OBSERVER.step(other, Decision(102.3, report.round, 0, report))
     assert effects == ()
 
@@ -211,7 +212,7 @@ def test_OBS_8_trainer_exit_stops_at_once_and_for_good() -> None:
     state = watching()
     state, _ = OBSERVER.step(state, Tick(102.0))
     state, effects = OBSERVER.step(state, TrainerExit(102.1, clean=False))
-    assert state.control == "STOPPED" and effects == (Stopped("trainer died"),)
+    assert state.control is ObserverState.STOPPED and effects == (Stopped("trainer died"),)
     for event in (Tick(200.0), RoundRequest(200.0, RoundId(1, 1)), ProgressSeen(200.0, Progress(2, 0))):
         after, effects = OBSERVER.step(state, event)
         assert after == state and effects == ()
@@ -220,10 +221,10 @@ def test_OBS_8_trainer_exit_stops_at_once_and_for_good() -> None:
 def test_OBS_attach_and_join_deadlines_fail_with_a_reason() -> None:
     state = OBSERVER.initial_state(initial_context(config(), 0.0))
     state, effects = OBSERVER.step(state, Tick(1.0))
-    assert state.control == "JOINING"
+    assert state.control is ObserverState.JOINING
     joined, _ = OBSERVER.step(state, Joined(1.0))
     failed, effects = OBSERVER.step(joined, Tick(200.0))
-    assert failed.control == "FAILED"
+    assert failed.control is ObserverState.FAILED
     assert "did not appear within attach_deadline_s=120.0" in effects[0].reason  # type: ignore[attr-defined]
     failed, effects = OBSERVER.step(state, Tick(121.0))
-    assert failed.control == "FAILED" and "join_deadline_s=120.0" in effects[0].reason  # type: ignore[attr-defined]
+    assert failed.control is ObserverState.FAILED and "join_deadline_s=120.0" in effects[0].reason  # type: ignore[attr-defined]

@@ -1,4 +1,4 @@
-"""Issue 4's real-process scenarios: CPU, gloo, a tiny training loop per rank, instrumented
+"""The observer's real-process scenarios (OBS-*): CPU, gloo, a tiny training loop per rank, instrumented
 torch.distributed, one spawned observer per rank. Ranks are forked from a server that imported
 torch once (OMP_NUM_THREADS=1); every wait is bounded. Rank programs:
 tests/observer/runtime_ranks.py (``gloo_rank``).
@@ -22,9 +22,11 @@ from typing import Any
 
 import pytest
 
+from tests.observer import flat
+
 pytest.importorskip("torch")
 
-from scout.runtime.progress import record_name  # noqa: E402
+from scout.observer.progress import record_name  # noqa: E402
 from tests.observer import runtime_ranks, torch_ranks  # noqa: E402
 from tests.observer.test_observer_runtime import (  # noqa: E402
     FAST,
@@ -75,7 +77,7 @@ def ready_of(control: Any, world: int) -> dict[int, tuple[Any, ...]]:
 
 def first_report(control: Any, timeout_s: float = 30.0) -> dict[str, Any]:
     messages = gather(control, lambda ms: any(m[0] == "report" for m in ms), timeout_s)
-    record: dict[str, Any] = next(m[2] for m in messages if m[0] == "report")
+    record: dict[str, Any] = flat(next(m[2] for m in messages if m[0] == "report"))
     return record
 
 
@@ -93,7 +95,7 @@ def test_OBS_gloo_rank_2_sleeping_before_the_all_reduce_is_attributed_as_behind(
     assert (report["kind"], report["scope"], report["outcome"], report["attributed_ranks"]) == ("hang", "rank", "behind", [2])
     assert report["reporter_rank"] == 0 and len(ready) == 4
     # Detected about one threshold after the stall began, well before rank 2 woke up (4 s).
-    assert FAST["stall_threshold_s"] <= report["idle_s"] < FAST["stall_threshold_s"] + 1.0
+    assert FAST["stall_threshold_s"] <= report["evidence"]["idle_s"] < FAST["stall_threshold_s"] + 1.0
     assert time.monotonic() - started < WAIT_S
     assert len(reports_in(opts["report_path"])) == 1
 
@@ -127,8 +129,8 @@ def test_OBS_gloo_all_observed_ranks_blocked_in_one_collective_is_group_scoped(t
         report = first_report(control)
         kill_all(ready)
     assert (report["kind"], report["scope"], report["outcome"], report["attributed_ranks"]) == (
-        "hang", "group", "group_stall", [])
-    assert {e["stage"] for e in report["evidence"]} == {"collective"}
+        "group_stall", "group", "group_stall", [])
+    assert {e["stage"] for e in report["evidence"]["peers"]} == {"collective"}
 
 
 def test_OBS_gloo_killed_trainer_its_observer_exits_within_2_s_and_peers_name_it(tmp_path: Path) -> None:

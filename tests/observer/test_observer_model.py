@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scout.core.machine import ExplorationResult, conformance_problems, explore
-from scout.core.observer import Outcome
+from scout.core.observer import Finding
 from tests.observer import REPO
 from tests.observer import model as m
 from tests.observer.model import OBSERVER, Behaviour, Budget, LoneObserver, ObserverGroup
@@ -213,7 +213,7 @@ def test_OBS_model_behaviours_cover_every_outcome() -> None:
         for mix in itertools.product(m.ALL_BEHAVIOURS, repeat=3)
         if (finding := ObserverGroup(mix, horizon_s=GROUP_HORIZON_S).expected_report()) is not None
     }
-    assert found == {Outcome.BEHIND, Outcome.DESYNC, Outcome.GROUP_STALL, Outcome.UNRESPONSIVE, Outcome.INCONCLUSIVE}
+    assert found == {Finding.BEHIND, Finding.DESYNC, Finding.GROUP_STALL, Finding.UNRESPONSIVE, Finding.INCONCLUSIVE}
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

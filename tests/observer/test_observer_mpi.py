@@ -1,5 +1,5 @@
-"""Issue 4 under ``mpiexec -n 4`` with the MPI transport: each rank bootstraps its observer over
-MpiTransport (scout/runtime/mpi_observer.py) and the observers watch over the UDP channel while
+"""The observer (OBS-*) under ``mpiexec -n 4`` with the MPI transport: each rank bootstraps its observer over
+MpiTransport (scout/observer/mpi_observer.py) and the observers watch over the UDP channel while
 the ranks block in a real MPI all-reduce. Rank programs: tests/observer/mpi_observer_worker.py."""
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.observer import flat
 
 pytest.importorskip("mpi4py", reason="needs mpi4py: pip install mpi4py mpich")
 
@@ -28,7 +30,7 @@ def mpi_job(tmp_path: Path, scenario: str) -> tuple[list[dict[str, Any]], list[d
     command = [mpiexec, "-n", "4", sys.executable, "-m", "tests.observer.mpi_observer_worker", str(tmp_path), scenario]
     run = run_ranks(command, tmp_path, 4, "mpi", RUN_TIMEOUT_S)
     path = tmp_path / "reports.jsonl"
-    reports = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    reports = [flat(json.loads(line)) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
     return run.results, reports
 
 
@@ -38,7 +40,7 @@ def test_OBS_mpi_rank_2_sleeping_before_an_mpi_all_reduce_is_attributed_as_behin
     (report,) = reports
     assert (report["kind"], report["scope"], report["outcome"], report["attributed_ranks"]) == ("hang", "rank", "behind", [2])
     assert report["reporter_rank"] == 0
-    assert THRESHOLD_S <= report["idle_s"] < THRESHOLD_S + 1.0
+    assert THRESHOLD_S <= report["evidence"]["idle_s"] < THRESHOLD_S + 1.0
     assert all(r["observer_exit"] == 0 for r in results), results
 
 

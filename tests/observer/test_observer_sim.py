@@ -1,6 +1,6 @@
-"""Issue 4 on the simulator: the real observer machine (spec/observer.toml, via the machinery's
-``step``) as the ``observer`` program of every simulated rank, beside a simulated trainer that
-publishes progress into ``ctx.shared``. Scenarios: scout/runtime/observer_sim.py. At 1024 ranks
+"""The observer on the simulator: the production observer driver (scout.observer.driver) as the
+``observer`` program of every simulated rank, beside a simulated trainer that publishes progress
+into ``ctx.shared``. Scenarios: scout/scenarios/observer.py. At 1024 ranks
 the peer group of each observer is its replica group of 8 (``--group-size``), not the world.
 A failure prints the seed and the command that replays it (``assert_scenario``)."""
 
@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from scout.transport.sim import ProgramState
-from scout.transport.sim.registry import (
+from scout.scenarios.registry import (
     ScenarioParams,
     ScenarioReport,
     run_scenario,
     scenario_names,
 )
-from scout.transport.sim.testing import ScenarioFailed, assert_scenario
+from scout.scenarios.testing import ScenarioFailed, assert_scenario
+from scout.transport.sim import ProgramState
 
 OBSERVER_SCENARIOS = [
     "observer-behind",
@@ -79,7 +79,7 @@ def test_sim_observer_scenarios_are_deterministic() -> None:
 
 
 def test_sim_failure_message_names_the_seed(monkeypatch: pytest.MonkeyPatch) -> None:
-    from scout.runtime import observer_sim
+    from scout.scenarios import observer as observer_sim
 
     # A threshold the checks do not expect: detection is then "late" and the check fails.
     monkeypatch.setitem(observer_sim.OBSERVER_CONFIG, "stall_threshold_s", 2.0)
@@ -88,9 +88,30 @@ def test_sim_failure_message_names_the_seed(monkeypatch: pytest.MonkeyPatch) -> 
         assert_scenario("observer-behind", ranks=4, seed=3)
 
 
-def test_missing_machine_table_is_a_clear_error_naming_the_path(tmp_path: Path) -> None:
-    from scout.runtime.observer import load_observer_machine
+def test_the_simulator_runs_the_production_driver(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One driver per machine: the simulated observers run the function object the observer
+    process runs, not a copy (spec/observer.md, "One driver")."""
+    from scout.observer import driver, process
+    from scout.scenarios import observer as observer_sim
 
-    missing = tmp_path / "spec" / "observer.toml"
-    with pytest.raises(FileNotFoundError, match=str(missing)):
-        load_observer_machine(missing)
+    assert process.driver.drive is driver.drive and observer_sim.driver.drive is driver.drive
+    calls: list[int] = []
+    production = driver.drive
+
+    def counting(config, world, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(config.position)
+        return production(config, world, **kwargs)
+
+    monkeypatch.setattr(driver, "drive", counting)
+    assert_scenario("observer-behind", ranks=4, seed=1)
+    assert sorted(calls) == [0, 1, 2, 3]
+
+
+def test_packaged_tables_are_the_spec_tables() -> None:
+    """An installed package loads the same table as the checkout's spec/ (``scout spec`` writes
+    the copies; ``scout spec --check`` fails when they differ)."""
+    from scout.core.machine.loader import PACKAGED_TABLES, packaged_table_text
+
+    repo = Path(__file__).resolve().parents[2]
+    for name in PACKAGED_TABLES:
+        assert packaged_table_text(name) == (repo / "spec" / f"{name}.toml").read_text(encoding="utf-8"), name

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from scout.runtime import progress
-from scout.runtime.progress import (
+from scout.observer import progress
+from scout.observer.progress import (
     ObserverAlreadyAttached,
     ProgressPublisher,
     ProgressReader,

@@ -11,20 +11,21 @@ from hypothesis import strategies as st
 from scout.core.observer import (
     Delegate,
     Evidence,
-    Outcome,
+    Finding,
     Reply,
-    Report,
-    ReportKind,
     Request,
     RoundId,
     Scope,
     Stage,
+    StallKind,
+    StallReport,
 )
-from scout.runtime import wire
+from scout.observer import wire
+from scout.reports import record_line
 from scout.transport import codec
 
 EVIDENCE = Evidence(1, 3, 2**64 - 1, Stage.COLLECTIVE, 1.5)
-REPORT = Report(ReportKind.HANG, Outcome.BEHIND, Scope.RANK, (1, 3), RoundId(2, 7), 2, 0, (1,), (), (3,),
+REPORT = StallReport(StallKind.HANG, Finding.BEHIND, Scope.RANK, (1, 3), RoundId(2, 7), 2, 0, (1,), (), (3,),
                 (EVIDENCE, EVIDENCE, EVIDENCE, None), 1.5, "progress differs from the strict majority")
 
 
@@ -60,8 +61,16 @@ def test_OBS_wire_random_bytes_never_raise_anything_but_wire_error(data: bytes) 
 
 
 def test_OBS_wire_report_record_uses_ranks_not_positions() -> None:
-    record = wire.report_record(REPORT, group_ranks=(10, 11, 12, 13), job_id="j", generation=2)
-    assert (record["attributed_ranks"], record["missing_ranks"], record["reporter_rank"]) == ([11], [13], 10)
-    assert record["evidence"][3] == {"rank": 13, "missing": True}
-    assert record["evidence"][0]["fingerprint"] == "0xffffffffffffffff"
-    assert "rank(s) [11] behind the majority at step 1 op 3" in wire.report_line(record)
+    hosts = ("h10", "h11", "h12", "h13")
+    record = wire.report_record(REPORT, group_ranks=(10, 11, 12, 13), job_id="j", generation=2, hosts=hosts)
+    evidence = record["evidence"]
+    assert (record["kind"], record["ranks"], record["hosts"], record["step"]) == ("hang", [11], ["h11"], 1)
+    assert (evidence["attributed_ranks"], evidence["missing_ranks"], record["reporter_rank"]) == ([11], [13], 10)
+    assert evidence["peers"][3] == {"rank": 13, "missing": True}
+    assert evidence["peers"][0]["fingerprint"] == "0xffffffffffffffff"
+    assert record_line(record) == "scout: hang rank(s) [11] on h11 at step 1: behind-majority"
+
+
+def test_OBS_wire_report_record_refuses_positions_outside_the_group() -> None:
+    with pytest.raises(wire.WireError, match="do not fit a group of 3"):
+        wire.report_record(REPORT, group_ranks=(10, 11, 12), job_id="j", generation=2)

@@ -17,7 +17,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from scout.runtime.progress import ProgressPublisher, RecordIdentity
+from scout.observer.progress import ProgressPublisher, RecordIdentity
 
 RANK_TIMEOUT_S = 60.0
 JOIN_TIMEOUT_S = 30.0
@@ -27,7 +27,7 @@ def forkserver_context() -> Any:
     """A forkserver context that preloads torch, so four ranks cost one torch import."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["torch", "torch.distributed", "scout.runtime.instrument"])
+    context.set_forkserver_preload(["torch", "torch.distributed", "scout.observer.instrument"])
     return context
 
 
@@ -39,7 +39,7 @@ def blocked_rank_program(
     import torch
     import torch.distributed as dist
 
-    from scout.runtime import instrument as scout_instrument
+    from scout.observer import instrument as scout_instrument
 
     torch.set_num_threads(1)
     dist.init_process_group(

@@ -19,7 +19,7 @@ import attrs
 import pytest
 
 from scout.core.machine import (
-    Bindings,
+    Actions,
     Firing,
     MachineState,
     ModelCheckFailure,
@@ -41,13 +41,14 @@ from scout.core.straggler import (
     round_from_verdict,
     straggler_machine,
 )
-from scout.core.straggler_bindings import (
+from scout.core.straggler.model import (
     CLEAN_ROUND,
     CONFIRMED,
     SLOW_ROUND,
     UNDECIDED_ROUND,
     PeerContext,
     PeerEvent,
+    StragglerState,
 )
 from scout.core.verdict import classify_timing
 
@@ -248,13 +249,13 @@ def test_STRAG_9_a_machine_that_forgets_to_reset_is_caught_with_a_shortest_trace
     """Non-vacuity: the same table bound to a planted bug (a clean round in SUSPECT keeps the
     count) fails STRAG-9 after the shortest trace: K = 2, slow, clean."""
     machine = straggler_machine()
-    buggy = Bindings()
-    for guard in machine.bindings.guards.values():
+    buggy = Actions(states=StragglerState)
+    for guard in machine.actions.guards.values():
         buggy.guard(guard)
-    for name, effect in machine.bindings.effects.items():
+    for name, effect in machine.actions.effects.items():
         if name != "reset_count":
             buggy.effect(effect)
-    for predicate in machine.bindings.predicates.values():
+    for predicate in machine.actions.predicates.values():
         buggy.predicate(predicate)
 
     def reset_count(context: PeerContext, event: object) -> tuple[PeerContext, tuple[object, ...]]:

@@ -1,4 +1,4 @@
-"""The gate across the job on the simulator (scout/runtime/gate_campaign.py): 1024 ranks, SDC,
+"""The gate across the job on the simulator (scout/observer/gate_campaign.py): 1024 ranks, SDC,
 Inconclusive and missing results at random recipes and cycles, every gate invariant checked on
 every step, the oracle's promotions, and the quarantine known on every rank. A failure prints the
 command that replays it."""
@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-import scout.runtime.gate_campaign  # noqa: F401  (registers the scenario)
-from scout.transport.sim.registry import ScenarioParams, run_scenario
-from scout.transport.sim.testing import assert_scenario
+import scout.scenarios.gate_campaign  # noqa: F401  (registers the scenario)
+from scout.scenarios.registry import ScenarioParams, run_scenario
+from scout.scenarios.testing import assert_scenario
 
 
 @pytest.mark.parametrize("seed", [1, 3, 4])

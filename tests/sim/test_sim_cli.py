@@ -98,7 +98,7 @@ def test_bad_arguments_are_clear_errors(
 def test_a_failed_check_exits_1(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from scout.transport.sim import scenarios
+    from scout.scenarios import exchange as scenarios
 
     monkeypatch.setattr(scenarios, "TIMEOUT_S", 1e-6)  # nothing can answer in time now
     code, out, _ = run_cli(capsys, "exchange-healthy", "--ranks", "4", "--seed", "1")

@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from scout.scenarios.registry import ScenarioParams, run_scenario, scenario_names
 from scout.transport.sim import Freeze, SimCluster
-from scout.transport.sim.registry import ScenarioParams, run_scenario, scenario_names
 from tests.sim.helpers import exchange_rounds, run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,7 +45,7 @@ def test_every_scenario_is_deterministic() -> None:
 def test_trace_does_not_depend_on_the_process_hash_seed() -> None:
     """The digest is host- and process-independent: string hashing is randomised per process."""
     code = (
-        "from scout.transport.sim.registry import ScenarioParams, run_scenario\n"
+        "from scout.scenarios.registry import ScenarioParams, run_scenario\n"
         "print(run_scenario('exchange-partition', ScenarioParams(ranks=9, seed=3)).trace_digest)\n"
     )
     digests = set()

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from scout.transport.sim import registry
-from scout.transport.sim.registry import (
+from scout.scenarios import registry
+from scout.scenarios.registry import (
     Check,
     ScenarioOutcome,
     ScenarioParams,
@@ -16,7 +16,7 @@ from scout.transport.sim.registry import (
     scenario,
     scenario_names,
 )
-from scout.transport.sim.testing import ScenarioFailed, assert_scenario
+from scout.scenarios.testing import ScenarioFailed, assert_scenario
 
 BUILT_IN = {
     "exchange-healthy",

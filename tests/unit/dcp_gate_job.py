@@ -51,7 +51,7 @@ COLLECTIVE_TIMEOUT_S = 120
 def _config():
     from scout.gate.model import GateConfig
 
-    return GateConfig("dcp-job", ("embedding", "head"), ("dp",))
+    return GateConfig("dcp-job", ("embedding", "output"), ("dp",))
 
 
 class Net(nn.Module):
@@ -106,23 +106,25 @@ def snapshot(model: DistributedDataParallel, optimizer: torch.optim.Optimizer) -
 def replay_result(model: DistributedDataParallel, recipe: str, cycle: int, step: int, corrupt: bool):
     """One recipe replay, job-wide: every rank signs its copy of the recipe's parameters; the
     verdict rule decides over the gathered signatures."""
-    from scout.core.verdict import classify_exact
-    from scout.gate.model import RecipeResult, group_verdict
+    from scout.core.recipes import EvidenceKind, RecipeId, ReplayStatus, combine_evidence
+    from scout.gate.results import recipe_verdicts
 
-    module = getattr(model.module, recipe)
+    module = getattr(model.module, {"embedding": "embedding", "output": "head"}[recipe])
     signature = hashlib.sha256(module.weight.detach().numpy().tobytes()).hexdigest()[:16]
     if corrupt:
         signature = "corrupted-" + signature[:6]
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, signature)
-    return RecipeResult(recipe, cycle, step, (group_verdict("dp", classify_exact(gathered)),))
+    statuses = [int(ReplayStatus.OK)] * len(gathered)
+    result = combine_evidence(RecipeId.parse(recipe), step, statuses, {EvidenceKind.OUTPUT: gathered})
+    return recipe_verdicts(_config(), recipe, cycle, step, {"dp": result})
 
 
 def first_run(work: Path) -> dict[str, Any]:
-    from scout.gate.gate import step as gate_step
+    from scout.gate.dcp import save_checkpoint
     from scout.gate.model import CheckpointCaptured, CheckpointId, CycleBoundary
-    from scout.runtime.checkpoint import save_checkpoint
-    from scout.runtime.gate_driver import GateRecorder
+    from scout.gate.recorder import GateRecorder
+    from scout.gate.step import step as gate_step
 
     rank = dist.get_rank()
     model, optimizer = build()
@@ -169,11 +171,11 @@ RESTORES = (("sdc", "manifest"), ("straggler", "manifest-at-6"))
 
 
 def restart_run(work: Path) -> dict[str, Any]:
-    from scout.gate.gate import check_event
+    from scout.gate.dcp import restore_for_failure
     from scout.gate.model import Restart
+    from scout.gate.recorder import read_gate
     from scout.gate.recovery import FailureClass
-    from scout.runtime.checkpoint import restore_for_failure
-    from scout.runtime.gate_driver import read_gate
+    from scout.gate.step import check_event
 
     outcomes = {}
     for failure_name, manifest in RESTORES:

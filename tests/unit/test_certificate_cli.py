@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from scout.cli import main
-from scout.gate.gate import step
 from scout.gate.manifest import generation_path
-from scout.runtime.gate_driver import GateRecorder
+from scout.gate.recorder import GateRecorder
+from scout.gate.step import step
 from tests.gate_story import CONFIG, story
 
 

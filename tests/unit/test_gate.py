@@ -9,26 +9,28 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scout.core.verdict import MISSING, classify_exact, classify_timing
+from scout.core.recipes import EvidenceKind, RecipeId, RecipeResult, ReplayStatus, combine_evidence
+from scout.core.verdict import MISSING, classify_exact
 from scout.gate.codec import CodecError, state_from_json, state_to_json
-from scout.gate.gate import Gate, GateInputError, check_event, initial_state, step
 from scout.gate.model import (
     CheckpointCaptured,
     CheckpointId,
     CycleBoundary,
     GateConfig,
+    GateReport,
+    GateReportKind,
+    GateState,
     GroupVerdict,
     Outcome,
     Recipe,
-    RecipeResult,
-    Report,
-    ReportKind,
+    RecipeVerdicts,
     Restart,
     Trust,
     TrustChange,
-    group_verdict,
     is_complete_and_clean,
 )
+from scout.gate.results import group_verdict, recipe_verdicts
+from scout.gate.step import Gate, GateInputError, check_event, initial_state, step
 from tests.gate_story import CONFIG, clean_cycle, run_story, verdicts
 
 
@@ -72,12 +74,12 @@ def test_GATE_8_certificate_lists_the_two_cycles_replays() -> None:
 
 def test_GATE_5_inconclusive_is_reported_as_unchecked_and_blocks_promotion() -> None:
     reports = [
-        effect for _event, _state, effects in run_story() for effect in effects if isinstance(effect, Report)
+        effect for _event, _state, effects in run_story() for effect in effects if isinstance(effect, GateReport)
     ]
     kinds = [(r.kind, r.recipes, r.groups) for r in reports]
     assert kinds == [
-        (ReportKind.UNCHECKED, ("hidden",), ("dp1",)),
-        (ReportKind.SDC, ("hidden",), ("dp0",)),
+        (GateReportKind.UNCHECKED, ("hidden",), ("dp1",)),
+        (GateReportKind.SDC, ("hidden",), ("dp0",)),
     ]
     assert "not SDC" in reports[0].detail
     assert "quarantined job-wide: t0/s150, t0/s200, t0/s300, t0/s400" in reports[1].detail
@@ -85,10 +87,10 @@ def test_GATE_5_inconclusive_is_reported_as_unchecked_and_blocks_promotion() -> 
 
 def test_GATE_4_sdc_quarantines_every_unverified_checkpoint_but_not_the_verified() -> None:
     for event, state, effects in run_story():
-        if isinstance(event, RecipeResult) and event.result_class.value == "sdc":
+        if isinstance(event, RecipeVerdicts) and event.result_class.value == "sdc":
             quarantined = {e.checkpoint for e in effects if isinstance(e, TrustChange)}
             assert quarantined == {CheckpointId(0, s) for s in (150, 200, 300, 400)}
-            assert state.control == "TAINTED"
+            assert state.control is GateState.TAINTED
             assert state.context.entry(CheckpointId(0, 100)).trust is Trust.RECOVERY_VERIFIED
             return
     pytest.fail("the story has an SDC")
@@ -107,20 +109,32 @@ def test_missing_recipe_result_blocks_promotion_and_is_reported_unchecked() -> N
         state, _ = step(state, event)
     state, effects = step(state, CycleBoundary(200))
     assert state.context.entry(CheckpointId(0, 100)).trust is Trust.CAPTURED
-    reports = [e for e in effects if isinstance(e, Report)]
-    assert [(r.kind, r.recipes) for r in reports] == [(ReportKind.UNCHECKED, ("head",))]
+    reports = [e for e in effects if isinstance(e, GateReport)]
+    assert [(r.kind, r.recipes) for r in reports] == [(GateReportKind.UNCHECKED, ("head",))]
 
 
-def test_verdicts_from_the_verdict_rule_map_onto_outcomes() -> None:
-    assert group_verdict("g", classify_exact([7, 7, 7])).outcome is Outcome.AGREE
-    attributed = group_verdict("g", classify_exact([7, 7, 9]))
+def test_replay_results_map_onto_group_verdicts_through_one_conversion() -> None:
+    """GATE-4, GATE-5: a replay's per-group result becomes the gate's group verdict."""
+    recipe = RecipeId.parse("hidden.0")
+    statuses = [int(ReplayStatus.OK)] * 3
+
+    def result(signatures: list[object]) -> RecipeResult:
+        return combine_evidence(recipe, 5, statuses[: len(signatures)], {EvidenceKind.OUTPUT: signatures})
+
+    assert group_verdict("g", result([7, 7, 7])).outcome is Outcome.AGREE
+    attributed = group_verdict("g", result([7, 7, 9]))
     assert (attributed.outcome, attributed.outliers) == (Outcome.ATTRIBUTED, (2,))
-    silent = group_verdict("g", classify_exact([7, 7, MISSING]))
-    assert (silent.outcome, silent.reason) == (Outcome.INCONCLUSIVE, "missing-evidence")
-    assert group_verdict("g", classify_exact([7])).outcome is Outcome.INCONCLUSIVE  # singleton never certifies
+    silent = group_verdict("g", result([7, 7, MISSING]))
+    assert (silent.outcome, silent.reason) == (Outcome.INCONCLUSIVE, "output:missing-evidence")
+    assert group_verdict("g", result([7])).outcome is Outcome.INCONCLUSIVE  # singleton never certifies
     assert group_verdict("g", MISSING).outcome is Outcome.MISSING
-    with pytest.raises(ValueError, match="timing verdict"):
-        group_verdict("g", classify_timing([1.0, 1.0, 9.0]))
+    with pytest.raises(TypeError, match="RecipeResult"):
+        group_verdict("g", classify_exact([7, 7, 7]))  # type: ignore[arg-type]
+    config = GateConfig("job", ("hidden.0",), ("g", "h"))
+    event = recipe_verdicts(config, "hidden.0", 1, 5, {"g": result([7, 7, 9])})
+    assert [(v.group, v.outcome) for v in event.verdicts] == [("g", Outcome.ATTRIBUTED), ("h", Outcome.MISSING)]
+    with pytest.raises(ValueError, match="does not apply"):
+        recipe_verdicts(config, "hidden.0", 1, 5, {"x": result([7, 7, 7])})
 
 
 # ------------------------------------------------------------------------------------------
@@ -138,11 +152,11 @@ def _open_state():
 @pytest.mark.parametrize(
     ("event", "message"),
     [
-        (RecipeResult("attention", 2, 120, verdicts()), "unknown recipe id 'attention'"),
-        (RecipeResult("embedding", 1, 120, verdicts()), "cycle 1, which has ended"),
-        (RecipeResult("embedding", 3, 120, verdicts()), "cycle 3, which has not begun"),
-        (RecipeResult("embedding", 2, 50, verdicts()), "at step 50, before the open cycle 2"),
-        (RecipeResult("embedding", 2, 120, verdicts()[:1]), r"carries verdicts for groups \['dp0'\]"),
+        (RecipeVerdicts("attention", 2, 120, verdicts()), "unknown recipe id 'attention'"),
+        (RecipeVerdicts("embedding", 1, 120, verdicts()), "cycle 1, which has ended"),
+        (RecipeVerdicts("embedding", 3, 120, verdicts()), "cycle 3, which has not begun"),
+        (RecipeVerdicts("embedding", 2, 50, verdicts()), "at step 50, before the open cycle 2"),
+        (RecipeVerdicts("embedding", 2, 120, verdicts()[:1]), r"carries verdicts for groups \['dp0'\]"),
         (CheckpointCaptured(100), "second capture for step 100"),
         (CheckpointCaptured(90), "older than the last capture"),
         (CycleBoundary(100), "with no steps in it"),
@@ -161,7 +175,7 @@ def test_GATE_16_bad_input_is_refused_naming_the_value(event, message) -> None:
 def test_GATE_16_results_after_a_restart_belong_to_an_ended_cycle() -> None:
     state, _ = step(_open_state(), Restart(100))
     with pytest.raises(GateInputError, match="no cycle is open"):
-        check_event(state, RecipeResult("embedding", 2, 120, verdicts()))
+        check_event(state, RecipeVerdicts("embedding", 2, 120, verdicts()))
 
 
 def test_GATE_16_restart_below_verified_and_to_quarantined_are_refused() -> None:
@@ -185,12 +199,12 @@ def test_config_rejects_empty_repeated_and_unknown_names() -> None:
 
 
 def test_a_recipe_that_does_not_apply_to_a_group_is_not_missing_there() -> None:
-    """PRIOR_ART lesson 4: 'not applicable on this stage' is configuration, not silence."""
+    """docs/prior-art.md lesson 4: 'not applicable on this stage' is configuration, not silence."""
     config = GateConfig("j", (Recipe("embedding", ("stage0",)), "hidden"), ("stage0", "stage1"))
     state = initial_state(config)
     state, _ = step(state, CycleBoundary(0))
-    state, effects = step(state, RecipeResult("embedding", 1, 0, (GroupVerdict("stage0", Outcome.AGREE),)))
-    assert state.control == "CHECKING" and not [e for e in effects if isinstance(e, Report)]
+    state, effects = step(state, RecipeVerdicts("embedding", 1, 0, (GroupVerdict("stage0", Outcome.AGREE),)))
+    assert state.control is GateState.CHECKING and not [e for e in effects if isinstance(e, GateReport)]
 
 
 # ------------------------------------------------------------------------------------------
@@ -228,7 +242,7 @@ def test_codec_names_the_bad_field(path, value, message) -> None:
 def test_GATE_random_runs_keep_the_state_invariants(script) -> None:
     """Longer random runs than the explorer's: every accepted step keeps the state-scope
     invariants; every refused one names its problem."""
-    from scout.gate.gate import gate_machine
+    from scout.gate.step import gate_machine
 
     machine = gate_machine()
     state_props = [p for p in machine.properties if p.scope == "state" and p.kind == "always"]
@@ -239,7 +253,7 @@ def test_GATE_random_runs_keep_the_state_invariants(script) -> None:
         now = context.last_step
         recipe = CONFIG.recipe_ids[choice % 3]
         if choice <= 2 and context.cycle_start_step is not None:
-            event = RecipeResult(recipe, context.cycle, now, verdicts(dp1=outcome) if flag else verdicts())
+            event = RecipeVerdicts(recipe, context.cycle, now, verdicts(dp1=outcome) if flag else verdicts())
         elif choice == 3:
             event = CheckpointCaptured(now + (10 if flag else 0))
         elif choice == 4:

@@ -1,5 +1,5 @@
 """scout.core, the pure part of scout.gate, and the transport contract import without torch
-or mpi4py (DESIGN.md section 1, a must). Proven in a fresh interpreter where both are blocked."""
+or mpi4py (docs/design.md §1, a must). Proven in a fresh interpreter where both are blocked."""
 
 from __future__ import annotations
 

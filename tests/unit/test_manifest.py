@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from scout.gate.gate import initial_state, step
 from scout.gate.manifest import (
     FORMAT_VERSION,
     ManifestBusy,
@@ -27,7 +26,8 @@ from scout.gate.manifest import (
     generation_path,
     load_manifest,
 )
-from scout.runtime.gate_driver import GateConfigMismatch, GateRecorder, read_gate
+from scout.gate.recorder import GateConfigMismatch, GateRecorder, read_gate
+from scout.gate.step import initial_state, step
 from tests.gate_story import CONFIG, story, story_payloads
 
 JOB = CONFIG.job_id

@@ -2,8 +2,8 @@
 
 Theory of operation. A machine is specified by one TOML table (``spec/<name>.toml``, format in
 ``docs/spec-format.md``): control states, triggers, rows ``source, trigger, dest, guard,
-effect, why`` and invariants. Its Python half is a bindings module that registers guards,
-effects and predicates by name (:class:`Bindings`). From the table we derive, and never write
+effect, why`` and invariants. Its Python half is a actions module that registers guards,
+effects and predicates by name (:class:`Actions`). From the table we derive, and never write
 by hand:
 
 - the pure step ``Machine.step(state, event) -> (state, effects)``, run from a dict compiled
@@ -15,12 +15,12 @@ by hand:
 - bounded breadth-first model checking of every invariant over the real step (``explore``).
 
 Modules, one job each: ``table`` (the data), ``parse`` (TOML mapping -> validated table),
-``bindings`` (name -> function registries), ``loader`` (the only file I/O), ``runtime``
+``actions`` (name -> function registries), ``loader`` (the only file I/O), ``runtime``
 (step), ``reference`` (``transitions`` machine), ``conformance``, ``render``, ``properties``,
 ``explore``, ``errors``.
 """
 
-from scout.core.machine.bindings import Bindings
+from scout.core.machine.actions import Actions
 from scout.core.machine.conformance import conformance_problems
 from scout.core.machine.errors import (
     IllegalTransition,
@@ -30,7 +30,7 @@ from scout.core.machine.errors import (
     StepError,
 )
 from scout.core.machine.explore import Explorable, ExplorationResult, Trace, TraceStep, explore
-from scout.core.machine.loader import load_bindings, load_machine, load_table
+from scout.core.machine.loader import load_actions, load_machine, load_table, packaged_machine
 from scout.core.machine.parse import parse_table
 from scout.core.machine.properties import Property
 from scout.core.machine.reference import reference_step
@@ -39,7 +39,7 @@ from scout.core.machine.runtime import Event, Firing, Machine, MachineState, bui
 from scout.core.machine.table import InvariantSpec, MachineTable, TransitionRow
 
 __all__ = [
-    "Bindings",
+    "Actions",
     "Event",
     "Explorable",
     "ExplorationResult",
@@ -60,10 +60,11 @@ __all__ = [
     "build_machine",
     "conformance_problems",
     "explore",
-    "load_bindings",
+    "load_actions",
     "load_machine",
     "load_table",
     "new_document",
+    "packaged_machine",
     "parse_table",
     "reference_step",
     "render_block",

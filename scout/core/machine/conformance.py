@@ -2,7 +2,7 @@
 the table (the spec), the compiled step dict (what runs), and the ``transitions`` machine
 (the design card's runtime). A row missing from one form, or present only in one, is a
 problem; so are differing states, triggers or initial state. No transition exists only in
-code (DESIGN.md 3).
+code (docs/design.md §3).
 """
 
 from __future__ import annotations
@@ -83,19 +83,19 @@ def _compare(
 
 
 def _check_function_identity(problems: list[str], machine: Machine[Any]) -> None:
-    """The compiled rows must call exactly the functions the bindings registered."""
+    """The compiled rows must call exactly the functions the actions registered."""
     for rows in machine.rows_by_key.values():
         for row in rows:
             if (
                 row.guard is not None
-                and machine.bindings.guards.get(row.guard_name) is not row.guard
+                and machine.actions.guards.get(row.guard_name) is not row.guard
             ):
                 problems.append(
                     f"compiled {row.row.label}: guard function is not the registered {row.guard_name!r}"
                 )
             if (
                 row.effect is not None
-                and machine.bindings.effects.get(row.effect_name) is not row.effect
+                and machine.actions.effects.get(row.effect_name) is not row.effect
             ):
                 problems.append(
                     f"compiled {row.row.label}: effect function is not the registered {row.effect_name!r}"

@@ -11,7 +11,7 @@ if TYPE_CHECKING:
 
 
 class SpecError(ValueError):
-    """A machine table or its bindings are wrong; the message names the file and the row."""
+    """A machine table or its actions are wrong; the message names the file and the row."""
 
 
 class StepError(Exception):

@@ -1,4 +1,4 @@
-"""Bounded breadth-first exploration of the real step function (DESIGN.md 3).
+"""Bounded breadth-first exploration of the real step function (docs/design.md §3).
 
 From the initial states, every event the environment enables is stepped, states are
 deduplicated by hash, and every property is checked: ``always`` in every reached state (or

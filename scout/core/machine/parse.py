@@ -25,12 +25,12 @@ from scout.core.machine.table import (
 )
 
 _TOP_KEYS = frozenset({"machine", "states", "events", "transition", "invariant"})
-_MACHINE_KEYS = frozenset({"name", "bindings", "initial"})
+_MACHINE_KEYS = frozenset({"name", "actions", "initial"})
 _ROW_KEYS_REQUIRED = ("source", "trigger", "dest", "why")
 _ROW_KEYS = frozenset({*_ROW_KEYS_REQUIRED, "guard", "effect"})
 _INVARIANT_KEYS_REQUIRED = ("id", "predicate", "text", "kind")
 _INVARIANT_KEYS = frozenset({*_INVARIANT_KEYS_REQUIRED, "scope"})
-# Ids like OBS-3 stay greppable from test names (test_OBS_3_...), DESIGN.md 3.
+# Ids like OBS-3 stay greppable from test names (test_OBS_3_...), docs/design.md §3.
 _INVARIANT_ID = re.compile(r"^[A-Z][A-Z0-9]*-[0-9]+$")
 _MODULE_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
@@ -234,7 +234,7 @@ def parse_table(data: Mapping[str, object], source: str) -> MachineTable:
     machine = data.get("machine")
     if not isinstance(machine, Mapping):
         problems.add(
-            "[machine]", "missing: a spec needs a [machine] table with name, bindings, initial"
+            "[machine]", "missing: a spec needs a [machine] table with name, actions, initial"
         )
         problems.raise_if_any()
     machine = cast(Mapping[str, object], machine)
@@ -242,15 +242,15 @@ def parse_table(data: Mapping[str, object], source: str) -> MachineTable:
     for key in sorted(_MACHINE_KEYS):
         if not machine.get(key):
             problems.add("[machine]", f"missing {key!r}")
-    name, bindings, initial = (
-        _string(problems, "[machine]", machine, k) for k in ("name", "bindings", "initial")
+    name, actions, initial = (
+        _string(problems, "[machine]", machine, k) for k in ("name", "actions", "initial")
     )
     if name and not name.isidentifier():
         problems.add(
             "[machine]", f"name = {name!r} must be an identifier (it names spec/<name>.md)"
         )
-    if bindings and not _MODULE_PATH.match(bindings):
-        problems.add("[machine]", f"bindings = {bindings!r} must be a dotted Python module path")
+    if actions and not _MODULE_PATH.match(actions):
+        problems.add("[machine]", f"actions = {actions!r} must be a dotted Python module path")
 
     states = _named_meanings(problems, "states", data.get("states"))
     events = _named_meanings(problems, "events", data.get("events"))
@@ -281,7 +281,7 @@ def parse_table(data: Mapping[str, object], source: str) -> MachineTable:
     problems.raise_if_any()
     return MachineTable(
         name=name,
-        bindings=bindings,
+        actions=actions,
         initial=initial,
         states=tuple(StateSpec(n, m) for n, m in states),
         events=tuple(EventSpec(t, m) for t, m in events),

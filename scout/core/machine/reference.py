@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import transitions
 
-from scout.core.machine.bindings import Bindings, Effect, Guard
+from scout.core.machine.actions import Actions, Effect, Guard
 from scout.core.machine.errors import IllegalTransition, SpecError
 from scout.core.machine.table import MachineTable
 
@@ -47,7 +47,7 @@ class _ReferenceModel:
     state: str
 
 
-def build_transitions_machine(table: MachineTable, bindings: Bindings) -> transitions.Machine:
+def build_transitions_machine(table: MachineTable, actions: Actions) -> transitions.Machine:
     machine = transitions.Machine(
         model=None,
         states=list(table.state_names),
@@ -68,11 +68,11 @@ def build_transitions_machine(table: MachineTable, bindings: Bindings) -> transi
         conditions: list[transitions.core.Callback] = []
         unless: list[transitions.core.Callback] = []
         if row.guard is not None:
-            bound = BoundGuard(row.guard.name, bindings.guards[row.guard.name])
+            bound = BoundGuard(row.guard.name, actions.guards[row.guard.name])
             (unless if row.guard.negated else conditions).append(bound)
         before: list[transitions.core.Callback] = []
         if row.effect:
-            before.append(BoundEffect(row.effect, bindings.effects[row.effect]))
+            before.append(BoundEffect(row.effect, actions.effects[row.effect]))
         machine.add_transition(
             row.trigger, row.source, row.dest, conditions=conditions, unless=unless, before=before
         )

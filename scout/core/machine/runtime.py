@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import attrs
 
-from scout.core.machine.bindings import Bindings, Effect, Guard, expected_arity, positional_arity
+from scout.core.machine.actions import Actions, Effect, Guard, expected_arity, positional_arity
 from scout.core.machine.errors import IllegalTransition, NondeterministicStep, SpecError, StepError
 from scout.core.machine.properties import Property
 from scout.core.machine.table import MachineTable, TransitionRow
@@ -43,10 +43,10 @@ class Event(Protocol):
 
 @attrs.frozen
 class MachineState(Generic[C]):
-    """Control state (a name from the table) plus the extended data the bindings define.
+    """Control state (a name from the table) plus the extended data the actions define.
     Both are immutable and hashable, so the explorer can deduplicate states."""
 
-    control: str
+    control: str  # a member of the actions' ``states`` enum (a str) when the table has one
     context: C
 
 
@@ -64,9 +64,11 @@ class CompiledRow:
 
     __slots__ = ("dest", "effect", "effect_name", "guard", "guard_name", "negated", "row")
 
-    def __init__(self, row: TransitionRow, guard: Guard | None, effect: Effect | None) -> None:
+    def __init__(
+        self, row: TransitionRow, guard: Guard | None, effect: Effect | None, dest: str
+    ) -> None:
         self.row = row
-        self.dest = row.dest
+        self.dest = dest
         self.guard = guard
         self.guard_name = row.guard.name if row.guard else ""
         self.negated = row.guard.negated if row.guard else False
@@ -91,13 +93,13 @@ class Machine(Generic[C]):
     def __init__(
         self,
         table: MachineTable,
-        bindings: Bindings,
+        actions: Actions,
         rows_by_key: Mapping[tuple[str, str], tuple[CompiledRow, ...]],
         properties: tuple[Property, ...],
         transitions_machine: transitions.Machine,
     ) -> None:
         self.table = table
-        self.bindings = bindings
+        self.actions = actions
         self.rows_by_key = rows_by_key
         self.properties = properties
         self.transitions_machine = transitions_machine
@@ -109,8 +111,18 @@ class Machine(Generic[C]):
     def name(self) -> str:
         return self.table.name
 
+    def control(self, name: str) -> str:
+        """The control state called ``name`` (the enum member when the actions define states).
+        Raises ValueError naming the value for a name the table does not have."""
+        if name not in self._state_names:
+            raise ValueError(
+                f"machine {self.name!r} has no state {name!r}; its states are {sorted(self._state_names)}"
+            )
+        states = self.actions.states
+        return name if states is None else states(name)
+
     def initial_state(self, context: C) -> MachineState[C]:
-        return MachineState(self.table.initial, context)
+        return MachineState(self.control(self.table.initial), context)
 
     def step(
         self, state: MachineState[C], event: Event
@@ -189,7 +201,7 @@ class Machine(Generic[C]):
             f"nondeterministic step in machine {self.name!r}: event {event.trigger!r} ({event!r}) in "
             f"state {state.control!r} with context {state.context!r} satisfies the guards of "
             f"several rows ({rows}). The guards of rows sharing (source, trigger) must exclude "
-            f"each other; fix them in {self.table.source} or in {self.table.bindings}.",
+            f"each other; fix them in {self.table.source} or in {self.table.actions}.",
             control=state.control,
             trigger=event.trigger,
         )
@@ -206,12 +218,25 @@ def _check_arity(
         )
 
 
-def build_machine(table: MachineTable, bindings: Bindings) -> Machine[Any]:
+def build_machine(table: MachineTable, actions: Actions) -> Machine[Any]:
     """Bind a validated table to its functions. Raises :class:`SpecError` naming every row or
-    invariant whose name the bindings lack, and every binding nothing in the table uses."""
+    invariant whose name the actions lack, and every action nothing in the table uses."""
     from scout.core.machine.reference import build_transitions_machine
 
     problems: list[str] = []
+    states = actions.states
+    if states is not None:
+        enum_names = {member.value for member in states}
+        if enum_names != set(table.state_names):
+            problems.append(
+                f"{table.actions}: the states enum {states.__name__} names {sorted(enum_names)}, the "
+                f"table {sorted(table.state_names)}; make them the same"
+            )
+            states = None
+
+    def control(name: str) -> str:
+        return name if states is None else states(name)
+
     used: set[str] = set()
     rows_by_key: dict[tuple[str, str], list[CompiledRow]] = {}
     for row in table.rows:
@@ -219,34 +244,34 @@ def build_machine(table: MachineTable, bindings: Bindings) -> Machine[Any]:
         effect: Effect | None = None
         if row.guard is not None:
             used.add(row.guard.name)
-            guard = bindings.guards.get(row.guard.name)
+            guard = actions.guards.get(row.guard.name)
             if guard is None:
                 problems.append(
-                    f"{row.label}: guard {row.guard.name!r} is not registered in {table.bindings}"
+                    f"{row.label}: guard {row.guard.name!r} is not registered in {table.actions}"
                 )
             else:
                 _check_arity(problems, row.label, "guard", row.guard.name, guard)
         if row.effect:
             used.add(row.effect)
-            effect = bindings.effects.get(row.effect)
+            effect = actions.effects.get(row.effect)
             if effect is None:
                 problems.append(
-                    f"{row.label}: effect {row.effect!r} is not registered in {table.bindings}"
+                    f"{row.label}: effect {row.effect!r} is not registered in {table.actions}"
                 )
             else:
                 _check_arity(problems, row.label, "effect", row.effect, effect)
         rows_by_key.setdefault((row.source, row.trigger), []).append(
-            CompiledRow(row, guard, effect)
+            CompiledRow(row, guard, effect, control(row.dest))
         )
 
     properties: list[Property] = []
     for invariant in table.invariants:
         used.add(invariant.predicate)
         where = f"[[invariant]] {invariant.id}"
-        predicate = bindings.predicates.get(invariant.predicate)
+        predicate = actions.predicates.get(invariant.predicate)
         if predicate is None:
             problems.append(
-                f"{where}: predicate {invariant.predicate!r} is not registered in {table.bindings}"
+                f"{where}: predicate {invariant.predicate!r} is not registered in {table.actions}"
             )
             continue
         _check_arity(problems, where, "predicate", invariant.predicate, predicate, invariant.scope)
@@ -255,23 +280,23 @@ def build_machine(table: MachineTable, bindings: Bindings) -> Machine[Any]:
         )
 
     for kind, registry in (
-        ("guard", bindings.guards),
-        ("effect", bindings.effects),
-        ("predicate", bindings.predicates),
+        ("guard", actions.guards),
+        ("effect", actions.effects),
+        ("predicate", actions.predicates),
     ):
         for name in registry:
             if name not in used:
                 problems.append(
-                    f"{table.bindings}: {kind} {name!r} is registered but no row or invariant names it; "
+                    f"{table.actions}: {kind} {name!r} is registered but no row or invariant names it; "
                     "add it to the table or delete it"
                 )
     if problems:
         body = "\n".join(f"  - {line}" for line in problems)
         raise SpecError(
-            f"{table.source}: bindings do not match the table ({len(problems)} problem(s)):\n{body}"
+            f"{table.source}: actions do not match the table ({len(problems)} problem(s)):\n{body}"
         )
 
     compiled = {key: tuple(rows) for key, rows in rows_by_key.items()}
     return Machine(
-        table, bindings, compiled, tuple(properties), build_transitions_machine(table, bindings)
+        table, actions, compiled, tuple(properties), build_transitions_machine(table, actions)
     )

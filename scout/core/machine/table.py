@@ -2,7 +2,7 @@
 
 Everything that shows the machine (the compiled step, the ``transitions`` machine, the
 Markdown table, the Mermaid diagram) is derived from a :class:`MachineTable`, so it is the
-one home of every transition (DESIGN.md 3).
+one home of every transition (docs/design.md §3).
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ class InvariantSpec:
 @attrs.frozen
 class MachineTable:
     name: str
-    bindings: str  # dotted module path of the Python that guards, effects and predicates live in
+    actions: str  # dotted module path of the Python that guards, effects and predicates live in
     initial: str
     states: tuple[StateSpec, ...]
     events: tuple[EventSpec, ...]

@@ -7,8 +7,8 @@ injected faults. Same seed and scenario, same trace. See ``docs/simulator.md``.
 Modules, one job each: ``clock`` (virtual time), ``scheduler`` (event heap, bounds, the one
 seeded random generator), ``latency`` (message and collective latency), ``faults`` (fault
 values), ``trace`` (event records), ``process`` (per-program state), ``ops`` (simulator-only
-messaging ops), ``cluster`` (op semantics and fault effects), ``registry`` and ``scenarios``
-(named scenarios behind ``scout simulate``), ``testing`` (pytest helpers that print the seed).
+messaging ops), ``cluster`` (op semantics and fault effects). Named scenarios (``scout simulate``)
+and their pytest helpers live in :mod:`scout.scenarios`.
 """
 
 from scout.transport.sim.cluster import ProgramOutcome, SimCluster, SimulationResult, simulate

@@ -1,0 +1,1 @@
+"""The demo's jobs (being replaced by the example training script in examples/)."""

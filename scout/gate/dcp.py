@@ -1,0 +1,121 @@
+"""Checkpoint bytes for the gate through torch.distributed.checkpoint (DCP) (docs/design.md §5).
+
+The gate decides *which* checkpoint to trust and to restore; this module moves the bytes. Every
+rank calls :func:`save_checkpoint` at a cycle boundary (a collective); when it returns the bytes
+are complete on storage, and only then does the gate's writer feed ``CheckpointCaptured(step)``
+to the gate. After a failure, :func:`restore_for_failure` asks the recovery decision
+(:mod:`scout.gate.recovery`) which checkpoint to restore and loads it on every rank: model,
+optimizer, this rank's RNG state and the step.
+
+A checkpoint lives in ``<root>/t<timeline>-s<step>``: the timeline is part of the name because a
+restarted job re-runs steps. torch is imported lazily, so importing this module costs nothing.
+RNG state is per rank (dropout masks differ by rank), saved under a rank-unique key, so DCP's
+de-duplication of replicated entries cannot drop it; restoring needs the same world size.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from scout.gate.model import CheckpointId, GateContext
+from scout.gate.recovery import EmergencyReplay, FailureClass, RecoveryDecision, recover
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from scout.core.machine import MachineState
+
+__all__ = ["checkpoint_path", "load_checkpoint", "restore_for_failure", "save_checkpoint"]
+
+
+def checkpoint_path(root: str | os.PathLike[str], checkpoint: CheckpointId) -> Path:
+    return Path(root) / f"t{checkpoint.timeline}-s{checkpoint.step:012d}"
+
+
+def _rng_key(rank: int) -> str:
+    return f"rng_rank_{rank}"
+
+
+def _state(model: nn.Module, optimizer: torch.optim.Optimizer, rank: int, step: int) -> dict[str, Any]:
+    import torch
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    return {
+        "model": model_state,
+        "optimizer": optimizer_state,
+        _rng_key(rank): torch.get_rng_state(),
+        "step": torch.tensor(step, dtype=torch.int64),
+    }
+
+
+def save_checkpoint(
+    root: str | os.PathLike[str],
+    checkpoint: CheckpointId,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    process_group: Any = None,
+) -> Path:
+    """Collective: every rank of ``process_group`` calls it with the same checkpoint id. Returns
+    once DCP has written every rank's shard and the metadata; a checkpoint directory that exists
+    already is refused (a step has one checkpoint per timeline, GATE-16)."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint import state_dict_saver
+
+    path = checkpoint_path(root, checkpoint)
+    if (path / ".metadata").exists():
+        raise FileExistsError(f"checkpoint {checkpoint} already exists at {path}; a step is saved once per timeline")
+    rank = dist.get_rank(process_group)
+    state_dict_saver.save(_state(model, optimizer, rank, checkpoint.step), checkpoint_id=str(path), process_group=process_group)
+    return path
+
+
+def load_checkpoint(
+    root: str | os.PathLike[str],
+    checkpoint: CheckpointId,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    process_group: Any = None,
+) -> int:
+    """Collective: load model, optimizer and this rank's RNG state in place; returns the step."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.checkpoint import state_dict_loader
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    path = checkpoint_path(root, checkpoint)
+    if not (path / ".metadata").exists():
+        raise FileNotFoundError(f"checkpoint {checkpoint} has no complete DCP checkpoint at {path}")
+    rank = dist.get_rank(process_group)
+    state = _state(model, optimizer, rank, 0)
+    state_dict_loader.load(state, checkpoint_id=str(path), process_group=process_group)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    torch.set_rng_state(state[_rng_key(rank)])
+    step = int(state["step"].item())
+    if step != checkpoint.step:
+        raise ValueError(f"checkpoint {checkpoint} at {path} holds step {step}; the directory was renamed or reused")
+    return step
+
+
+def restore_for_failure(
+    root: str | os.PathLike[str],
+    gate_state: MachineState[GateContext],
+    failure: FailureClass,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    emergency_replay: EmergencyReplay = EmergencyReplay.NOT_RUN,
+    process_group: Any = None,
+) -> RecoveryDecision:
+    """Collective: decide which checkpoint to restore (spec/recovery.md) and load it. Every rank
+    must pass the same gate state (read from the manifest). With decision ``none`` nothing is
+    loaded: the caller starts from initialization."""
+    decision = recover(gate_state, failure, emergency_replay)
+    if decision.checkpoint is not None:
+        load_checkpoint(root, decision.checkpoint, model, optimizer, process_group=process_group)
+    return decision

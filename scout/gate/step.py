@@ -1,0 +1,221 @@
+"""The checkpoint gate's entry point: validate an event, then step the machine of ``spec/gate.toml``.
+
+``step(state, event) -> (state, effects)`` is pure. Bad input -- an unknown recipe, a result for
+a cycle that has ended or not begun, a second capture for one step, steps going backwards, a
+restart to a checkpoint that is not restorable -- raises :class:`GateInputError` naming the value
+and what to do; the caller's state is untouched because states are immutable (GATE-16).
+
+:class:`Gate` is the small stateful holder a driver uses: it keeps the state and replaces it only
+when a step succeeds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from scout.core.machine import Firing, Machine, MachineState, Property, packaged_machine
+from scout.gate.model import (
+    RESTORABLE,
+    CheckpointCaptured,
+    CycleBoundary,
+    GateConfig,
+    GateContext,
+    GateEvent,
+    GroupVerdict,
+    RecipeVerdicts,
+    Restart,
+    Trust,
+)
+
+__all__ = ["Gate", "GateInputError", "GateSystem", "check_event", "gate_machine", "initial_state", "step"]
+
+GateMachineState = MachineState[GateContext]
+
+
+class GateInputError(ValueError):
+    """An event the gate must refuse; the state is unchanged (GATE-16)."""
+
+
+def gate_machine() -> Machine[GateContext]:
+    """The machine of ``spec/gate.toml`` (its packaged copy, built once per process)."""
+    machine: Machine[GateContext] = packaged_machine("gate")
+    return machine
+
+
+def initial_state(config: GateConfig) -> GateMachineState:
+    return gate_machine().initial_state(GateContext(config))
+
+
+def _is_step(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_result(state: GateMachineState, event: RecipeVerdicts) -> None:
+    context = state.context
+    config = context.config
+    if not isinstance(event.recipe, str) or event.recipe not in config.recipe_ids:
+        raise GateInputError(
+            f"unknown recipe id {event.recipe!r}: the catalog of job {config.job_id!r} is "
+            f"{list(config.recipe_ids)}; check the scheduler's catalog against the gate's"
+        )
+    if not _is_step(event.step) or not (isinstance(event.cycle, int) and not isinstance(event.cycle, bool)):
+        raise GateInputError(f"result for recipe {event.recipe!r}: step {event.step!r} and cycle {event.cycle!r} must be ints >= 0")
+    if context.cycle_start_step is None:
+        raise GateInputError(
+            f"result for recipe {event.recipe!r} in cycle {event.cycle}: no cycle is open (the gate is "
+            f"{state.control} in timeline {context.timeline}; the last cycle, {context.cycle}, has ended). "
+            "Results from before a restart are void; send a cycle boundary first"
+        )
+    if event.cycle < context.cycle:
+        raise GateInputError(
+            f"result for recipe {event.recipe!r} in cycle {event.cycle}, which has ended: the open cycle is "
+            f"{context.cycle} (started at step {context.cycle_start_step}); late results cannot change a closed cycle"
+        )
+    if event.cycle > context.cycle:
+        raise GateInputError(
+            f"result for recipe {event.recipe!r} in cycle {event.cycle}, which has not begun: the open cycle "
+            f"is {context.cycle}; send its boundary first"
+        )
+    if event.step < context.cycle_start_step:
+        raise GateInputError(
+            f"result for recipe {event.recipe!r} at step {event.step}, before the open cycle {context.cycle} "
+            f"began (step {context.cycle_start_step})"
+        )
+    if not isinstance(event.verdicts, tuple) or not all(isinstance(v, GroupVerdict) for v in event.verdicts):
+        raise GateInputError(f"result for recipe {event.recipe!r}: verdicts must be a tuple of GroupVerdict")
+    given = tuple(verdict.group for verdict in event.verdicts)
+    wanted = config.groups_of(event.recipe)
+    if given != wanted:
+        raise GateInputError(
+            f"result for recipe {event.recipe!r} carries verdicts for groups {list(given)}; it applies to "
+            f"{list(wanted)}: give exactly one verdict per applicable group, in this order, with "
+            "outcome MISSING for a group whose verdict did not arrive"
+        )
+
+
+def _check_capture(state: GateMachineState, event: CheckpointCaptured) -> None:
+    context = state.context
+    if not _is_step(event.step):
+        raise GateInputError(f"capture step must be an int >= 0, got {event.step!r}")
+    if context.last_capture_step is not None and event.step == context.last_capture_step:
+        raise GateInputError(
+            f"second capture for step {event.step} in timeline {context.timeline}: a step has one "
+            "checkpoint; drop the duplicate capture event"
+        )
+    if context.last_capture_step is not None and event.step < context.last_capture_step:
+        raise GateInputError(
+            f"capture at step {event.step} is older than the last capture (step {context.last_capture_step}) "
+            f"in timeline {context.timeline}; captures arrive in step order"
+        )
+    if event.step < context.last_step:
+        raise GateInputError(
+            f"capture at step {event.step} is behind step {context.last_step}, already seen in timeline "
+            f"{context.timeline}; deliver events in step order"
+        )
+
+
+def _check_boundary(state: GateMachineState, event: CycleBoundary) -> None:
+    context = state.context
+    if not _is_step(event.step):
+        raise GateInputError(f"boundary step must be an int >= 0, got {event.step!r}")
+    if event.step < context.last_step:
+        raise GateInputError(
+            f"cycle boundary at step {event.step} is behind step {context.last_step}, already seen in "
+            f"timeline {context.timeline}; deliver events in step order"
+        )
+    if context.cycle_start_step is not None and event.step <= context.cycle_start_step:
+        raise GateInputError(
+            f"cycle boundary at step {event.step} would close cycle {context.cycle}, which started at step "
+            f"{context.cycle_start_step}, with no steps in it"
+        )
+
+
+def _check_restart(state: GateMachineState, event: Restart) -> None:
+    context = state.context
+    verified = context.verified
+    if event.step is None:
+        if verified is not None:
+            raise GateInputError(
+                f"restart from initialization would discard RECOVERY_VERIFIED checkpoint {verified.id}; "
+                "restart from it, or start a new job id to begin afresh"
+            )
+        return
+    if not _is_step(event.step):
+        raise GateInputError(f"restart step must be an int >= 0 or None, got {event.step!r}")
+    matches = [entry for entry in context.checkpoints if entry.id.step == event.step]
+    usable = [entry for entry in matches if entry.trust in RESTORABLE]
+    if not usable:
+        known = ", ".join(f"{e.id} {e.trust.value}" for e in matches) or "none at that step"
+        restorable = ", ".join(str(e.id) for e in context.checkpoints if e.trust in RESTORABLE) or "none"
+        raise GateInputError(
+            f"restart from step {event.step}: no restorable checkpoint there ({known}); restorable "
+            f"checkpoints: {restorable}. QUARANTINED and SUPERSEDED checkpoints are never restored"
+        )
+    if verified is not None and event.step < verified.id.step:
+        raise GateInputError(
+            f"restart from step {event.step} is older than RECOVERY_VERIFIED checkpoint {verified.id}; "
+            "verified steps only increase (GATE-3): restart from the verified checkpoint or a newer one"
+        )
+
+
+def check_event(state: GateMachineState, event: object) -> None:
+    """Raise :class:`GateInputError` if the gate must refuse ``event`` in ``state``."""
+    if isinstance(event, RecipeVerdicts):
+        _check_result(state, event)
+    elif isinstance(event, CheckpointCaptured):
+        _check_capture(state, event)
+    elif isinstance(event, CycleBoundary):
+        _check_boundary(state, event)
+    elif isinstance(event, Restart):
+        _check_restart(state, event)
+    else:
+        raise GateInputError(
+            f"not a gate event: {event!r}; send RecipeVerdicts, CheckpointCaptured, CycleBoundary or Restart"
+        )
+
+
+def step(state: GateMachineState, event: GateEvent) -> tuple[GateMachineState, tuple[object, ...]]:
+    """Validate ``event`` and step the gate. Pure; raises :class:`GateInputError` on bad input."""
+    check_event(state, event)
+    return gate_machine().step(state, event)
+
+
+class GateSystem:
+    """The gate as the explorer sees it: validation plus the table's step, so model checking
+    also proves that no event the environment offers is refused."""
+
+    def __init__(self, machine: Machine[GateContext] | None = None, extra: Sequence[Property] = ()) -> None:
+        # ``machine``: the same table bound to other functions (tests plant bugs this way).
+        self.machine = machine if machine is not None else gate_machine()
+        self.properties: tuple[Property, ...] = (*self.machine.properties, *extra)
+        self.labels: tuple[str, ...] = self.machine.labels
+
+    def fire(self, state: GateMachineState, event: Any) -> Firing[GateMachineState]:
+        check_event(state, event)
+        return self.machine.fire(state, event)
+
+
+class Gate:
+    """A driver's handle: holds the state; :meth:`apply` replaces it only on success."""
+
+    def __init__(self, state: GateMachineState) -> None:
+        self.state = state
+
+    @classmethod
+    def fresh(cls, config: GateConfig) -> Gate:
+        return cls(initial_state(config))
+
+    def apply(self, event: GateEvent) -> tuple[object, ...]:
+        self.state, effects = step(self.state, event)
+        return effects
+
+    @property
+    def control(self) -> str:
+        return self.state.control
+
+    def trust_of(self, step_: int) -> Trust | None:
+        for entry in self.state.context.checkpoints:
+            if entry.id.step == step_ and entry.id.timeline == self.state.context.timeline:
+                return entry.trust
+        return None

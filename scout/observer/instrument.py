@@ -1,0 +1,440 @@
+"""Publish a torch trainer's progress through public interfaces only (docs/observer.md).
+
+What this module does, in a few lines of the user's training script::
+
+    publisher = ProgressPublisher(RecordIdentity.from_environment(rank))
+    instrument(publisher)                 # torch.distributed collectives: entry, exit, fingerprint
+    instrument_module(model)              # forward pre/post hooks on the repeated layers
+    instrument_optimizer(optimizer)       # a new step after every optimizer.step()
+    loader = instrument_dataloader(loader, name="train")
+    with checkpoint_io("write", name="step-100"): save(...)
+    ...
+    uninstrument()                        # everything back as it was
+
+Collectives are wrapped by replacing the module attributes ``torch.distributed.<name>`` (and
+the same names in ``torch.distributed.distributed_c10d``). Consequences, spelled out in
+docs/observer.md: calls made from C++ (DDP's gradient all-reduces, NCCL calls inside FSDP's C++
+paths) are not seen, nor are references taken with ``from torch.distributed import all_reduce``
+before :func:`instrument` ran. An ``async_op=True`` call is "in flight" from its issue until it
+returns its work handle; a hang inside ``work.wait()`` shows the op counter but no fingerprint.
+
+Only the thread that called :func:`instrument` publishes (the record has a single writer); calls
+from other threads pass through unrecorded. Instrumentation never raises into the trainer: a
+call that cannot be described is published with a fingerprint of its name alone.
+
+torch is imported lazily, inside the functions that need it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Final
+
+from scout.core.fingerprint import CollectiveCall, TensorMeta, fingerprint
+from scout.observer.progress import ProgressPublisher, Stage
+
+__all__ = [
+    "COLLECTIVES",
+    "InstrumentationError",
+    "check_at_each_step",
+    "checkpoint_io",
+    "describe_call",
+    "instrument",
+    "instrument_dataloader",
+    "instrument_module",
+    "instrument_optimizer",
+    "instrumented",
+    "mark_step",
+    "stage_key",
+    "uninstrument",
+]
+
+#: The torch.distributed functions wrapped by :func:`instrument`.
+COLLECTIVES: Final = (
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "broadcast",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "send",
+    "recv",
+    "isend",
+    "irecv",
+)
+
+
+class InstrumentationError(RuntimeError):
+    """Misuse of the instrumentation API (e.g. instrumenting twice)."""
+
+
+def stage_key(kind: str, name: str) -> int:
+    """A stable 64-bit key naming one stage instance (``dataloader:train``), equal on all ranks."""
+    return int.from_bytes(hashlib.blake2b(f"{kind}:{name}".encode(), digest_size=8).digest(), "little")
+
+
+# --------------------------------------------------------------------------------------------
+# Describing a call (rank-independent facts only; see scout.core.fingerprint)
+# --------------------------------------------------------------------------------------------
+
+
+def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], index: int, name: str, default: Any = None) -> Any:
+    if name in kwargs:
+        return kwargs[name]
+    if index < len(args):
+        return args[index]
+    return default
+
+
+def _meta(tensor: Any, *, with_shape: bool = True) -> TensorMeta:
+    return TensorMeta(str(tensor.dtype), tuple(int(d) for d in tensor.shape) if with_shape else None)
+
+
+def _metas(tensors: Any, *, with_shape: bool = True) -> tuple[TensorMeta, ...]:
+    return tuple(_meta(t, with_shape=with_shape) for t in tensors)
+
+
+def _reduce_op(op: Any) -> str:
+    name = getattr(op, "name", None)
+    return name if isinstance(name, str) and name else str(op)
+
+
+def _group_ranks(group: Any) -> tuple[int, ...] | None:
+    if group is None:
+        return None
+    import torch.distributed as dist
+
+    if group is dist.GroupMember.WORLD:
+        return None
+    return tuple(int(r) for r in dist.get_process_group_ranks(group))
+
+
+def describe_call(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> CollectiveCall:
+    """The rank-independent description of one torch.distributed call (its fingerprint input).
+
+    Argument positions follow torch.distributed's public signatures; a test compares them with
+    the installed torch so a signature change cannot go unnoticed.
+    """
+    a, k = args, kwargs
+    if op == "all_reduce":
+        return CollectiveCall(op, _group_ranks(_arg(a, k, 2, "group")), _metas([_arg(a, k, 0, "tensor")]),
+                              reduce_op=_reduce_op(_arg(a, k, 1, "op", "SUM")))
+    if op == "all_gather":
+        return CollectiveCall(op, _group_ranks(_arg(a, k, 2, "group")), _metas([_arg(a, k, 1, "tensor")]),
+                              _metas(_arg(a, k, 0, "tensor_list")))
+    if op == "all_gather_into_tensor":
+        return CollectiveCall(op, _group_ranks(_arg(a, k, 2, "group")), _metas([_arg(a, k, 1, "input_tensor")]),
+                              _metas([_arg(a, k, 0, "output_tensor")]))
+    if op == "reduce_scatter":
+        return CollectiveCall(op, _group_ranks(_arg(a, k, 3, "group")), _metas(_arg(a, k, 1, "input_list")),
+                              _metas([_arg(a, k, 0, "output")]), reduce_op=_reduce_op(_arg(a, k, 2, "op", "SUM")))
+    if op == "reduce_scatter_tensor":
+        return CollectiveCall(op, _group_ranks(_arg(a, k, 3, "group")), _metas([_arg(a, k, 1, "input")]),
+                              _metas([_arg(a, k, 0, "output")]), reduce_op=_reduce_op(_arg(a, k, 2, "op", "SUM")))
+    if op == "broadcast":
+        src, group_src = _arg(a, k, 1, "src"), _arg(a, k, 4, "group_src")
+        detail = (("root_is_group_relative", 1),) if src is None and group_src is not None else ()
+        return CollectiveCall(op, _group_ranks(_arg(a, k, 2, "group")), _metas([_arg(a, k, 0, "tensor")]),
+                              root=src if src is not None else group_src, detail=detail)
+    if op == "all_to_all":
+        # Per-peer chunk shapes may differ by rank (uneven splits): dtypes and counts only.
+        return CollectiveCall(op, _group_ranks(_arg(a, k, 2, "group")),
+                              _metas(_arg(a, k, 1, "input_tensor_list"), with_shape=False),
+                              _metas(_arg(a, k, 0, "output_tensor_list"), with_shape=False))
+    if op == "all_to_all_single":
+        output, input_ = _arg(a, k, 0, "output"), _arg(a, k, 1, "input")
+        uneven = _arg(a, k, 2, "output_split_sizes") is not None or _arg(a, k, 3, "input_split_sizes") is not None
+        inputs: tuple[TensorMeta, ...]
+        outputs: tuple[TensorMeta, ...]
+        if uneven:
+            # The first dimension is the sum of this rank's splits: rank-dependent, left out.
+            inputs = (TensorMeta(str(input_.dtype), tuple(int(d) for d in input_.shape[1:])),)
+            outputs = (TensorMeta(str(output.dtype), tuple(int(d) for d in output.shape[1:])),)
+        else:
+            inputs, outputs = _metas([input_]), _metas([output])
+        return CollectiveCall(op, _group_ranks(_arg(a, k, 4, "group")), inputs, outputs,
+                              detail=(("uneven_splits", int(uneven)),))
+    if op == "barrier":
+        return CollectiveCall(op, _group_ranks(_arg(a, k, 0, "group")))
+    if op in ("send", "recv", "isend", "irecv"):
+        # The peer is rank-dependent by nature; the tag and the tensor are not.
+        return CollectiveCall(op, _group_ranks(_arg(a, k, 2, "group")), _metas([_arg(a, k, 0, "tensor")]),
+                              detail=(("tag", int(_arg(a, k, 3, "tag", 0))),))
+    raise ValueError(f"no description rule for collective {op!r}; known: {', '.join(COLLECTIVES)}")
+
+
+# --------------------------------------------------------------------------------------------
+# The installed instrumentation
+# --------------------------------------------------------------------------------------------
+
+
+class _Instrumentation:
+    def __init__(self, publisher: ProgressPublisher) -> None:
+        self.publisher = publisher
+        self.thread_id = threading.get_ident()
+        self.enabled = True
+        self.patched: list[tuple[Any, str, Any, Any]] = []  # (module, name, original, wrapper)
+        self.hook_handles: list[Any] = []
+        # Called at every step boundary, outside the no-raise guard: how the trainer learns at
+        # its next step that its observer died (ObserverHandle.check may raise by design).
+        self.step_checks: list[Callable[[], None]] = []
+        self.failures = 0  # publishes that raised and were swallowed (diagnostics never crash)
+        # A wrapped collective may call another one (all_gather_object -> all_gather): only the
+        # outermost call publishes, so entry and exit stay paired.
+        self.depth = 0
+        self._fallback: dict[str, int] = {}
+
+    def owns_thread(self) -> bool:
+        return self.enabled and threading.get_ident() == self.thread_id
+
+    def fingerprint_of(self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+        try:
+            return fingerprint(describe_call(op, args, kwargs))
+        except Exception:
+            self.failures += 1
+            if op not in self._fallback:
+                self._fallback[op] = fingerprint(CollectiveCall(op, detail=(("undescribed", 1),)))
+            return self._fallback[op]
+
+    def safely(self, action: Callable[..., None], *args: Any) -> None:
+        try:
+            action(*args)
+        except Exception:
+            self.failures += 1
+
+    def wrap(self, op: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if self.depth or not self.owns_thread():
+                return original(*args, **kwargs)
+            self.safely(self.publisher.enter_collective, self.fingerprint_of(op, args, kwargs))
+            self.depth = 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.depth = 0
+                self.safely(self.publisher.exit_collective)
+
+        wrapper.__scout_instrumented__ = True  # type: ignore[attr-defined]
+        return wrapper
+
+    def patch_collectives(self) -> None:
+        import torch.distributed as dist
+        import torch.distributed.distributed_c10d as c10d
+
+        for op in COLLECTIVES:
+            original = getattr(dist, op, None)
+            if original is None:
+                continue
+            wrapper = self.wrap(op, original)
+            for module in (dist, c10d):
+                if getattr(module, op, None) is original:
+                    setattr(module, op, wrapper)
+                    self.patched.append((module, op, original, wrapper))
+
+    def restore(self) -> None:
+        self.enabled = False
+        for module, op, original, wrapper in reversed(self.patched):
+            # If someone wrapped our wrapper since, leave theirs in place; ours is now a
+            # pass-through because enabled is False.
+            if getattr(module, op, None) is wrapper:
+                setattr(module, op, original)
+        self.patched.clear()
+        for handle in self.hook_handles:
+            handle.remove()
+        self.hook_handles.clear()
+
+
+_ACTIVE: _Instrumentation | None = None
+_LOCK = threading.Lock()
+
+
+def instrument(publisher: ProgressPublisher, *, collectives: bool = True) -> None:
+    """Start publishing into ``publisher`` from the calling thread; wrap torch.distributed's
+    collectives unless ``collectives=False`` (e.g. an MPI program that publishes by hand)."""
+    global _ACTIVE
+    with _LOCK:
+        if _ACTIVE is not None:
+            raise InstrumentationError(
+                "scout instrumentation is already installed in this process; call uninstrument() "
+                "first (one publisher per trainer process)"
+            )
+        active = _Instrumentation(publisher)
+        if collectives:
+            active.patch_collectives()
+        _ACTIVE = active
+
+
+def uninstrument() -> None:
+    """Remove every wrapper and hook :func:`instrument` and friends installed. Idempotent.
+    The publisher is left open: closing it is its owner's business."""
+    global _ACTIVE
+    with _LOCK:
+        if _ACTIVE is not None:
+            _ACTIVE.restore()
+            _ACTIVE = None
+
+
+def instrumented() -> bool:
+    return _ACTIVE is not None
+
+
+def _active(what: str) -> _Instrumentation:
+    if _ACTIVE is None:
+        raise InstrumentationError(f"{what} needs instrument(publisher) to be called first")
+    return _ACTIVE
+
+
+def mark_step(step: int) -> None:
+    """Tell the observer a new training step started (op counter restarts), and run the step
+    checks (see :func:`check_at_each_step`)."""
+    active = _active("mark_step")
+    if active.owns_thread():
+        active.safely(active.publisher.begin_step, step)
+        for check in active.step_checks:
+            check()
+
+
+def check_at_each_step(check: Callable[[], None]) -> None:
+    """Run ``check`` at every step boundary (``mark_step`` or the optimizer hook), e.g.
+    ``ObserverHandle.check``, which raises if the rank's observer died."""
+    _active("check_at_each_step").step_checks.append(check)
+
+
+def _repeated_layers(module: Any) -> list[Any]:
+    """The members of the outermost ``ModuleList``/``Sequential`` containers (the repeated
+    blocks); containers nested inside a chosen block are not descended into."""
+    import torch.nn as nn
+
+    layers: list[Any] = []
+    chosen: list[str] = []
+    for name, child in module.named_modules():
+        if any(name.startswith(prefix) for prefix in chosen):
+            continue
+        if isinstance(child, (nn.ModuleList, nn.Sequential)):
+            for child_name, member in child.named_children():
+                layers.append(member)
+                chosen.append(f"{name}.{child_name}." if name else f"{child_name}.")
+            chosen.append(f"{name}." if name else "")
+    if layers:
+        return layers
+    return list(module.children()) or [module]
+
+
+def instrument_module(module: Any, *, layers: Iterable[Any] | None = None, before_forward: bool = False) -> int:
+    """Publish one unit of progress after the forward of each layer (and before it, with
+    ``before_forward=True``, to tell "inside layer k" from "between layers"): the given
+    ``layers``, or by default the members of the outermost ``ModuleList``/``Sequential``
+    containers in ``module`` (the repeated blocks), else its direct children. Returns how many
+    layers are hooked. Each hook costs one publish (about 1 us) plus torch's hook dispatch."""
+    active = _active("instrument_module")
+    chosen = list(layers) if layers is not None else _repeated_layers(module)
+    thread_id = active.thread_id
+    advance = active.publisher.advance
+    get_ident = threading.get_ident
+
+    def publish() -> None:
+        if active.enabled and get_ident() == thread_id:
+            try:
+                advance()
+            except Exception:
+                active.failures += 1
+
+    def before(_module: Any, _inputs: Any) -> None:
+        publish()
+
+    def after(_module: Any, _inputs: Any, _output: Any) -> None:
+        publish()
+
+    for layer in chosen:
+        if before_forward:
+            active.hook_handles.append(layer.register_forward_pre_hook(before))
+        active.hook_handles.append(layer.register_forward_hook(after))
+    return len(chosen)
+
+
+def instrument_optimizer(optimizer: Any, *, first_step: int = 1) -> None:
+    """Start a new progress step after every ``optimizer.step()`` (public post-step hook)."""
+    active = _active("instrument_optimizer")
+    counter = {"step": first_step}
+
+    def after_step(_optimizer: Any, _args: Any, _kwargs: Any) -> None:
+        counter["step"] += 1
+        if active.owns_thread():
+            active.safely(active.publisher.begin_step, counter["step"])
+            for check in active.step_checks:
+                check()
+
+    active.hook_handles.append(optimizer.register_step_post_hook(after_step))
+    if active.owns_thread():
+        active.safely(active.publisher.begin_step, first_step)
+
+
+class _StagedIterator:
+    def __init__(self, iterator: Iterator[Any], key: int) -> None:
+        self._iterator = iterator
+        self._key = key
+
+    def __iter__(self) -> _StagedIterator:
+        return self
+
+    def __next__(self) -> Any:
+        active = _ACTIVE
+        if active is None or not active.owns_thread():
+            return next(self._iterator)
+        active.safely(active.publisher.begin_stage, Stage.DATA_LOADING, self._key)
+        try:
+            return next(self._iterator)
+        finally:
+            active.safely(active.publisher.end_stage)
+
+
+class _StagedLoader:
+    """A transparent proxy: iterating publishes a DATA_LOADING stage around each ``next()``;
+    every other attribute (``len``, ``sampler``, ``dataset``...) is the loader's own."""
+
+    def __init__(self, loader: Any, key: int) -> None:
+        self._scout_loader = loader
+        self._scout_key = key
+
+    def __iter__(self) -> _StagedIterator:
+        return _StagedIterator(iter(self._scout_loader), self._scout_key)
+
+    def __len__(self) -> int:
+        return len(self._scout_loader)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._scout_loader, name)
+
+
+def instrument_dataloader(loader: Any, name: str = "train") -> Any:
+    """Wrap an iterable (a DataLoader) so each batch fetch publishes a DATA_LOADING stage.
+    Without :func:`instrument` the loader is returned unchanged."""
+    if _ACTIVE is None:
+        return loader
+    return _StagedLoader(loader, stage_key("dataloader", name))
+
+
+@contextlib.contextmanager
+def checkpoint_io(operation: str, name: str = "checkpoint") -> Iterator[None]:
+    """Publish a CHECKPOINT_READ or CHECKPOINT_WRITE stage around a block (``"read"`` or
+    ``"write"``). A no-op without :func:`instrument`."""
+    stages = {"read": Stage.CHECKPOINT_READ, "write": Stage.CHECKPOINT_WRITE}
+    if operation not in stages:
+        raise ValueError(f"checkpoint_io operation must be 'read' or 'write', got {operation!r}")
+    active = _ACTIVE
+    if active is None or not active.owns_thread():
+        yield
+        return
+    active.safely(active.publisher.begin_stage, stages[operation], stage_key(f"checkpoint:{operation}", name))
+    try:
+        yield
+    finally:
+        active.safely(active.publisher.end_stage)

@@ -1,0 +1,329 @@
+"""The observer process: ``python -m scout.observer.process``, one per trainer rank.
+
+A fresh interpreter on scout's own entry point: it imports neither torch nor the user's script,
+so it starts in well under a second and stays small. The trainer starts it
+(:func:`scout.observer.launch.start_observer`) and talks to it over two pipes:
+
+- stdin, line 1: the spec (JSON: rank, group, record name and token, group key, thresholds,
+  report file, fault policy); line 2, after the rendezvous: the peers of its group. Later the
+  pipe stays open; its end-of-file means the trainer is gone;
+- stdout, line 1: ``{"address": [host, port], "nonce": ...}`` once the UDP socket is bound; then
+  one ``{"report": {...}}`` line per report, for the trainer's callbacks.
+
+Then it runs the one observer driver (:func:`scout.observer.driver.drive`) over the real clock,
+the progress record and the UDP channel. It stops when its trainer exits: the record says
+"closed" (clean exit), or the trainer is gone (parent-death signal, the owner's pid and start
+time, end of file on stdin). Every wait is bounded.
+
+*Fault policy* ``on_hang = "restart"``: after this observer emits a stall report it appends the
+hosts at fault to ``exclude_hosts`` and ends its own trainer (SIGTERM, then SIGKILL after
+``kill_grace_s``), so the launcher (``torchrun --max-restarts``) restarts the job instead of
+waiting for the stuck collective's own timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import select
+import signal
+import sys
+import threading
+import time
+from collections.abc import Generator
+from pathlib import Path
+from typing import Any, Final
+
+import attrs
+
+from scout import reports
+from scout.core.compat import assert_never
+from scout.core.observer import ObserverConfig, Progress, StallReport
+from scout.observer import driver, wire
+from scout.observer.channel import UdpChannel
+from scout.observer.driver import DriverOp, ObserverRun, Pause, Receive, Transmit
+from scout.observer.progress import ProgressError, ProgressReader, RecordNotFound, process_alive
+from scout.observer.rendezvous import RendezvousFailed, peers_from_records
+
+__all__ = ["EXIT_FAILED", "main"]
+
+EXIT_FAILED: Final = 3
+SPEC_BYTES_MAX: Final = 1 << 20
+#: Finding kinds after which ``on_hang = "restart"`` ends the trainer.
+RESTART_KINDS: Final = frozenset({"hang", "data_stall", "checkpoint_stall", "desync", "group_stall",
+                                  "unresponsive", "inconclusive"})
+_PR_SET_PDEATHSIG: Final = 1
+
+
+def _set_parent_death_signal() -> None:
+    """Ask Linux to send SIGTERM when the trainer (our parent) dies. Best effort elsewhere:
+    polling the owner's pid and stdin's end of file cover it."""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+class _Control:
+    """Lines from the trainer on stdin, read without blocking."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.buffer = b""
+        self.eof = False
+
+    def line(self, timeout_s: float) -> bytes | None:
+        deadline = time.monotonic() + timeout_s
+        while b"\n" not in self.buffer:
+            if self.eof:
+                return None
+            remaining = deadline - time.monotonic()
+            ready, _, _ = select.select([self.fd], [], [], max(0.0, remaining))
+            if not ready:
+                return None
+            chunk = os.read(self.fd, 65536)
+            if not chunk:
+                self.eof = True
+                continue
+            self.buffer += chunk
+            if len(self.buffer) > SPEC_BYTES_MAX:
+                raise ValueError(f"a control line from the trainer is over {SPEC_BYTES_MAX} bytes")
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        return line
+
+    def closed(self) -> bool:
+        """True once the trainer's end of the pipe is closed (it exited or died)."""
+        if not self.eof:
+            ready, _, _ = select.select([self.fd], [], [], 0)
+            if ready:
+                chunk = os.read(self.fd, 65536)
+                if chunk:
+                    self.buffer = (self.buffer + chunk)[-SPEC_BYTES_MAX:]
+                else:
+                    self.eof = True
+        return self.eof
+
+
+class _Out:
+    """Lines to the trainer on stdout; a trainer that stopped reading loses them, nothing more."""
+
+    def __init__(self) -> None:
+        self.broken = False
+
+    def send(self, value: dict[str, Any]) -> None:
+        if self.broken:
+            return
+        try:
+            sys.stdout.write(json.dumps(value, sort_keys=True) + "\n")
+            sys.stdout.flush()
+        except (OSError, ValueError):
+            self.broken = True
+
+
+class _World:
+    """The real observer's :class:`~scout.observer.driver.ObserverWorld`."""
+
+    def __init__(self, spec: dict[str, Any], channel: UdpChannel, control: _Control, out: _Out) -> None:
+        self.spec = spec
+        self.channel = channel
+        self.control = control
+        self.out = out
+        self.rank: int = spec["rank"]
+        self.group_ranks: tuple[int, ...] = tuple(spec["group_ranks"])
+        self.hosts: tuple[str, ...] | None = None
+        self.signalled = threading.Event()
+        self.reader: ProgressReader | None = None
+        self.record_closed = False
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    def trainer_exit(self) -> bool | None:
+        if self.record_closed:
+            return True
+        pid = self.spec["trainer_pid"]
+        if self.signalled.is_set() or os.getppid() != pid or not process_alive(pid, self.spec["trainer_start_ticks"]):
+            return False
+        if self.control.closed():
+            return self._closed_record()
+        return None
+
+    def _closed_record(self) -> bool:
+        """At the trainer's end: a clean exit closed the record first."""
+        if self.reader is not None:
+            snapshot = self.reader.read()
+            return bool(snapshot is not None and snapshot.closed)
+        return False
+
+    def read_progress(self) -> Progress | None:
+        if self.reader is None:
+            try:
+                self.reader = ProgressReader(self.spec["record_name"], bytes.fromhex(self.spec["record_token"]))
+            except (RecordNotFound, ProgressError):
+                return None
+        snapshot = self.reader.read() or self.reader.last_snapshot
+        if snapshot is None:
+            return None
+        if snapshot.closed:
+            self.record_closed = True
+        return Progress(snapshot.step, snapshot.op, snapshot.fingerprint, snapshot.stage)
+
+    def join(self) -> bool | str:
+        try:
+            line = self.control.line(0.0)
+        except ValueError as error:
+            return str(error)
+        if line is None:
+            return "the trainer closed the control pipe before the rendezvous" if self.control.eof else False
+        try:
+            message = json.loads(line)
+        except ValueError:
+            return f"unreadable rendezvous line from the trainer: {line[:200]!r}"
+        if "failed" in message:
+            return f"the trainers' rendezvous failed: {message['failed']}"
+        try:
+            peers = peers_from_records(message["peers"])
+            self.channel.set_peers(peers)
+        except (RendezvousFailed, ValueError, KeyError) as error:
+            return str(error)
+        self.hosts = tuple(peers[p].hostname for p in range(len(peers)))
+        return True
+
+    def emit(self, report: StallReport) -> None:
+        record = wire.report_record(report, group_ranks=self.group_ranks, job_id=self.spec["job_id"],
+                                    generation=self.spec["generation"], hosts=self.hosts)
+        self._publish(record)
+        if self.spec.get("on_hang") == "restart" and record["kind"] in RESTART_KINDS:
+            self._restart(record)
+
+    def fail(self, reason: str) -> None:
+        host = self.spec.get("hostname") or None
+        self._publish(wire.failure_record(rank=self.rank, job_id=self.spec["job_id"],
+                                          generation=self.spec["generation"], reason=reason, host=host))
+
+    def _publish(self, record: dict[str, Any]) -> None:
+        path = self.spec.get("report_path")
+        if path:
+            try:
+                reports.append_record(path, record)
+            except OSError as error:
+                print(f"scout: observer of rank {self.rank} could not append to {path}: {error}",
+                      file=sys.stderr, flush=True)
+        print(reports.record_line(record), file=sys.stderr, flush=True)
+        self.out.send({"report": record})
+
+    def _restart(self, record: dict[str, Any]) -> None:
+        """on_hang = restart: name the hosts at fault for the scheduler, then end our trainer."""
+        exclude = self.spec.get("exclude_hosts_path")
+        if exclude and record["hosts"]:
+            append_hosts(exclude, record["hosts"])
+        pid = self.spec["trainer_pid"]
+        print(f"scout: on_hang=restart: ending trainer rank {self.rank} (pid {pid}) so the launcher restarts the job",
+              file=sys.stderr, flush=True)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + float(self.spec.get("kill_grace_s", 5.0))
+        while time.monotonic() < deadline and process_alive(pid, self.spec["trainer_start_ticks"]):
+            time.sleep(0.05)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if process_alive(pid, self.spec["trainer_start_ticks"]):
+                os.kill(pid, signal.SIGKILL)
+
+
+def append_hosts(path: str | os.PathLike[str], hosts: list[str]) -> None:
+    """Add hosts to an exclude-hosts file (one per line, each once), durably."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(target, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        import fcntl
+
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        known = set(os.pread(fd, 1 << 20, 0).decode("utf-8", "replace").split())
+        new = [host for host in dict.fromkeys(hosts) if host and host not in known]
+        if new:
+            os.write(fd, "".join(f"{host}\n" for host in new).encode())
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _execute(ops: Generator[DriverOp, Any, ObserverRun], channel: UdpChannel) -> ObserverRun:
+    """Answer the driver's ops with the UDP channel and the real clock."""
+    answer: Any = None
+    while True:
+        try:
+            op = ops.send(answer)
+        except StopIteration as stop:
+            run: ObserverRun = stop.value
+            return run
+        if isinstance(op, Receive):
+            answer = channel.receive(op.timeout_s)
+        elif isinstance(op, Transmit):
+            channel.send(op.to, op.body)
+            answer = None
+        elif isinstance(op, Pause):
+            time.sleep(op.timeout_s)
+            answer = None
+        else:
+            assert_never(op)
+
+
+def _config(spec: dict[str, Any]) -> ObserverConfig:
+    group = list(spec["group_ranks"])
+    return ObserverConfig(group.index(spec["rank"]), len(group), **spec.get("config", {}))
+
+
+def main() -> int:
+    _set_parent_death_signal()
+    control = _Control(sys.stdin.fileno())
+    out = _Out()
+    line = control.line(30.0)
+    if line is None:
+        print("scout: observer: no spec from the trainer on stdin within 30 s", file=sys.stderr, flush=True)
+        return EXIT_FAILED
+    spec: dict[str, Any] = json.loads(line)
+    channel = UdpChannel(bytes.fromhex(spec["group_key"]), bytes.fromhex(spec["group_id"]),
+                         list(spec["group_ranks"]).index(spec["rank"]), host=spec.get("bind_host", "127.0.0.1"))
+    world = _World(spec, channel, control, out)
+
+    def on_signal(_signum: int, _frame: Any) -> None:
+        world.signalled.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    out.send({"address": list(channel.address), "nonce": channel.nonce.hex(), "pid": os.getpid()})
+    run = ObserverRun(-1)
+    code = 0
+    try:
+        run = _execute(driver.drive(_config(spec), world, poll_interval_s=float(spec.get("poll_interval_s", 0.05))),
+                       channel)
+        run.rank = world.rank
+        code = EXIT_FAILED if run.failed else 0
+    except Exception as error:  # the observer must never die silently
+        world.fail(f"observer crashed: {error!r}")
+        code = EXIT_FAILED
+    finally:
+        channel.close()
+        if world.reader is not None:
+            world.reader.close(unlink_if_orphaned=True)
+    stats_path = spec.get("stats_path")
+    if stats_path:
+        stats = attrs.asdict(run)
+        stats.update(rank=world.rank, exit_code=code, refused=dict(channel.refused),
+                     refused_total=sum(channel.refused.values()), sent=channel.sent, received=channel.received)
+        Path(stats_path).write_text(json.dumps(stats, sort_keys=True, default=str) + "\n", encoding="utf-8")
+    return code
+
+
+if __name__ == "__main__":
+    code = main()
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    # Skip interpreter teardown: nothing is left to flush, and an exit handler must never keep an
+    # orphaned observer alive.
+    os._exit(code)

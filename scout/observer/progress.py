@@ -1,0 +1,667 @@
+"""The trainer's progress record: one fixed-layout shared-memory segment per rank.
+
+The trainer (single writer) publishes where it is -- step, op counter, the fingerprint of the
+collective in flight, the active stage with monotonic timestamps -- and the rank's out-of-band
+observer reads it, while the trainer is blocked, spinning, stopped or dead (docs/design.md §2.2). No
+torch here: an MPI program calls :class:`ProgressPublisher` directly.
+
+Theory of operation
+-------------------
+*Consistency (seqlock).* The writer makes the sequence word odd, writes the payload in one
+``pack_into``, then makes it even. A reader copies the sequence, the payload, and the sequence
+again, and accepts the copy only if both sequence reads are equal and even. It retries a
+bounded number of times; a writer stopped in the middle of a publish (SIGSTOP) leaves the word
+odd, and the reader then returns ``None`` ("no consistent snapshot") instead of spinning. The
+argument relies on stores becoming visible in program order (x86-64 TSO); in addition every
+payload carries a checksum of its fields, so a torn copy is also rejected on weakly ordered CPUs.
+
+*Ownership.* The header holds the owner's pid, the owner's process start time (so a recycled
+pid is not mistaken for the owner) and a random 16-byte token. A segment name is derived from
+(job id, restart generation, rank), so two jobs, two generations or two ranks never share one.
+Creating or claiming a segment happens under a short ``flock`` on one lock file per user, so two
+processes can never both decide a stale segment is theirs:
+
+- the name is free: create it;
+- it exists and its owner is alive: refuse (:class:`RecordInUse`) -- never attach to a live
+  owner's segment;
+- it exists and its owner is dead (or the header was never completed): unlink and recreate.
+
+The observer claims the record the same way (observer pid, start time, token in the header):
+a second live observer for the same rank is refused with :class:`ObserverAlreadyAttached`.
+A reader attaches only if the magic, layout version, size and the owner token it was given all
+match, so it can never read another job's or an older generation's record.
+
+*Lifetime.* The writer unlinks the name on :meth:`ProgressPublisher.close` if the token is still
+its own. If the trainer dies without closing, its observer (which sees the owner dead) or the
+next claimant of the same name reclaims the segment. Segments are not left to
+``multiprocessing``'s resource tracker: it would unlink a live trainer's segment when a reader
+exits (Python < 3.13 registers readers too) and warn about every trainer that was killed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import errno
+import fcntl
+import hashlib
+import os
+import secrets
+import struct
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from multiprocessing import resource_tracker
+from multiprocessing.shared_memory import SharedMemory
+from typing import Any, Final
+
+import attrs
+
+from scout.core.observer import Stage
+
+__all__ = [
+    "LAYOUT_VERSION",
+    "RECORD_BYTES",
+    "ObserverAlreadyAttached",
+    "ProgressError",
+    "ProgressPublisher",
+    "ProgressReader",
+    "RecordIdentity",
+    "RecordInUse",
+    "RecordMismatch",
+    "RecordNotFound",
+    "Snapshot",
+    "Stage",
+    "process_alive",
+    "process_start_ticks",
+    "record_name",
+]
+
+
+class ProgressError(RuntimeError):
+    """Base of the errors this module raises on purpose."""
+
+
+class RecordInUse(ProgressError):
+    """A live process already owns the record for this (job, generation, rank)."""
+
+
+class ObserverAlreadyAttached(ProgressError):
+    """A live observer already watches this rank's record."""
+
+
+class RecordNotFound(ProgressError):
+    """No record of that name exists (yet)."""
+
+
+class RecordMismatch(ProgressError):
+    """A segment of that name exists but is not the record the caller was told to expect."""
+
+
+class _Life(enum.IntEnum):
+    RUNNING = 1
+    CLOSED = 2
+
+
+MAGIC: Final = b"SCOUTPR1"
+LAYOUT_VERSION: Final = 1
+RECORD_BYTES: Final = 256
+TOKEN_BYTES: Final = 16
+
+# Header: magic, version, size, owner pid/start/token, observer pid/start/token, rank, generation.
+_HEADER: Final = struct.Struct("<8sIIqQ16sqQ16siI")
+_OWNER: Final = struct.Struct("<qQ16s")
+_OBSERVER: Final = struct.Struct("<qQ16s")
+_OWNER_OFFSET: Final = 16
+_OBSERVER_OFFSET: Final = 48
+# The sequence word sits on its own cache line, apart from the header the observer writes.
+_SEQ_OFFSET: Final = 128
+_SEQ: Final = struct.Struct("<Q")
+_PAYLOAD_OFFSET: Final = 136
+# step, op, fingerprint, stage, life, stage key, stage sequence, stage start ns, publish ns,
+# collectives entered, last completed stage, its key, its duration ns, checksum.
+_PAYLOAD: Final = struct.Struct("<qqQIIQQqqQIxxxxQqQ")
+_CHECKSUM_MASK: Final = 2**64 - 1
+assert _HEADER.size <= _SEQ_OFFSET and _PAYLOAD_OFFSET + _PAYLOAD.size <= RECORD_BYTES
+
+# A reader gives up on one read after this many attempts (a few microseconds each): a writer
+# that stays mid-publish that long is stopped, and the caller keeps its last snapshot.
+READ_ATTEMPTS_MAX: Final = 1000
+NAME_PREFIX: Final = "scout_"
+_NAME_HEX_CHARS: Final = 24  # 96 bits; the whole name fits macOS's 31-character limit
+
+
+@attrs.frozen
+class RecordIdentity:
+    """Who a record belongs to. The segment name is derived from these three values."""
+
+    job_id: str
+    generation: int
+    rank: int
+
+    def __attrs_post_init__(self) -> None:
+        if not isinstance(self.job_id, str) or not self.job_id:
+            raise ValueError(f"job_id must be a non-empty string, got {self.job_id!r}")
+        for name, value in (("generation", self.generation), ("rank", self.rank)):
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**31:
+                raise ValueError(f"{name} must be an int in [0, 2**31), got {value!r}")
+
+    @property
+    def name(self) -> str:
+        return record_name(self.job_id, self.generation, self.rank)
+
+    @classmethod
+    def from_environment(cls, rank: int, environ: dict[str, str] | None = None) -> RecordIdentity:
+        """Job id and generation from the launcher's environment (torchrun, Slurm, MPI), with a
+        fallback that is unique per launch only on one host."""
+        env = dict(os.environ if environ is None else environ)
+        job_id = (
+            env.get("SCOUT_JOB_ID")
+            or env.get("TORCHELASTIC_RUN_ID")
+            or env.get("SLURM_JOB_ID")
+            or env.get("PMIX_NAMESPACE")
+            or (f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}" if "MASTER_ADDR" in env and "MASTER_PORT" in env else "")
+            or f"local-{os.getppid()}"
+        )
+        generation = int(env.get("SCOUT_GENERATION") or env.get("TORCHELASTIC_RESTART_COUNT") or 0)
+        return cls(job_id, generation, rank)
+
+
+def record_name(job_id: str, generation: int, rank: int) -> str:
+    """The shared-memory name of a record: unique per (job id, restart generation, rank)."""
+    key = f"{job_id}\x00{generation}\x00{rank}".encode()
+    return NAME_PREFIX + hashlib.blake2b(key, digest_size=_NAME_HEX_CHARS // 2).hexdigest()
+
+
+# --------------------------------------------------------------------------------------------
+# Process identity
+# --------------------------------------------------------------------------------------------
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (Linux ``/proc``), 0 where the
+    platform cannot tell, None if there is no such process (or it is a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            raw = file.read()
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return 0 if _pid_exists(pid) else None
+    # The command name (field 2) may contain spaces and parentheses: split after the last ')'.
+    fields = raw[raw.rfind(b")") + 2 :].split()
+    if not fields or fields[0] in (b"Z", b"X"):
+        return None
+    return int(fields[19])
+
+
+def _pid_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def process_alive(pid: int, start_ticks: int) -> bool:
+    """True if ``pid`` runs and is the same process that recorded ``start_ticks`` (a pid the
+    kernel recycled for another process counts as dead)."""
+    if pid <= 0:
+        return False
+    if not os.path.isdir("/proc/self"):
+        return _pid_exists(pid)
+    current = process_start_ticks(pid)
+    if current is None:
+        return False
+    return start_ticks in (0, current) or current == 0
+
+
+# --------------------------------------------------------------------------------------------
+# Segments
+# --------------------------------------------------------------------------------------------
+
+
+def _lock_path() -> str:
+    return os.path.join(tempfile.gettempdir(), f"scout-progress-{os.getuid()}.lock")
+
+
+@contextlib.contextmanager
+def _claim_lock(timeout_s: float = 5.0) -> Iterator[None]:
+    """Serialise create/reclaim/claim decisions across processes of this user. Held for
+    microseconds; bounded wait so a wedged holder cannot hang a trainer."""
+    fd = os.open(_lock_path(), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise ProgressError(
+                        f"could not take the progress lock {_lock_path()} within {timeout_s} s; "
+                        "another process holds it: check for a wedged scout process"
+                    ) from None
+                time.sleep(0.001)
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def _open_segment(name: str, create: bool) -> SharedMemory:
+    if sys.version_info >= (3, 13):  # pragma: no cover - the dev environment is 3.11
+        return SharedMemory(name=name, create=create, size=RECORD_BYTES if create else 0, track=False)  # type: ignore[call-arg]
+    segment = SharedMemory(name=name, create=create, size=RECORD_BYTES if create else 0)
+    # See the module docstring: the lifetime is ours, not the resource tracker's.
+    resource_tracker.unregister(segment._name, "shared_memory")  # type: ignore[attr-defined]
+    return segment
+
+
+def _buffer_of(segment: SharedMemory) -> memoryview:
+    buffer = segment.buf
+    if buffer is None:  # pragma: no cover - only after close(), which we never read past
+        raise ProgressError(f"shared memory {segment.name} is closed")
+    return buffer
+
+
+def _unlink_name(name: str) -> None:
+    try:
+        segment = _open_segment(name, create=False)
+    except FileNotFoundError:
+        return
+    segment.close()
+    with contextlib.suppress(FileNotFoundError):
+        _unlink_segment(segment)
+
+
+def _unlink_segment(segment: SharedMemory) -> None:
+    if sys.version_info >= (3, 13):  # pragma: no cover
+        segment.unlink()
+        return
+    # SharedMemory.unlink() would also unregister from the tracker, which we already did.
+    from multiprocessing import shared_memory
+
+    shared_memory._posixshmem.shm_unlink(segment._name)  # type: ignore[attr-defined]
+
+
+@attrs.frozen
+class _Header:
+    magic: bytes
+    version: int
+    size: int
+    owner_pid: int
+    owner_start: int
+    owner_token: bytes
+    observer_pid: int
+    observer_start: int
+    observer_token: bytes
+    rank: int
+    generation: int
+
+    @classmethod
+    def read(cls, buffer: Any) -> _Header:
+        return cls(*_HEADER.unpack_from(buffer, 0))
+
+    @property
+    def valid(self) -> bool:
+        return self.magic == MAGIC and self.version == LAYOUT_VERSION and self.size == RECORD_BYTES
+
+    @property
+    def owner_alive(self) -> bool:
+        return process_alive(self.owner_pid, self.owner_start)
+
+    @property
+    def observer_alive(self) -> bool:
+        return process_alive(self.observer_pid, self.observer_start)
+
+
+def _self_identity() -> tuple[int, int]:
+    pid = os.getpid()
+    return pid, process_start_ticks(pid) or 0
+
+
+@attrs.frozen
+class Snapshot:
+    """One consistent copy of the record's payload."""
+
+    sequence: int
+    step: int
+    op: int
+    fingerprint: int
+    stage: Stage
+    closed: bool  # the trainer closed the record (clean exit)
+    stage_key: int
+    stage_sequence: int
+    stage_start_ns: int
+    publish_ns: int  # monotonic (CLOCK_MONOTONIC, comparable across processes of one host)
+    collectives_entered: int
+    completed_stage: Stage
+    completed_stage_key: int
+    completed_stage_duration_ns: int
+
+    @property
+    def coordinate(self) -> tuple[int, int]:
+        return (self.step, self.op)
+
+
+# --------------------------------------------------------------------------------------------
+# Writer
+# --------------------------------------------------------------------------------------------
+
+
+class ProgressPublisher:
+    """The single writer of one rank's record. Not thread-safe: publish from one thread (the
+    training loop); every other thread must leave it alone.
+
+    Progress coordinate: ``(step, op)`` where ``op`` counts publishes within the step (layer
+    hooks, collective entry and exit, stage changes) and restarts at 0 on each new step.
+    """
+
+    def __init__(self, identity: RecordIdentity) -> None:
+        self.identity = identity
+        self.name = identity.name
+        self.token = secrets.token_bytes(TOKEN_BYTES)
+        self._segment = self._claim()
+        self._buffer: Any = _buffer_of(self._segment)
+        self._pack_seq = _SEQ.pack_into
+        self._pack_payload = _PAYLOAD.pack_into
+        self._now_ns = time.monotonic_ns
+        self._seq = 0
+        self._step = 0
+        self._op = 0
+        self._fingerprint = 0
+        self._stage = int(Stage.IDLE)
+        self._life = int(_Life.RUNNING)
+        self._stage_key = 0
+        self._stage_sequence = 0
+        self._stage_start_ns = 0
+        self._collectives = 0
+        self._done_stage = int(Stage.IDLE)
+        self._done_key = 0
+        self._done_ns = 0
+        # One level of stage nesting: a collective inside a checkpoint write returns to it.
+        self._outer_stage = int(Stage.IDLE)
+        self._outer_key = 0
+        self._outer_start_ns = 0
+        self._publish()
+
+    # -- claiming ---------------------------------------------------------------------------
+
+    def _claim(self) -> SharedMemory:
+        pid, start = _self_identity()
+        with _claim_lock():
+            segment = self._create_or_reclaim()
+            try:
+                # Header last-but-magic: a segment whose creator died mid-initialisation has
+                # no magic and counts as stale.
+                header = _HEADER.pack(
+                    b"\x00" * 8, LAYOUT_VERSION, RECORD_BYTES, pid, start, self.token,
+                    0, 0, b"\x00" * TOKEN_BYTES, self.identity.rank, self.identity.generation,
+                )
+                buffer = _buffer_of(segment)
+                buffer[: _HEADER.size] = header
+                buffer[0:8] = MAGIC
+            except BaseException:
+                segment.close()
+                _unlink_segment(segment)
+                raise
+        return segment
+
+    def _create_or_reclaim(self) -> SharedMemory:
+        try:
+            return _open_segment(self.name, create=True)
+        except FileExistsError:
+            pass
+        existing = _open_segment(self.name, create=False)
+        try:
+            header = _Header.read(_buffer_of(existing)) if existing.size >= _HEADER.size else None
+        finally:
+            existing.close()
+        if header is not None and header.valid and header.owner_alive:
+            raise RecordInUse(
+                f"progress record {self.name} for job {self.identity.job_id!r} generation "
+                f"{self.identity.generation} rank {self.identity.rank} is owned by live process "
+                f"{header.owner_pid}: two trainers publish for one rank. Give each rank its own "
+                "rank number, or bump the restart generation (SCOUT_GENERATION) for a new launch"
+            )
+        _unlink_name(self.name)
+        return _open_segment(self.name, create=True)
+
+    # -- publishing -------------------------------------------------------------------------
+
+    def _publish(self) -> None:
+        now = self._now_ns()
+        fields = (
+            self._step, self._op, self._fingerprint, self._stage, self._life, self._stage_key,
+            self._stage_sequence, self._stage_start_ns, now, self._collectives,
+            self._done_stage, self._done_key, self._done_ns,
+        )
+        seq = self._seq + 1
+        buffer = self._buffer
+        self._pack_seq(buffer, _SEQ_OFFSET, seq)
+        # The checksum only has to make a torn copy (fields of two publishes) fail, not resist
+        # an adversary; Python's hash of a tuple of ints is not randomised per process.
+        self._pack_payload(buffer, _PAYLOAD_OFFSET, *fields, hash(fields) & _CHECKSUM_MASK)
+        self._seq = seq + 1
+        self._pack_seq(buffer, _SEQ_OFFSET, seq + 1)
+
+    def begin_step(self, step: int) -> None:
+        """A new training step starts: the op counter restarts at 0."""
+        self._step = step
+        self._op = 0
+        self._publish()
+
+    def advance(self) -> None:
+        """One unit of visible progress inside the step (e.g. a layer's forward)."""
+        self._op += 1
+        self._publish()
+
+    def enter_collective(self, fingerprint: int) -> None:
+        """The trainer is about to block in the collective ``fingerprint`` (never 0)."""
+        self._outer_stage, self._outer_key, self._outer_start_ns = (
+            self._stage, self._stage_key, self._stage_start_ns,
+        )
+        self._op += 1
+        self._collectives += 1
+        self._fingerprint = fingerprint
+        self._stage = int(Stage.COLLECTIVE)
+        self._stage_key = fingerprint
+        self._stage_start_ns = self._now_ns()
+        self._publish()
+
+    def exit_collective(self) -> None:
+        self._op += 1
+        self._fingerprint = 0
+        self._stage, self._stage_key, self._stage_start_ns = (
+            self._outer_stage, self._outer_key, self._outer_start_ns,
+        )
+        self._publish()
+
+    def begin_stage(self, stage: Stage, key: int = 0) -> None:
+        """Enter a stage (compute, data loading, checkpoint read/write). ``key`` names the
+        instance (e.g. which data loader); stages do not nest, except collectives inside them."""
+        if stage is Stage.COLLECTIVE:
+            raise ValueError("use enter_collective(fingerprint) for collectives, not begin_stage")
+        self._op += 1
+        self._stage = int(stage)
+        self._stage_key = key
+        self._stage_sequence += 1
+        self._stage_start_ns = self._now_ns()
+        self._publish()
+
+    def end_stage(self) -> None:
+        """Leave the current stage; its duration becomes the last completed stage."""
+        now = self._now_ns()
+        self._op += 1
+        self._done_stage, self._done_key, self._done_ns = (
+            self._stage, self._stage_key, now - self._stage_start_ns,
+        )
+        self._stage = int(Stage.COMPUTE)
+        self._stage_key = 0
+        self._stage_start_ns = now
+        self._publish()
+
+    @property
+    def coordinate(self) -> tuple[int, int]:
+        return (self._step, self._op)
+
+    def observer_pid(self) -> int | None:
+        """The pid of the live observer attached to this record, or None."""
+        if self._buffer is None:
+            return None
+        header = _Header.read(self._buffer)
+        return header.observer_pid if header.observer_pid and header.observer_alive else None
+
+    @property
+    def closed(self) -> bool:
+        return self._buffer is None
+
+    def close(self) -> None:
+        """Mark the record closed (so the observer knows the exit was clean) and unlink it if
+        it is still ours. Idempotent."""
+        if self._buffer is None:
+            return
+        self._life = int(_Life.CLOSED)
+        self._publish()
+        self._buffer = None
+        with _claim_lock():
+            header = _Header.read(_buffer_of(self._segment))
+            self._segment.close()
+            if header.owner_token == self.token:
+                with contextlib.suppress(FileNotFoundError):
+                    _unlink_segment(self._segment)
+
+    def __enter__(self) -> ProgressPublisher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# --------------------------------------------------------------------------------------------
+# Reader
+# --------------------------------------------------------------------------------------------
+
+
+class ProgressReader:
+    """An observer's view of one rank's record; it claims the observer slot."""
+
+    def __init__(self, name: str, token: bytes, *, claim: bool = True) -> None:
+        if len(token) != TOKEN_BYTES:
+            raise ValueError(f"token must be {TOKEN_BYTES} bytes, got {len(token)}")
+        self.name = name
+        self.token = token
+        self.claimed = False
+        self.last_snapshot: Snapshot | None = None
+        self.failed_reads = 0  # reads that found no consistent snapshot (writer mid-publish)
+        self._observer_token = b""
+        try:
+            self._segment = _open_segment(name, create=False)
+        except FileNotFoundError:
+            raise RecordNotFound(
+                f"no progress record {name}: the trainer has not created it yet (or has exited)"
+            ) from None
+        try:
+            self._check_header()
+            if claim:
+                self._claim()
+        except BaseException:
+            self._segment.close()
+            raise
+        self._buffer: Any = _buffer_of(self._segment)
+
+    def _check_header(self) -> None:
+        if self._segment.size < RECORD_BYTES:
+            raise RecordMismatch(f"segment {self.name} is {self._segment.size} bytes, a record is {RECORD_BYTES}")
+        header = _Header.read(_buffer_of(self._segment))
+        if not header.valid:
+            raise RecordMismatch(
+                f"segment {self.name} is not a scout progress record of layout {LAYOUT_VERSION} "
+                f"(magic {header.magic!r}, version {header.version}, size {header.size})"
+            )
+        if header.owner_token != self.token:
+            raise RecordMismatch(
+                f"segment {self.name} belongs to another owner (pid {header.owner_pid}); the "
+                "token given to this observer does not match, so it is a stale or foreign record"
+            )
+
+    def _claim(self) -> None:
+        pid, start = _self_identity()
+        token = secrets.token_bytes(TOKEN_BYTES)
+        with _claim_lock():
+            header = _Header.read(_buffer_of(self._segment))
+            if header.observer_pid not in (0, pid) and header.observer_alive:
+                raise ObserverAlreadyAttached(
+                    f"rank {header.rank} (record {self.name}) already has a live observer, pid "
+                    f"{header.observer_pid}; start one observer per trainer rank"
+                )
+            _OBSERVER.pack_into(_buffer_of(self._segment), _OBSERVER_OFFSET, pid, start, token)
+        self._observer_token = token
+        self.claimed = True
+
+    @property
+    def header(self) -> _Header:
+        return _Header.read(_buffer_of(self._segment))
+
+    def owner_alive(self) -> bool:
+        return self.header.owner_alive
+
+    def read(self, attempts_max: int = READ_ATTEMPTS_MAX) -> Snapshot | None:
+        """One consistent snapshot, or None if every attempt overlapped a publish (the writer
+        is stopped mid-publish or publishing faster than we can copy)."""
+        buffer = self._buffer
+        if buffer is None:
+            raise ProgressError(f"reader of {self.name} is closed")
+        unpack_seq = _SEQ.unpack_from
+        unpack_payload = _PAYLOAD.unpack_from
+        for _ in range(attempts_max):
+            (before,) = unpack_seq(buffer, _SEQ_OFFSET)
+            if before & 1:
+                continue
+            fields = unpack_payload(buffer, _PAYLOAD_OFFSET)
+            (after,) = unpack_seq(buffer, _SEQ_OFFSET)
+            if before != after or before == 0:
+                continue
+            values = fields[:-1]
+            if hash(values) & _CHECKSUM_MASK != fields[-1]:
+                continue
+            snapshot = Snapshot(
+                before, values[0], values[1], values[2], Stage(values[3]),
+                values[4] == _Life.CLOSED, values[5], values[6], values[7], values[8],
+                values[9], Stage(values[10]), values[11], values[12],
+            )
+            self.last_snapshot = snapshot
+            return snapshot
+        self.failed_reads += 1
+        return None
+
+    def close(self, *, unlink_if_orphaned: bool = False) -> None:
+        """Release the observer slot; with ``unlink_if_orphaned`` also remove the record when
+        its owner is dead (the trainer was killed and cannot clean up). Idempotent."""
+        if self._buffer is None:
+            return
+        self._buffer = None
+        with _claim_lock():
+            header = _Header.read(_buffer_of(self._segment))
+            if self.claimed and header.observer_pid == os.getpid():
+                _OBSERVER.pack_into(_buffer_of(self._segment), _OBSERVER_OFFSET, 0, 0, b"\x00" * TOKEN_BYTES)
+            orphaned = header.owner_token == self.token and not header.owner_alive
+            self._segment.close()
+            if unlink_if_orphaned and orphaned:
+                try:
+                    _unlink_segment(self._segment)
+                except OSError as error:
+                    if error.errno != errno.ENOENT:
+                        raise
+
+    def __enter__(self) -> ProgressReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

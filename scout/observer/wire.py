@@ -1,0 +1,242 @@
+"""Observer messages on the wire, and observer findings as report records (``scout.report/1``).
+
+Messages are encoded as plain tuples with :mod:`scout.transport.codec` (no pickle: a hostile or
+corrupt datagram can at worst fail to decode) and checked field by field on the way in.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Final
+
+from scout import reports
+from scout.core.observer import (
+    Delegate,
+    Evidence,
+    Finding,
+    Message,
+    Reply,
+    Request,
+    RoundId,
+    Scope,
+    Stage,
+    StallKind,
+    StallReport,
+)
+from scout.transport import codec
+
+__all__ = [
+    "WireError",
+    "decode_message",
+    "encode_message",
+    "failure_record",
+    "report_kind",
+    "report_record",
+]
+
+
+class WireError(ValueError):
+    """A datagram that is not a valid observer message."""
+
+
+def _evidence_out(evidence: Evidence | None) -> Any:
+    if evidence is None:
+        return None
+    return (evidence.step, evidence.op, evidence.fingerprint, int(evidence.stage), evidence.idle_s)
+
+
+def _int(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise WireError(f"{what} must be an int, got {type(value).__name__}")
+    return value
+
+
+def _float(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise WireError(f"{what} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _ints(value: Any, what: str) -> tuple[int, ...]:
+    if not isinstance(value, tuple):
+        raise WireError(f"{what} must be a tuple of ints")
+    return tuple(_int(v, what) for v in value)
+
+
+def _evidence_in(value: Any) -> Evidence | None:
+    if value is None:
+        return None
+    if not isinstance(value, tuple) or len(value) != 5:
+        raise WireError(f"evidence must be a 5-tuple, got {value!r}")
+    step, op, fingerprint, stage, idle_s = value
+    try:
+        stage_value = Stage(_int(stage, "stage"))
+    except ValueError:
+        raise WireError(f"unknown stage {stage!r}") from None
+    return Evidence(_int(step, "step"), _int(op, "op"), _int(fingerprint, "fingerprint"), stage_value,
+                    max(0.0, _float(idle_s, "idle_s")))
+
+
+def _report_out(report: StallReport) -> Any:
+    return (
+        report.kind.value, report.outcome.value, report.scope.value, report.key,
+        (report.round.initiator, report.round.number), report.decided_by, report.reporter,
+        report.attributed, report.ahead, report.missing,
+        tuple(_evidence_out(e) for e in report.evidence), report.idle_s, report.reason,
+    )
+
+
+def _report_in(value: Any) -> StallReport:
+    if not isinstance(value, tuple) or len(value) != 13:
+        raise WireError("a delegated report must be a 13-tuple")
+    kind, outcome, scope, key, round_, decided_by, reporter, attributed, ahead, missing, evidence, idle_s, reason = value
+    try:
+        kind_value, outcome_value, scope_value = StallKind(kind), Finding(outcome), Scope(scope)
+    except ValueError as error:
+        raise WireError(str(error)) from None
+    key_value = _ints(key, "key")
+    round_value = _ints(round_, "round")
+    if len(key_value) != 2 or len(round_value) != 2 or not isinstance(evidence, tuple) or not isinstance(reason, str):
+        raise WireError("malformed delegated report")
+    return StallReport(
+        kind_value, outcome_value, scope_value, (key_value[0], key_value[1]), RoundId(*round_value),
+        _int(decided_by, "decided_by"), _int(reporter, "reporter"), _ints(attributed, "attributed"),
+        _ints(ahead, "ahead"), _ints(missing, "missing"), tuple(_evidence_in(e) for e in evidence),
+        _float(idle_s, "idle_s"), reason[:500],
+    )
+
+
+def encode_message(message: Message) -> bytes:
+    if isinstance(message, Request):
+        payload: Any = ("q", message.round.initiator, message.round.number)
+    elif isinstance(message, Reply):
+        payload = ("r", message.round.initiator, message.round.number, message.sender, _evidence_out(message.evidence))
+    else:
+        payload = ("d", message.round.initiator, message.round.number, message.sender, _report_out(message.report))
+    return codec.encode(payload)
+
+
+def decode_message(data: bytes, group_size: int) -> Message:
+    """Decode and check one message; WireError (never anything else) for bad input."""
+    try:
+        value = codec.decode(data)
+    except codec.DecodeError as error:
+        raise WireError(str(error)) from None
+    if not isinstance(value, tuple) or not value or value[0] not in ("q", "r", "d"):
+        raise WireError("not an observer message")
+    try:
+        tag = value[0]
+        if tag == "q" and len(value) == 3:
+            message: Message = Request(RoundId(_int(value[1], "initiator"), _int(value[2], "number")))
+        elif tag == "r" and len(value) == 5:
+            message = Reply(RoundId(_int(value[1], "initiator"), _int(value[2], "number")),
+                            _int(value[3], "sender"), _evidence_in(value[4]))
+        elif tag == "d" and len(value) == 5:
+            message = Delegate(RoundId(_int(value[1], "initiator"), _int(value[2], "number")),
+                               _int(value[3], "sender"), _report_in(value[4]))
+        else:
+            raise WireError(f"message {tag!r} has {len(value)} fields")
+    except (TypeError, ValueError) as error:
+        raise WireError(str(error)) from None
+    positions = [message.round.initiator] + ([] if isinstance(message, Request) else [message.sender])
+    if isinstance(message, Delegate):
+        report = message.report
+        positions += [report.round.initiator, report.decided_by, report.reporter, *report.attributed,
+                      *report.ahead, *report.missing]
+        if len(report.evidence) != group_size:
+            raise WireError(f"a delegated report carries {len(report.evidence)} pieces of evidence for a group of {group_size}")
+        for name, items in (("attributed", report.attributed), ("ahead", report.ahead), ("missing", report.missing)):
+            if len(set(items)) != len(items):
+                raise WireError(f"a delegated report names {name} positions {list(items)} more than once")
+    if any(not 0 <= p < group_size for p in positions):
+        raise WireError(f"positions {positions} outside the group of {group_size}")
+    if message.round.number < 1:
+        raise WireError(f"round number {message.round.number} must be >= 1")
+    return message
+
+
+_REASONS: Final = {
+    Finding.DESYNC: "collective-differs",
+    Finding.GROUP_STALL: "same-point-same-collective",
+    Finding.UNRESPONSIVE: "no-answer",
+    Finding.INCONCLUSIVE: "no-majority",
+}
+
+
+def report_kind(report: StallReport) -> str:
+    """The ``kind`` of an observer finding in the report schema."""
+    if report.outcome is Finding.BEHIND:
+        return str(report.kind.value)  # hang, data_stall or checkpoint_stall
+    return str(report.outcome.value)  # desync, group_stall, unresponsive, inconclusive
+
+
+def report_record(
+    report: StallReport,
+    *,
+    group_ranks: tuple[int, ...],
+    job_id: str,
+    generation: int,
+    hosts: tuple[str, ...] | None = None,
+) -> dict[str, Any]:
+    """The ``scout.report/1`` record of one observer report (docs/observer.md). ``hosts`` names
+    each group position's host, when known."""
+    size = len(group_ranks)
+    positions = [*report.attributed, *report.ahead, *report.missing, report.round.initiator, report.decided_by,
+                 report.reporter]
+    if len(report.evidence) != size or any(not 0 <= p < size for p in positions):
+        raise WireError(f"report positions {positions} or evidence of {len(report.evidence)} do not fit a group of {size}")
+
+    def ranks(items: tuple[int, ...]) -> list[int]:
+        return [group_ranks[p] for p in items]
+
+    peers: list[dict[str, Any]] = []
+    for position, item in enumerate(report.evidence):
+        if item is None:
+            peers.append({"rank": group_ranks[position], "missing": True})
+        else:
+            peers.append({
+                "rank": group_ranks[position], "step": item.step, "op": item.op,
+                "fingerprint": f"{item.fingerprint:#018x}", "stage": item.stage.name.lower(),
+                "idle_s": round(item.idle_s, 3),
+            })
+    at_fault = report.missing if report.outcome is Finding.UNRESPONSIVE else report.attributed
+    if report.outcome is Finding.BEHIND:
+        reason = "ahead-of-majority" if set(report.attributed) == set(report.ahead) else "behind-majority"
+    else:
+        reason = _REASONS[report.outcome]
+    return reports.make_record(
+        report_kind(report),
+        source="observer",
+        reason=reason,
+        job_id=job_id,
+        generation=generation,
+        ranks=ranks(at_fault),
+        hosts=[hosts[p] for p in at_fault] if hosts is not None else [],
+        step=max(0, report.key[0]),
+        reporter_rank=group_ranks[report.reporter],
+        evidence={
+            "scope": report.scope.value,
+            "finding": report.outcome.value,
+            "stuck_position": {"step": report.key[0], "op": report.key[1]},
+            "group_ranks": list(group_ranks),
+            "attributed_ranks": ranks(report.attributed),
+            "ahead_ranks": ranks(report.ahead),
+            "missing_ranks": ranks(report.missing),
+            "round": {"initiator_rank": group_ranks[report.round.initiator], "number": report.round.number},
+            "decided_by_rank": group_ranks[report.decided_by],
+            "idle_s": round(report.idle_s, 3),
+            "peers": peers,
+            "detail": report.reason,
+        },
+    )
+
+
+def failure_record(
+    *, rank: int, job_id: str, generation: int, reason: str, host: str | None = None, exit_code: int | None = None
+) -> dict[str, Any]:
+    """An ``observer_failure`` record: the observer of ``rank`` cannot do its job."""
+    return reports.make_record(
+        "observer_failure", source="observer", reason="observer-failed", job_id=job_id, generation=generation,
+        ranks=[rank], hosts=[host] if host else [], reporter_rank=rank,
+        evidence={"detail": reason[:2000], "exit_code": exit_code},
+    )

@@ -1,0 +1,259 @@
+"""Named simulated scenarios: what ``scout simulate NAME`` runs.
+
+A scenario is a function ``(ScenarioParams) -> ScenarioOutcome`` registered with one line::
+
+    @scenario("observer-hang", summary="a trainer hangs in a collective; observers report it")
+    def observer_hang(params: ScenarioParams) -> ScenarioOutcome: ...
+
+It builds a :class:`~scout.transport.sim.cluster.SimCluster` from ``params`` (ranks, seed,
+replica group size, rounds), runs it, and returns a table (columns and rows) plus the checks
+that say whether the run behaved as the contract promises. :func:`run_scenario` times the run,
+digests the trace and wraps everything in a :class:`ScenarioReport`, which renders as a table
+or as JSON and always carries the seed and the command that reproduces it.
+
+Scenarios living in other packages are found by listing their module in ``SCENARIO_MODULES``;
+importing it registers them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from scout.transport.sim.cluster import SimulationResult
+from scout.transport.sim.errors import reproduce_line
+
+__all__ = [
+    "SCENARIO_MODULES",
+    "Check",
+    "Scenario",
+    "ScenarioOutcome",
+    "ScenarioParams",
+    "ScenarioReport",
+    "UnknownScenario",
+    "get_scenario",
+    "load_scenarios",
+    "run_scenario",
+    "scenario",
+    "scenario_names",
+]
+
+# Modules whose import registers scenarios. Add a line here for each new scenario module.
+SCENARIO_MODULES: list[str] = [
+    "scout.scenarios.exchange",
+    "scout.scenarios.observer",
+    "scout.scenarios.gate_campaign",
+]
+
+DEFAULT_GROUP_SIZE = 8
+DEFAULT_ROUNDS = 6
+MAX_RANKS = 1_000_000  # a bound on what one process is asked to simulate
+MAX_ROUNDS = 100_000
+
+
+@attrs.frozen
+class ScenarioParams:
+    """What every scenario is parametrised by. ``group_size`` is the replica group size: ranks
+    are split into consecutive groups of that many (the remainder joins the last group), the
+    peers that compare evidence with each other."""
+
+    ranks: int
+    seed: int
+    group_size: int = DEFAULT_GROUP_SIZE
+    rounds: int = DEFAULT_ROUNDS
+
+    def __attrs_post_init__(self) -> None:
+        if isinstance(self.ranks, bool) or not isinstance(self.ranks, int) or self.ranks < 1:
+            raise ValueError(f"ranks must be an int >= 1, got {self.ranks!r}")
+        if self.ranks > MAX_RANKS:
+            raise ValueError(f"ranks must be <= {MAX_RANKS}, got {self.ranks}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"seed must be an int, got {self.seed!r}")
+        if self.group_size < 2:
+            raise ValueError(
+                f"group_size must be >= 2 (a group of one has no peer to compare with), "
+                f"got {self.group_size}"
+            )
+        if not 1 <= self.rounds <= MAX_ROUNDS:
+            raise ValueError(f"rounds must be in 1..{MAX_ROUNDS}, got {self.rounds}")
+
+
+@attrs.frozen
+class Check:
+    """One expectation of a scenario: ``ok`` and a sentence saying what was seen."""
+
+    name: str
+    ok: bool
+    detail: str = ""
+
+
+@attrs.frozen
+class ScenarioOutcome:
+    """What a scenario function returns: its table, its checks, and the run."""
+
+    columns: tuple[str, ...]
+    rows: list[tuple[Any, ...]]
+    checks: list[Check]
+    faults: list[str]
+    result: SimulationResult
+
+
+@attrs.frozen(eq=False)
+class ScenarioReport:
+    scenario: str
+    summary: str
+    params: ScenarioParams
+    columns: tuple[str, ...]
+    rows: list[tuple[Any, ...]]
+    checks: list[Check]
+    faults: list[str]
+    result: SimulationResult
+    wall_s: float
+    trace_digest: str
+
+    @property
+    def ok(self) -> bool:
+        return all(check.ok for check in self.checks)
+
+    @property
+    def reproduce(self) -> str:
+        line = reproduce_line(self.params.seed, self.scenario, self.params.ranks)
+        if self.params.group_size != DEFAULT_GROUP_SIZE:
+            line += f" --group-size {self.params.group_size}"
+        if self.params.rounds != DEFAULT_ROUNDS:
+            line += f" --rounds {self.params.rounds}"
+        return line
+
+    @property
+    def events_per_s(self) -> float:
+        """Events handled per second of the simulation loop (setup and checks excluded)."""
+        run_s = self.result.wall_s
+        return self.result.events / run_s if run_s > 0 else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain data (lists, dicts, numbers, strings): the ``--json`` output."""
+        return {
+            "scenario": self.scenario,
+            "summary": self.summary,
+            "ranks": self.params.ranks,
+            "seed": self.params.seed,
+            "group_size": self.params.group_size,
+            "rounds": self.params.rounds,
+            "ok": self.ok,
+            "faults": list(self.faults),
+            "columns": list(self.columns),
+            "rows": [[_jsonable(cell) for cell in row] for row in self.rows],
+            "checks": [
+                {"name": check.name, "ok": check.ok, "detail": check.detail}
+                for check in self.checks
+            ],
+            "events": self.result.events,
+            "messages_sent": self.result.messages_sent,
+            "messages_delivered": self.result.messages_delivered,
+            "messages_dropped": self.result.messages_dropped,
+            "virtual_time_s": self.result.virtual_time_s,
+            "wall_s": self.wall_s,
+            "run_wall_s": self.result.wall_s,
+            "events_per_s": self.events_per_s,
+            "trace_records": len(self.result.trace),
+            "trace_digest": self.trace_digest,
+            "reproduce": self.reproduce,
+        }
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, (tuple, list, frozenset, set)):
+        items = sorted(value) if isinstance(value, (frozenset, set)) else value
+        return [_jsonable(item) for item in items]
+    return value
+
+
+ScenarioFunction = Callable[[ScenarioParams], ScenarioOutcome]
+
+
+@attrs.frozen
+class Scenario:
+    name: str
+    summary: str
+    run: ScenarioFunction
+    min_ranks: int = 1
+    min_rounds: int = 1
+
+
+class UnknownScenario(KeyError):
+    def __init__(self, name: str, known: list[str]) -> None:
+        self.name = name
+        self.known = known
+        super().__init__(name)
+
+    def __str__(self) -> str:
+        return f"unknown scenario {self.name!r}; known scenarios: {', '.join(self.known)}"
+
+
+_REGISTRY: dict[str, Scenario] = {}
+
+
+def scenario(
+    name: str, *, summary: str, min_ranks: int = 1, min_rounds: int = 1
+) -> Callable[[ScenarioFunction], ScenarioFunction]:
+    """Register the decorated function as scenario ``name`` (kebab-case, unique)."""
+    if not name or name != name.strip().lower() or " " in name:
+        raise ValueError(f"a scenario name is lower-case kebab-case, got {name!r}")
+
+    def register(function: ScenarioFunction) -> ScenarioFunction:
+        if name in _REGISTRY and _REGISTRY[name].run is not function:
+            raise ValueError(f"scenario {name!r} is registered twice")
+        _REGISTRY[name] = Scenario(name, summary, function, min_ranks, min_rounds)
+        return function
+
+    return register
+
+
+def load_scenarios() -> None:
+    for module in SCENARIO_MODULES:
+        importlib.import_module(module)
+
+
+def scenario_names() -> list[str]:
+    load_scenarios()
+    return sorted(_REGISTRY)
+
+
+def get_scenario(name: str) -> Scenario:
+    load_scenarios()
+    found = _REGISTRY.get(name)
+    if found is None:
+        raise UnknownScenario(name, sorted(_REGISTRY))
+    return found
+
+
+def run_scenario(name: str, params: ScenarioParams) -> ScenarioReport:
+    """Run scenario ``name``; ValueError if ``params`` do not suit it."""
+    spec = get_scenario(name)
+    if params.ranks < spec.min_ranks:
+        raise ValueError(
+            f"scenario {name!r} needs at least {spec.min_ranks} ranks, got {params.ranks}"
+        )
+    if params.rounds < spec.min_rounds:
+        raise ValueError(
+            f"scenario {name!r} needs at least {spec.min_rounds} rounds, got {params.rounds}"
+        )
+    started = time.perf_counter()
+    outcome = spec.run(params)
+    wall_s = time.perf_counter() - started
+    return ScenarioReport(
+        scenario=name,
+        summary=spec.summary,
+        params=params,
+        columns=outcome.columns,
+        rows=outcome.rows,
+        checks=outcome.checks,
+        faults=outcome.faults,
+        result=outcome.result,
+        wall_s=wall_s,
+        trace_digest=outcome.result.trace.digest(),
+    )
