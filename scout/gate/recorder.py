@@ -34,12 +34,13 @@ from scout.gate.manifest import (
 from scout.gate.model import (
     GateConfig,
     GateContext,
+    GateEvent,
     Persist,
     TrustChange,
 )
-from scout.gate.step import initial_state
+from scout.gate.step import initial_state, step
 
-__all__ = ["GateConfigMismatch", "GateRecorder", "gate_payload", "read_gate"]
+__all__ = ["GateConfigMismatch", "GateRecorder", "GateWriter", "gate_payload", "read_gate"]
 
 GateMachineState = MachineState[GateContext]
 
@@ -120,6 +121,44 @@ class GateRecorder:
         self.writer.close()
 
     def __enter__(self) -> GateRecorder:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class GateWriter:
+    """The gate's one writer: steps the machine and commits every state change (GATE-9) before
+    returning the step's other effects for the caller to act on. ``scout.attach``'s writer rank,
+    the simulated gate campaign and the tests all drive the gate through this class."""
+
+    def __init__(self, recorder: GateRecorder, state: GateMachineState) -> None:
+        self.recorder = recorder
+        self._state = state
+
+    @classmethod
+    def open(
+        cls, directory: str | os.PathLike[str], config: GateConfig, *, hook: WriteHook | None = None
+    ) -> GateWriter:
+        recorder, state = GateRecorder.open(directory, config, hook=hook)
+        return cls(recorder, state)
+
+    @property
+    def state(self) -> GateMachineState:
+        return self._state
+
+    def apply(self, event: GateEvent) -> tuple[object, ...]:
+        """Step the gate with ``event`` (a GateInputError leaves everything unchanged), commit
+        the new state if the step asks for it, and return the step's effects."""
+        state, effects = step(self._state, event)
+        self.recorder.record(state, effects)
+        self._state = state
+        return effects
+
+    def close(self) -> None:
+        self.recorder.close()
+
+    def __enter__(self) -> GateWriter:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

@@ -50,8 +50,9 @@ import secrets
 import struct
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from multiprocessing import resource_tracker
 from multiprocessing.shared_memory import SharedMemory
 from typing import Any, Final
@@ -75,6 +76,7 @@ __all__ = [
     "Stage",
     "process_alive",
     "process_start_ticks",
+    "launcher_job_id",
     "record_name",
 ]
 
@@ -152,20 +154,30 @@ class RecordIdentity:
         return record_name(self.job_id, self.generation, self.rank)
 
     @classmethod
-    def from_environment(cls, rank: int, environ: dict[str, str] | None = None) -> RecordIdentity:
-        """Job id and generation from the launcher's environment (torchrun, Slurm, MPI), with a
-        fallback that is unique per launch only on one host."""
-        env = dict(os.environ if environ is None else environ)
-        job_id = (
-            env.get("SCOUT_JOB_ID")
-            or env.get("TORCHELASTIC_RUN_ID")
-            or env.get("SLURM_JOB_ID")
-            or env.get("PMIX_NAMESPACE")
-            or (f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}" if "MASTER_ADDR" in env and "MASTER_PORT" in env else "")
-            or f"local-{os.getppid()}"
-        )
+    def from_environment(cls, rank: int, environ: Mapping[str, str] | None = None, *,
+                         job_id: str | None = None) -> RecordIdentity:
+        """Job id and restart generation from the launcher: stable across the restarts of one
+        launch, distinct for two jobs on one host (see :func:`launcher_job_id`)."""
+        env = os.environ if environ is None else environ
         generation = int(env.get("SCOUT_GENERATION") or env.get("TORCHELASTIC_RESTART_COUNT") or 0)
-        return cls(job_id, generation, rank)
+        return cls(job_id or launcher_job_id(env), generation, rank)
+
+
+def launcher_job_id(environ: Mapping[str, str]) -> str:
+    """The launcher's name for this job, the same in every restart of it: ``SCOUT_JOB_ID``,
+    torchrun's ``TORCHELASTIC_RUN_ID`` (its default ``none`` is qualified by the rendezvous
+    endpoint, which two jobs on one host cannot share), Slurm's job and step, MPI's namespace;
+    last, the rendezvous endpoint or the launching process."""
+    env = environ
+    endpoint = f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}" if "MASTER_ADDR" in env and "MASTER_PORT" in env else ""
+    run_id = env.get("TORCHELASTIC_RUN_ID", "")
+    if run_id == "none":
+        run_id = f"none@{endpoint or os.getppid()}"
+    slurm = env.get("SLURM_JOB_ID", "")
+    if slurm and env.get("SLURM_STEP_ID"):
+        slurm = f"{slurm}.{env['SLURM_STEP_ID']}"
+    return (env.get("SCOUT_JOB_ID") or run_id or slurm or env.get("PMIX_NAMESPACE") or env.get("OMPI_MCA_orte_ess_jobid")
+            or endpoint or f"local-{os.getppid()}")
 
 
 def record_name(job_id: str, generation: int, rank: int) -> str:
@@ -356,11 +368,20 @@ class Snapshot:
 
 
 class ProgressPublisher:
-    """The single writer of one rank's record. Not thread-safe: publish from one thread (the
-    training loop); every other thread must leave it alone.
+    """The one owner of a rank's record. Publishes are serialised by a lock, so the training
+    loop and the autograd engine's threads (DDP's communication hook) may both publish; the
+    seqlock then still sees one writer at a time.
 
     Progress coordinate: ``(step, op)`` where ``op`` counts publishes within the step (layer
     hooks, collective entry and exit, stage changes) and restarts at 0 on each new step.
+
+    *Asynchronous collectives* (DDP's gradient buckets: launched during backward, completed by
+    a communication thread, all waited for before backward returns) are published by
+    :meth:`enter_async_collective` only: each launch counts one op and sets the fingerprint.
+    Their completions are not published -- they happen on other threads in an order that
+    differs from rank to rank -- so the coordinate and fingerprint of a rank stuck in backward
+    are the same on every healthy rank. The next publish from the training loop (which comes
+    after backward, so after every bucket completed) leaves the collective stage.
     """
 
     def __init__(self, identity: RecordIdentity) -> None:
@@ -389,6 +410,8 @@ class ProgressPublisher:
         self._outer_stage = int(Stage.IDLE)
         self._outer_key = 0
         self._outer_start_ns = 0
+        self._async = False  # an asynchronous collective was launched and not yet left
+        self._lock = threading.Lock()
         self._publish()
 
     # -- claiming ---------------------------------------------------------------------------
@@ -451,22 +474,35 @@ class ProgressPublisher:
         self._seq = seq + 1
         self._pack_seq(buffer, _SEQ_OFFSET, seq + 1)
 
+    def _settle_async(self) -> None:
+        """Leave the collective stage of launched asynchronous collectives (lock held)."""
+        if self._async:
+            self._async = False
+            self._fingerprint = 0
+            self._stage, self._stage_key, self._stage_start_ns = (
+                self._outer_stage, self._outer_key, self._outer_start_ns,
+            )
+
     def begin_step(self, step: int) -> None:
         """A new training step starts: the op counter restarts at 0."""
-        self._step = step
-        self._op = 0
-        self._publish()
+        with self._lock:
+            self._settle_async()
+            self._step = step
+            self._op = 0
+            self._publish()
 
     def advance(self) -> None:
         """One unit of visible progress inside the step (e.g. a layer's forward)."""
-        self._op += 1
-        self._publish()
+        with self._lock:
+            self._settle_async()
+            self._op += 1
+            self._publish()
 
-    def enter_collective(self, fingerprint: int) -> None:
-        """The trainer is about to block in the collective ``fingerprint`` (never 0)."""
-        self._outer_stage, self._outer_key, self._outer_start_ns = (
-            self._stage, self._stage_key, self._stage_start_ns,
-        )
+    def _enter(self, fingerprint: int) -> None:
+        if not self._async:
+            self._outer_stage, self._outer_key, self._outer_start_ns = (
+                self._stage, self._stage_key, self._stage_start_ns,
+            )
         self._op += 1
         self._collectives += 1
         self._fingerprint = fingerprint
@@ -475,37 +511,56 @@ class ProgressPublisher:
         self._stage_start_ns = self._now_ns()
         self._publish()
 
+    def enter_collective(self, fingerprint: int) -> None:
+        """The trainer is about to block in the collective ``fingerprint`` (never 0)."""
+        with self._lock:
+            self._settle_async()
+            self._enter(fingerprint)
+
+    def enter_async_collective(self, fingerprint: int) -> None:
+        """An asynchronous collective ``fingerprint`` was launched (see the class docstring);
+        safe from any thread."""
+        with self._lock:
+            self._enter(fingerprint)
+            self._async = True
+
     def exit_collective(self) -> None:
-        self._op += 1
-        self._fingerprint = 0
-        self._stage, self._stage_key, self._stage_start_ns = (
-            self._outer_stage, self._outer_key, self._outer_start_ns,
-        )
-        self._publish()
+        with self._lock:
+            self._async = False
+            self._op += 1
+            self._fingerprint = 0
+            self._stage, self._stage_key, self._stage_start_ns = (
+                self._outer_stage, self._outer_key, self._outer_start_ns,
+            )
+            self._publish()
 
     def begin_stage(self, stage: Stage, key: int = 0) -> None:
         """Enter a stage (compute, data loading, checkpoint read/write). ``key`` names the
         instance (e.g. which data loader); stages do not nest, except collectives inside them."""
         if stage is Stage.COLLECTIVE:
             raise ValueError("use enter_collective(fingerprint) for collectives, not begin_stage")
-        self._op += 1
-        self._stage = int(stage)
-        self._stage_key = key
-        self._stage_sequence += 1
-        self._stage_start_ns = self._now_ns()
-        self._publish()
+        with self._lock:
+            self._settle_async()
+            self._op += 1
+            self._stage = int(stage)
+            self._stage_key = key
+            self._stage_sequence += 1
+            self._stage_start_ns = self._now_ns()
+            self._publish()
 
     def end_stage(self) -> None:
         """Leave the current stage; its duration becomes the last completed stage."""
-        now = self._now_ns()
-        self._op += 1
-        self._done_stage, self._done_key, self._done_ns = (
-            self._stage, self._stage_key, now - self._stage_start_ns,
-        )
-        self._stage = int(Stage.COMPUTE)
-        self._stage_key = 0
-        self._stage_start_ns = now
-        self._publish()
+        with self._lock:
+            self._settle_async()
+            now = self._now_ns()
+            self._op += 1
+            self._done_stage, self._done_key, self._done_ns = (
+                self._stage, self._stage_key, now - self._stage_start_ns,
+            )
+            self._stage = int(Stage.COMPUTE)
+            self._stage_key = 0
+            self._stage_start_ns = now
+            self._publish()
 
     @property
     def coordinate(self) -> tuple[int, int]:
@@ -527,9 +582,10 @@ class ProgressPublisher:
         it is still ours. Idempotent."""
         if self._buffer is None:
             return
-        self._life = int(_Life.CLOSED)
-        self._publish()
-        self._buffer = None
+        with self._lock:
+            self._life = int(_Life.CLOSED)
+            self._publish()
+            self._buffer = None
         with _claim_lock():
             header = _Header.read(_buffer_of(self._segment))
             self._segment.close()
@@ -665,3 +721,24 @@ class ProgressReader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def reclaim_stale_records(identity: RecordIdentity) -> int:
+    """Remove this rank's records of earlier generations of the job whose owners are dead (a
+    crash or a kill that left no observer to clean up). Returns how many were removed."""
+    removed = 0
+    for generation in range(max(0, identity.generation - 8), identity.generation):
+        name = record_name(identity.job_id, generation, identity.rank)
+        with _claim_lock():
+            try:
+                segment = _open_segment(name, create=False)
+            except FileNotFoundError:
+                continue
+            try:
+                header = _Header.read(_buffer_of(segment)) if segment.size >= _HEADER.size else None
+            finally:
+                segment.close()
+            if header is None or not header.valid or not header.owner_alive:
+                _unlink_name(name)
+                removed += 1
+    return removed

@@ -30,6 +30,8 @@ Registered with the simulator by importing this module; the simulator lists scen
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Callable, Generator
 from typing import Any, Final
 
@@ -49,9 +51,10 @@ from scout.gate.model import (
     Trust,
     TrustChange,
 )
+from scout.gate.recorder import GateWriter
 from scout.gate.recovery import Choice, FailureClass, recover
 from scout.gate.results import recipe_verdicts
-from scout.gate.step import gate_machine, initial_state, step
+from scout.gate.step import gate_machine
 from scout.job.aggregate import NO_VIEW, GateView, aggregate_results, gate_view, group_vote
 from scout.scenarios.exchange import replica_groups
 from scout.scenarios.registry import Check, ScenarioOutcome, ScenarioParams, scenario
@@ -111,6 +114,7 @@ class WriterLog:
     violations: list[str] = attrs.Factory(list)
     results: dict[int, RecipeVerdicts] = attrs.Factory(dict)
     view: View = NO_VIEW
+    writer: GateWriter | None = None
 
 
 def _check_step(previous: GateMachineState, event: object, new: GateMachineState, effects: tuple[object, ...], log: WriterLog) -> None:
@@ -134,8 +138,7 @@ def _program(
         view: View = NO_VIEW
         state: GateMachineState | None = None
         if ctx.rank == WRITER:
-            state = initial_state(config)
-            state = _writer_step(state, CycleBoundary(0), log)
+            state = _writer_step(log, CycleBoundary(0))
         # Two replay-less iterations at the end spread the writer's final view: to the leaders,
         # then to every rank.
         for replay in range(1, replays + 3):
@@ -178,11 +181,11 @@ def _program(
             event = recipe_verdicts(config, RECIPES[recipe_index], plan.cycle_of(replay), replay * STEPS_PER_REPLAY,
                                     {groups[index].name: result for index, result in results.items()})
             log.results[replay] = event
-            state = _writer_step(state, event, log)
+            state = _writer_step(log, event)
             if replay % len(RECIPES) == 0:
                 boundary_step = replay * STEPS_PER_REPLAY + STEPS_PER_REPLAY // 2
-                state = _writer_step(state, CycleBoundary(boundary_step), log)
-                state = _writer_step(state, CheckpointCaptured(boundary_step), log)
+                state = _writer_step(log, CycleBoundary(boundary_step))
+                state = _writer_step(log, CheckpointCaptured(boundary_step))
             view = gate_view(state, len(log.states))
             log.view = view
         return view
@@ -190,9 +193,14 @@ def _program(
     return program
 
 
-def _writer_step(state: GateMachineState, event: Any, log: WriterLog) -> GateMachineState:
-    new, effects = step(state, event)
-    _check_step(state, event, new, effects, log)
+def _writer_step(log: WriterLog, event: Any) -> GateMachineState:
+    """The writer steps the gate through the production writer (manifest included) and checks
+    every ``always`` invariant of spec/gate.toml on the step."""
+    assert log.writer is not None
+    previous = log.writer.state
+    effects = log.writer.apply(event)
+    new = log.writer.state
+    _check_step(previous, event, new, effects, log)
     log.states.append(new)
     log.effects.append(effects)
     return new
@@ -252,8 +260,9 @@ def gate_campaign(params: ScenarioParams) -> ScenarioOutcome:
         missing_replay,
         missing_group,
     )
-    log = WriterLog()
-    cluster.spawn(_program(groups, index_of, leaders, plan, config, log))
+    manifest_dir = tempfile.mkdtemp(prefix="scout-gate-campaign-")
+    writer = GateWriter.open(manifest_dir, config)
+    log = WriterLog(writer=writer)
     faults: list[Any] = [
         Corrupt(plan.sdc_rank, FlipBit(bit=3, leaf=0), start_s=sdc_replay * PERIOD_S, duration_s=0.3),
         Freeze(groups[missing_group].ranks[0], start_s=missing_replay * PERIOD_S - 0.05, duration_s=0.6),
@@ -263,8 +272,13 @@ def gate_campaign(params: ScenarioParams) -> ScenarioOutcome:
     split = groups[inconclusive_group].ranks
     for offset, rank in enumerate(split[: len(split) // 2 + len(split) % 2]):
         faults.append(Corrupt(rank, FlipBit(bit=5 + offset, leaf=0), start_s=inconclusive_replay * PERIOD_S, duration_s=0.3))
+    cluster.spawn(_program(groups, index_of, leaders, plan, config, log))
     cluster.inject(*faults)
-    result = cluster.run()
+    try:
+        result = cluster.run()
+    finally:
+        writer.close()
+        shutil.rmtree(manifest_dir, ignore_errors=True)
     return _outcome(params, plan, groups, log, result, faults)
 
 

@@ -1,0 +1,220 @@
+"""``scout.attach``'s configuration: every key, its default, and why (docs/attach.md).
+
+The same keys come, in rising priority, from the defaults below, a TOML file
+(``config="scout.toml"``; keys at the top level or under ``[scout]``), environment variables
+``SCOUT_<KEY>`` (upper case) and keyword arguments of ``scout.attach``. Every value is checked
+when the job attaches, and an error names the key, the value, where it came from and what is
+allowed. No torch here.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final
+
+import attrs
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+__all__ = ["CONFIG_BYTES_MAX", "Config", "ConfigError", "POLICIES", "load_config"]
+
+POLICIES: Final = ("report", "restart")
+CONFIG_BYTES_MAX: Final = 1 << 20
+ENV_PREFIX: Final = "SCOUT_"
+
+
+class ConfigError(ValueError):
+    """A configuration key or value scout cannot use; the message names both and the source."""
+
+
+def _positive_s(name: str, maximum: float = 7 * 86400.0) -> Any:
+    def check(_instance: object, _attribute: object, value: object) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                or not 0 < value <= maximum:
+            raise ConfigError(f"{name} must be a number of seconds in (0, {maximum:g}], got {value!r}")
+
+    return check
+
+
+def _count(name: str, minimum: int, maximum: int) -> Any:
+    def check(_instance: object, _attribute: object, value: object) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+            raise ConfigError(f"{name} must be an int in [{minimum}, {maximum}], got {value!r}")
+
+    return check
+
+
+def _choice(name: str, allowed: tuple[str, ...]) -> Any:
+    def check(_instance: object, _attribute: object, value: object) -> None:
+        if value not in allowed:
+            raise ConfigError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
+
+    return check
+
+
+def _flag(name: str) -> Any:
+    def check(_instance: object, _attribute: object, value: object) -> None:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name} must be true or false, got {value!r}")
+
+    return check
+
+
+def _optional_text(name: str) -> Any:
+    def check(_instance: object, _attribute: object, value: object) -> None:
+        if value is not None and (not isinstance(value, str) or not value.strip() or len(value) > 200):
+            raise ConfigError(f"{name} must be a non-empty string of at most 200 characters, or unset; got {value!r}")
+
+    return check
+
+
+@attrs.frozen(kw_only=True)
+class Config:
+    """Everything a job can tune. The defaults serve a real job without tuning (docs/attach.md
+    gives the reasoning for each)."""
+
+    #: Idle time after which an observer opens a round (a hang is reported about this long after
+    #: it began). 10 s: a step of a large job takes seconds, a healthy rank's publishes (layers,
+    #: DDP buckets, collectives) come far more often than that, and start-up, checkpoint I/O and
+    #: data loading have thresholds of their own.
+    stall_threshold_s: float = attrs.field(default=10.0, validator=_positive_s("stall_threshold_s"))
+    data_stall_threshold_s: float = attrs.field(default=60.0, validator=_positive_s("data_stall_threshold_s"))
+    #: Checkpoint reads and writes, and the job's start-up (published as a checkpoint read).
+    checkpoint_stall_threshold_s: float = attrs.field(
+        default=300.0, validator=_positive_s("checkpoint_stall_threshold_s"))
+    #: A round ends when every peer answered or this long after it opened.
+    round_deadline_s: float = attrs.field(default=1.0, validator=_positive_s("round_deadline_s", 60.0))
+    #: While a stall lasts, rounds repeat this often (one report per stuck position).
+    recheck_interval_s: float = attrs.field(default=5.0, validator=_positive_s("recheck_interval_s", 600.0))
+    #: Steps between two replay checks (1 = every step). One hidden layer is replayed per check,
+    #: so a replay cycle -- every recipe once -- is ``replay_interval_steps x hidden layers``.
+    replay_interval_steps: int = attrs.field(default=2, validator=_count("replay_interval_steps", 1, 1_000_000))
+    #: A checkpoint (DCP) at every this many cycle boundaries; it is verified one cycle later.
+    checkpoint_every_cycles: int = attrs.field(default=5, validator=_count("checkpoint_every_cycles", 1, 1_000_000))
+    #: What an attributed SDC does: ``report`` writes the report; ``restart`` also stops every
+    #: rank at the same step (``scout.FaultDetected``) so the launcher restarts the job.
+    on_sdc: str = attrs.field(default="report", validator=_choice("on_sdc", POLICIES))
+    #: What a hang does: ``report``; ``restart`` also ends the trainer so the launcher restarts.
+    on_hang: str = attrs.field(default="report", validator=_choice("on_hang", POLICIES))
+    #: Switch the parts on or off.
+    observer: bool = attrs.field(default=True, validator=_flag("observer"))
+    replay: bool = attrs.field(default=True, validator=_flag("replay"))
+    #: The job's id (namespaces progress records and observer groups); by default the
+    #: launcher's (TORCHELASTIC_RUN_ID, SLURM_JOB_ID), stable across restarts.
+    job_id: str | None = attrs.field(default=None, validator=_optional_text("job_id"))
+    #: The address observers bind to; by default loopback on one host, else the address of the
+    #: interface that reaches MASTER_ADDR.
+    observer_host: str | None = attrs.field(default=None, validator=_optional_text("observer_host"))
+    #: A directory every rank sees, for the observers' rendezvous instead of the launcher's store.
+    rendezvous_dir: str | None = attrs.field(default=None, validator=_optional_text("rendezvous_dir"))
+    #: Bound on every scout collective (replay exchanges, the start-up rendezvous).
+    collective_timeout_s: float = attrs.field(default=120.0, validator=_positive_s("collective_timeout_s", 3600.0))
+    #: After on_hang=restart asks a trainer to end (SIGTERM), SIGKILL follows this much later.
+    kill_grace_s: float = attrs.field(default=5.0, validator=_positive_s("kill_grace_s", 600.0))
+    #: Bytes a replay capture may hold (inputs of the recipes due at a step).
+    max_capture_bytes: int = attrs.field(default=256 * 2**20, validator=_count("max_capture_bytes", 0, 2**40))
+
+    def __attrs_post_init__(self) -> None:
+        if self.round_deadline_s > self.recheck_interval_s:
+            raise ConfigError(
+                f"round_deadline_s ({self.round_deadline_s}) must not exceed recheck_interval_s "
+                f"({self.recheck_interval_s}): a round must end before the next one starts"
+            )
+        if self.round_deadline_s >= self.stall_threshold_s:
+            raise ConfigError(
+                f"round_deadline_s ({self.round_deadline_s}) must be shorter than stall_threshold_s "
+                f"({self.stall_threshold_s})"
+            )
+
+    def observer_fields(self) -> dict[str, Any]:
+        """The ObserverConfig fields these settings give."""
+        return {
+            "stall_threshold_s": self.stall_threshold_s,
+            "data_stall_threshold_s": self.data_stall_threshold_s,
+            "checkpoint_stall_threshold_s": self.checkpoint_stall_threshold_s,
+            "round_deadline_s": self.round_deadline_s,
+            "recheck_interval_s": self.recheck_interval_s,
+            "join_deadline_s": self.collective_timeout_s,
+            "attach_deadline_s": self.collective_timeout_s,
+        }
+
+
+_FIELDS: Final = {field.name: field for field in attrs.fields(Config)}
+
+
+def _from_text(key: str, text: str, source: str) -> Any:
+    """An environment value, read as the type of ``key``'s default."""
+    field = _FIELDS[key]
+    default = field.default
+    try:
+        if isinstance(default, bool):
+            lowered = text.strip().lower()
+            if lowered not in ("1", "0", "true", "false", "yes", "no"):
+                raise ValueError(text)
+            return lowered in ("1", "true", "yes")
+        if isinstance(default, int):
+            return int(text)
+        if isinstance(default, float):
+            return float(text)
+    except ValueError:
+        raise ConfigError(f"{source}: {text!r} is not a valid {type(default).__name__} for {key}") from None
+    return text
+
+
+def _check_keys(values: Mapping[str, Any], source: str) -> None:
+    unknown = sorted(set(values) - set(_FIELDS))
+    if unknown:
+        raise ConfigError(f"{source}: unknown key(s) {unknown}; the keys are {sorted(_FIELDS)}")
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist or is not a regular file")
+        if path.stat().st_size > CONFIG_BYTES_MAX:
+            raise ConfigError(f"config file {path} is over {CONFIG_BYTES_MAX} bytes")
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except PermissionError as error:
+        raise ConfigError(f"config file {path} cannot be read: {error.strerror}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+        raise ConfigError(f"config file {path} is not valid TOML: {error}") from None
+    table = data.get("scout", data)
+    if not isinstance(table, dict):
+        raise ConfigError(f"config file {path}: [scout] must be a table")
+    _check_keys(table, f"config file {path}")
+    return dict(table)
+
+
+def load_config(
+    config: str | os.PathLike[str] | Config | Mapping[str, Any] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Config:
+    """Defaults < file (or a Config / mapping) < ``SCOUT_*`` environment < ``overrides``."""
+    values: dict[str, Any] = {}
+    if isinstance(config, Config):
+        values.update(attrs.asdict(config))
+    elif isinstance(config, Mapping):
+        _check_keys(config, "config")
+        values.update(config)
+    elif config is not None:
+        values.update(_read_file(Path(config)))
+    env = os.environ if environ is None else environ
+    for key in _FIELDS:
+        name = ENV_PREFIX + key.upper()
+        if name in env:
+            values[key] = _from_text(key, env[name], f"environment variable {name}")
+    if overrides:
+        _check_keys(overrides, "scout.attach keyword arguments")
+        values.update(overrides)
+    try:
+        return Config(**values)
+    except TypeError as error:
+        raise ConfigError(str(error)) from None
