@@ -39,6 +39,7 @@ from scout.observer.progress import ProgressPublisher, Stage
 
 __all__ = [
     "COLLECTIVES",
+    "already_published",
     "InstrumentationError",
     "check_at_each_step",
     "checkpoint_io",
@@ -215,11 +216,11 @@ class _Instrumentation:
             if self.depth or not self.owns_thread():
                 return original(*args, **kwargs)
             self.safely(self.publisher.enter_collective, self.fingerprint_of(op, args, kwargs))
-            self.depth = 1
+            self.depth += 1
             try:
                 return original(*args, **kwargs)
             finally:
-                self.depth = 0
+                self.depth -= 1
                 self.safely(self.publisher.exit_collective)
 
         wrapper.__scout_instrumented__ = True  # type: ignore[attr-defined]
@@ -290,6 +291,21 @@ def _active(what: str) -> _Instrumentation:
     if _ACTIVE is None:
         raise InstrumentationError(f"{what} needs instrument(publisher) to be called first")
     return _ACTIVE
+
+
+@contextlib.contextmanager
+def already_published() -> Iterator[None]:
+    """Collectives called inside the block were published by the caller already (e.g. DDP's
+    communication hook, which published the bucket's launch): the wrappers pass them through."""
+    active = _ACTIVE
+    if active is None or not active.owns_thread():
+        yield
+        return
+    active.depth += 1
+    try:
+        yield
+    finally:
+        active.depth -= 1
 
 
 def mark_step(step: int) -> None:

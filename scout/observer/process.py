@@ -219,7 +219,7 @@ class _World:
         """on_hang = restart: name the hosts at fault for the scheduler, then end our trainer."""
         exclude = self.spec.get("exclude_hosts_path")
         if exclude and record["hosts"]:
-            append_hosts(exclude, record["hosts"])
+            reports.append_hosts(exclude, record["hosts"])
         pid = self.spec["trainer_pid"]
         print(f"scout: on_hang=restart: ending trainer rank {self.rank} (pid {pid}) so the launcher restarts the job",
               file=sys.stderr, flush=True)
@@ -231,24 +231,6 @@ class _World:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             if process_alive(pid, self.spec["trainer_start_ticks"]):
                 os.kill(pid, signal.SIGKILL)
-
-
-def append_hosts(path: str | os.PathLike[str], hosts: list[str]) -> None:
-    """Add hosts to an exclude-hosts file (one per line, each once), durably."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(target, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        import fcntl
-
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        known = set(os.pread(fd, 1 << 20, 0).decode("utf-8", "replace").split())
-        new = [host for host in dict.fromkeys(hosts) if host and host not in known]
-        if new:
-            os.write(fd, "".join(f"{host}\n" for host in new).encode())
-            os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _execute(ops: Generator[DriverOp, Any, ObserverRun], channel: UdpChannel) -> ObserverRun:

@@ -6,7 +6,7 @@ This package imports torch; the pure schedule and catalog live in :mod:`scout.co
 straggler confirmation and localization in :mod:`scout.core.straggler`.
 """
 
-from scout.replay.api import attach
+from scout.replay.api import attach_replay
 from scout.replay.collectives import TorchPeerGroup, TransportPeerGroup
 from scout.replay.mesh import peer_ranks, replica_groups
 from scout.replay.replay import RecipeModules, ReplayConfig, Replayer, StepReport
@@ -19,7 +19,7 @@ __all__ = [
     "StepReport",
     "TorchPeerGroup",
     "TransportPeerGroup",
-    "attach",
+    "attach_replay",
     "peer_ranks",
     "replica_groups",
     "structured_signature",

@@ -1,11 +1,11 @@
-"""``attach``: scout replay on an existing training loop in one call (spec/replay.md API-1).
+"""``attach_replay``: scout replay alone on an existing training loop in one call (spec/replay.md API-1).
 
-    handle = scout.replay.attach(model, optimizer)          # after init_process_group
+    handle = scout.replay.attach_replay(model, optimizer)          # after init_process_group
     for batch in loader:
         loss = model(batch).loss; loss.backward(); optimizer.step(); optimizer.zero_grad()
         report = handle.step()                              # the one added line
 
-``attach`` is collective over the world when it builds the default peer group (the whole world
+``attach_replay`` is collective over the world when it builds the default peer group (the whole world
 as one group of DDP replicas) -- every rank must call it.
 """
 
@@ -19,12 +19,12 @@ from torch import nn
 from scout.replay.collectives import PeerGroup, TorchPeerGroup
 from scout.replay.replay import RecipeModules, ReplayConfig, Replayer
 
-__all__ = ["attach"]
+__all__ = ["attach_replay"]
 
 _attached: weakref.WeakKeyDictionary[nn.Module, Replayer] = weakref.WeakKeyDictionary()
 
 
-def attach(
+def attach_replay(
     model: nn.Module,
     optimizer: torch.optim.Optimizer | None,
     *,

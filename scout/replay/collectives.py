@@ -188,6 +188,8 @@ class TorchPeerGroup:
             raise ValueError(f"rank {rank} is not one of the peers {where}")
         self._ranks, self._group = own
         self._position = self._ranks.index(rank)
+        #: Every peer group of the job, this rank's among them (the gate votes per group).
+        self.partition: tuple[tuple[int, ...], ...] = tuple(groups)
         self.device = torch.device(device)
         self._timer = CollectiveTimer()
 

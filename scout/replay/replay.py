@@ -392,6 +392,15 @@ class Replayer:
         if self._optimizer is not None:
             self._optimizer.close()
 
+    def resume_at(self, step: int) -> None:
+        """The job restarted from a checkpoint taken after step ``step``: the next
+        :meth:`after_optimizer_step` is step ``step + 1`` (the schedule is a function of the
+        step, so every peer resumes it alike)."""
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"resume_at needs a step >= 0, got {step!r}")
+        self.step_count = step
+        self._arm(step + 1)
+
     def after_optimizer_step(self) -> StepReport:
         """Finish step ``step_count + 1``: run its due checks, arm the next step."""
         if self._closed:

@@ -27,6 +27,7 @@ __all__ = [
     "SCHEMA",
     "SOURCES",
     "ReportError",
+    "append_hosts",
     "append_record",
     "make_record",
     "read_records",
@@ -211,3 +212,19 @@ def record_line(record: Mapping[str, Any]) -> str:
     who = f" rank(s) {record['ranks']}" if record.get("ranks") else ""
     hosts = f" on {', '.join(record['hosts'])}" if record.get("hosts") else ""
     return f"scout: {record['kind']}{who}{hosts}{where}: {record['reason']}"
+
+
+def append_hosts(path: str | os.PathLike[str], hosts: list[str]) -> None:
+    """Add hosts to an exclude-hosts file (one per line, each once), durably."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(target, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        with _locked(fd):
+            known = set(os.pread(fd, 1 << 20, 0).decode("utf-8", "replace").split())
+            new = [host for host in dict.fromkeys(hosts) if host and host not in known]
+            if new:
+                os.write(fd, "".join(f"{host}\n" for host in new).encode())
+                os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -356,7 +356,7 @@ def test_CAP_2_too_large_capture_is_not_ready_on_that_peer() -> None:
 
 
 def test_API_1_attach_once_per_model_and_again_after_close() -> None:
-    from scout.replay import attach
+    from scout.replay import attach_replay as attach
 
     torch.manual_seed(0)
     model = Net()

@@ -1,0 +1,183 @@
+"""A small GPT trained with DDP and checkpointed with DCP, with scout attached: the five lines
+marked ``# scout`` are all it takes (README, "scout on your training job").
+
+    torchrun --nproc-per-node 4 examples/train_gpt.py --run-dir runs/gpt --checkpoint-dir ckpt/gpt
+
+Faults, injected the way they happen in life, for the demo and the tests (``--fault`` or the
+environment variable EXAMPLE_FAULT; only in the first attempt, so a restart runs clean):
+
+- ``sdc:RANK:STEP``             from STEP on, RANK's second block computes one wrong bit in its
+                                output -- every time it runs, replays included (a faulty unit);
+- ``hang-before-backward:RANK:STEP:SECONDS``  RANK sleeps between forward and backward;
+- ``hang-in-backward:RANK:STEP:SECONDS``      RANK sleeps inside backward (a block's gradient);
+- ``slow:RANK:FACTOR``          every torch operation of RANK takes FACTOR times as long (a slow
+                                device, throttled or degraded);
+- ``loop-slow:RANK:FACTOR``     RANK's host-side loop work takes FACTOR times the step (a slow
+                                data path).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+import scout  # scout
+
+VOCAB, WIDTH, HEADS, LAYERS, SEQUENCE, BATCH = 256, 64, 4, 4, 32, 8
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm_attention = nn.LayerNorm(WIDTH)
+        self.qkv = nn.Linear(WIDTH, 3 * WIDTH)
+        self.projection = nn.Linear(WIDTH, WIDTH)
+        self.norm_mlp = nn.LayerNorm(WIDTH)
+        self.mlp = nn.Sequential(nn.Linear(WIDTH, 4 * WIDTH), nn.GELU(), nn.Linear(4 * WIDTH, WIDTH))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, _ = x.shape
+        q, k, v = self.qkv(self.norm_attention(x)).chunk(3, dim=-1)
+
+        def heads(t: torch.Tensor) -> torch.Tensor:
+            return t.view(batch, length, HEADS, WIDTH // HEADS).transpose(1, 2)
+
+        scores = heads(q) @ heads(k).transpose(-1, -2) / math.sqrt(WIDTH // HEADS)
+        mask = torch.ones(length, length, dtype=torch.bool).triu(1)
+        mixed = (scores.masked_fill(mask, float("-inf")).softmax(-1) @ heads(v)).transpose(1, 2)
+        x = x + self.projection(mixed.reshape(batch, length, WIDTH))
+        return x + self.mlp(self.norm_mlp(x))
+
+
+class GPT(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, WIDTH)
+        self.layers = nn.ModuleList(Block() for _ in range(LAYERS))
+        self.norm = nn.LayerNorm(WIDTH)
+        self.lm_head = nn.Linear(WIDTH, VOCAB)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        for layer in self.layers:
+            x = layer(x)
+        return self.lm_head(self.norm(x))
+
+
+def batch(step: int, rank: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(1_000_003 * step + rank)
+    return torch.randint(0, VOCAB, (BATCH, SEQUENCE + 1), generator=generator)
+
+
+class Faults:
+    """The injected fault (see the module docstring)."""
+
+    def __init__(self, spec: str, rank: int, model: GPT) -> None:
+        self.kind, *fields = spec.split(":") if spec else ("none",)
+        self.rank = rank
+        self.model = model
+        self.active = bool(spec) and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0
+        self.target = int(fields[0]) if fields else -1
+        self.values = [float(f) for f in fields[1:]]
+        self.mine = self.active and rank == self.target
+        if self.mine and self.kind == "slow":
+            self._slow_device(self.values[0])
+
+    def _slow_device(self, factor: float) -> None:
+        from torch.overrides import TorchFunctionMode
+
+        class Slow(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+                started = time.perf_counter()
+                result = func(*args, **(kwargs or {}))
+                time.sleep((factor - 1.0) * (time.perf_counter() - started))
+                return result
+
+        Slow().__enter__()  # for the life of the process: every op of this rank
+
+    def before_forward(self, step: int) -> None:
+        if self.mine and self.kind == "sdc" and step == int(self.values[0]):
+            self.announce(step)
+
+            def flip(_module: nn.Module, _inputs: object, output: torch.Tensor) -> torch.Tensor:
+                output = output.clone()
+                with torch.no_grad():
+                    output.view(-1)[:1].view(torch.int32).bitwise_xor_(1 << 20)
+                return output
+
+            self.model.layers[1].register_forward_hook(flip)
+        if self.mine and self.kind == "hang-in-backward" and step == int(self.values[0]):
+            seconds = self.values[1]
+
+            def slow_gradient(_module: nn.Module, _inputs: object, output: torch.Tensor) -> None:
+                def sleep(gradient: torch.Tensor) -> torch.Tensor:
+                    self.announce(step)
+                    time.sleep(seconds)
+                    return gradient
+
+                output.register_hook(sleep)
+
+            self._handle = self.model.layers[2].register_forward_hook(slow_gradient)
+
+    def announce(self, step: int) -> None:
+        """One line on stderr when the fault strikes (the tests time detection from it)."""
+        print(f"EXAMPLE-FAULT {self.kind} rank {self.rank} step {step} at {time.time():.3f}", file=sys.stderr, flush=True)
+
+    def before_backward(self, step: int) -> None:
+        if self.mine and self.kind == "hang-before-backward" and step == int(self.values[0]):
+            self.announce(step)
+            time.sleep(self.values[1])
+        if self.mine and self.kind == "hang-in-backward" and step == int(self.values[0]):
+            self._handle.remove()
+
+    def loop(self, step_s: float) -> None:
+        if self.mine and self.kind == "loop-slow":
+            time.sleep((self.values[0] - 1.0) * step_s)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--run-dir", default="runs/gpt")
+    parser.add_argument("--checkpoint-dir", default=None)
+    parser.add_argument("--fault", default=os.environ.get("EXAMPLE_FAULT", ""))
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = GPT()
+    faults = Faults(args.fault, rank, model)
+    ddp = DistributedDataParallel(model)
+    optimizer = torch.optim.AdamW(ddp.parameters(), lr=3e-3)
+    job = scout.attach(ddp, optimizer, run_dir=args.run_dir, checkpoint_dir=args.checkpoint_dir)  # scout
+    start = job.restore()  # scout
+    for step in range(start + 1, args.steps + 1):
+        began = time.perf_counter()
+        tokens = batch(step, rank)
+        faults.before_forward(step)
+        logits = ddp(tokens[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+        faults.before_backward(step)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        faults.loop(time.perf_counter() - began)
+        job.step()  # scout
+        if rank == 0 and step % 10 == 0:
+            print(f"step {step} loss {loss.item():.4f}", flush=True)
+    job.close()  # scout
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

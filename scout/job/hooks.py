@@ -1,0 +1,61 @@
+"""DDP's gradient all-reduces, visible to the observer (docs/observer.md "What is seen").
+
+DDP launches one all-reduce per gradient bucket from C++ during backward, so wrapping the
+``torch.distributed`` functions never sees them: a rank that hangs before or inside backward
+used to look exactly like its peers, which wait inside those all-reduces. A communication hook
+publishes each bucket's launch -- one op and a fingerprint of (group, bucket index, size,
+dtype) -- and then runs the default all-reduce. Launches are published, completions are not
+(they come from a communication thread in an order that differs between ranks; see
+``ProgressPublisher.enter_async_collective``), so every rank waiting on a late peer shows the
+same coordinate, and the late peer is behind it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from scout.core.fingerprint import CollectiveCall, TensorMeta, fingerprint
+from scout.observer import instrument
+from scout.observer.progress import ProgressPublisher
+
+__all__ = ["publish_ddp_buckets"]
+
+logger = logging.getLogger("scout")
+
+
+def publish_ddp_buckets(model: Any, publisher: ProgressPublisher) -> bool:
+    """Register the publishing communication hook on a DDP model; False (and a warning) when the
+    model is not DDP or already has a communication hook of its own."""
+    if not isinstance(model, DistributedDataParallel):
+        return False
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    group = model.process_group
+    ranks = tuple(dist.get_process_group_ranks(group))
+
+    def hook(state: Any, bucket: Any) -> Any:
+        try:
+            buffer = bucket.buffer()
+            call = CollectiveCall("all_reduce", ranks, (TensorMeta(str(buffer.dtype), (buffer.numel(),)),),
+                                  reduce_op="SUM", detail=(("ddp_bucket", bucket.index()),))
+            publisher.enter_async_collective(fingerprint(call))
+        except Exception:  # diagnostics never break the training step
+            logger.debug("scout: could not publish a DDP bucket", exc_info=True)
+        with instrument.already_published():
+            return default_hooks.allreduce_hook(state, bucket)
+
+    # DDP checks the hook's annotations as objects (this module's are strings).
+    hook.__annotations__ = {"state": object, "bucket": dist.GradBucket,
+                            "return": torch.futures.Future[torch.Tensor]}
+    try:
+        model.register_comm_hook(group, hook)
+    except RuntimeError as error:
+        logger.warning("scout: DDP's gradient all-reduces stay unseen by the observer (%s): a communication hook "
+                       "is already registered on this model", error)
+        return False
+    return True

@@ -1,0 +1,96 @@
+"""scout.attach on a real training job: the example GPT (examples/train_gpt.py, DDP and DCP,
+written only against the public API) under plain ``torchrun`` with 4 gloo ranks, faults
+injected the way they happen in life. What a user reads afterwards -- ``run_dir/reports.jsonl``,
+the checkpoints, ``exclude_hosts.txt`` -- is what these tests check."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scout import reports
+
+pytestmark = pytest.mark.torchdist
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "train_gpt.py"
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+FAULT_KINDS = {"hang", "data_stall", "checkpoint_stall", "desync", "group_stall", "unresponsive", "inconclusive",
+               "observer_failure", "sdc", "straggler"}
+THRESHOLD_S = 3.0
+
+
+def torchrun(tmp_path: Path, *, steps: int, fault: str = "", restarts: int = 0, timeout_s: float = 240.0,
+             **settings: Any) -> tuple[subprocess.CompletedProcess[str], list[dict[str, Any]], Path]:
+    """One job of the example under torchrun; returns the run, its reports and its run_dir."""
+    run_dir, checkpoint_dir = tmp_path / "run", tmp_path / "ckpt"
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           # torch 2.13's torchrun shares its rendezvous store with the workers, and a restarted
+           # attempt then reads the previous attempt's addresses (pytorch issue 135712).
+           "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+           **{f"SCOUT_{key.upper()}": str(value) for key, value in settings.items()}}
+    command = [str(TORCHRUN), "--nproc-per-node", "4", "--standalone", "--max-restarts", str(restarts),
+               str(EXAMPLE), "--steps", str(steps), "--run-dir", str(run_dir), "--checkpoint-dir",
+               str(checkpoint_dir), "--fault", fault]
+    run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout_s)
+    return run, reports.read_records(run_dir / reports.REPORTS_FILE), run_dir
+
+
+def _faults(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in records if r["kind"] in FAULT_KINDS]
+
+
+def _struck_at(run: subprocess.CompletedProcess[str]) -> float:
+    (found,) = re.findall(r"EXAMPLE-FAULT \S+ rank \d+ step \d+ at ([0-9.]+)", run.stderr)
+    return float(found)
+
+
+def _time(record: dict[str, Any]) -> float:
+    return datetime.datetime.fromisoformat(record["time"].replace("Z", "+00:00")).timestamp()
+
+
+def test_ATTACH_healthy_run_of_100_steps_writes_no_fault_report(tmp_path: Path) -> None:
+    run, records, run_dir = torchrun(tmp_path, steps=100)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert _faults(records) == [], [reports.record_line(r) for r in _faults(records)]
+    # The checkpoints of a healthy run become recovery-verified one cycle after their capture.
+    verified = [r["evidence"]["checkpoint"] for r in records if r["kind"] == "checkpoint"
+                and r["reason"] == "recovery-verified"]
+    assert verified == ["t0/s40", "t0/s80"], verified
+    assert not (run_dir / "exclude_hosts.txt").exists()
+
+
+def test_ATTACH_sdc_on_rank_1_restarts_once_from_a_verified_checkpoint_before_it(tmp_path: Path) -> None:
+    run, records, run_dir = torchrun(tmp_path, steps=100, fault="sdc:1:57", restarts=1, on_sdc="restart")
+    assert run.returncode == 0, run.stderr[-3000:]
+    (sdc,) = [r for r in records if r["kind"] == "sdc"]
+    assert (sdc["ranks"], sdc["generation"], sdc["source"]) == ([1], 0, "replay")
+    assert 57 <= sdc["step"] <= 57 + 8, "detected within one replay cycle (8 steps)"
+    (restored,) = [r for r in records if r["kind"] == "restart" and r["reason"] == "restored"]
+    assert restored["generation"] == 1 and restored["evidence"]["failure"] == "sdc"
+    assert restored["evidence"]["choice"] == "verified" and restored["step"] < 57
+    verified_before = [r["evidence"]["checkpoint"] for r in records if r["kind"] == "checkpoint"
+                       and r["reason"] == "recovery-verified" and r["generation"] == 0]
+    assert f"t0/s{restored['step']}" in verified_before
+    assert [r["step"] for r in records if r["kind"] == "restart" and r["reason"] == "sdc"] == [sdc["step"]]
+    assert (run_dir / "exclude_hosts.txt").read_text().split() == sdc["hosts"]
+    assert "step 100 loss" in run.stdout, "the restarted job finishes"
+
+
+@pytest.mark.parametrize(("fault", "rank"), [("hang-before-backward", 2), ("hang-in-backward", 0)])
+def test_ATTACH_a_rank_asleep_inside_a_step_is_reported_as_hang_naming_it(tmp_path: Path, fault: str, rank: int) -> None:
+    run, records, _ = torchrun(tmp_path, steps=24, fault=f"{fault}:{rank}:20:{THRESHOLD_S + 5}",
+                               stall_threshold_s=THRESHOLD_S, recheck_interval_s=2.0)
+    assert run.returncode == 0, run.stderr[-3000:]
+    (hang,) = _faults(records)
+    assert (hang["kind"], hang["ranks"], hang["reason"]) == ("hang", [rank], "behind-majority"), hang
+    assert hang["reporter_rank"] != rank and hang["step"] == 20
+    latency_s = _time(hang) - _struck_at(run)
+    assert THRESHOLD_S <= latency_s <= THRESHOLD_S + 1.0, latency_s
