@@ -50,7 +50,7 @@ def publish_ddp_buckets(model: Any, publisher: ProgressPublisher) -> bool:
             return default_hooks.allreduce_hook(state, bucket)
 
     # DDP checks the hook's annotations as objects (this module's are strings).
-    hook.__annotations__ = {"state": object, "bucket": dist.GradBucket,
+    hook.__annotations__ = {"state": object, "bucket": dist.GradBucket,  # type: ignore[attr-defined]
                             "return": torch.futures.Future[torch.Tensor]}
     try:
         model.register_comm_hook(group, hook)
