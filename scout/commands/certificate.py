@@ -1,8 +1,9 @@
-"""``scout certificate MANIFEST [STEP]``: show the coverage certificate of a recovery-verified
+"""``scout certificate RUN_DIR|MANIFEST [STEP]``: show the coverage certificate of a recovery-verified
 checkpoint -- which recipes were replayed in the cycle before and the cycle after its capture, at
 which steps, with which verdicts from which peer groups (docs/design.md §2.3; docs/gate.md).
 
-MANIFEST is a manifest directory (the newest good generation is read) or one generation file.
+RUN_DIR is a run directory of ``scout.attach`` (its manifest is ``RUN_DIR/gate``); MANIFEST is a
+manifest directory (the newest good generation is read) or one generation file.
 STEP picks the verified checkpoint at that step; without it, the newest verified one. ``--json``
 prints the documented certificate object; ``--list`` lists every checkpoint and its trust.
 Exit status: 0 shown, 1 no such verified checkpoint (or its certificate does not hold), 2 the
@@ -45,7 +46,8 @@ def register(subparsers: Any) -> None:
             "cycle before its capture and the cycle after, with each peer group's verdict."
         ),
     )
-    parser.add_argument("manifest", type=Path, help="manifest directory, or one manifest.<generation>.json file")
+    parser.add_argument("manifest", type=Path,
+                        help="run directory, manifest directory, or one manifest.<generation>.json file")
     parser.add_argument("step", type=int, nargs="?", help="training step of the checkpoint (default: newest verified)")
     parser.add_argument("--json", action="store_true", help="print the certificate as JSON (schema in docs/gate.md)")
     parser.add_argument("--list", action="store_true", help="list every checkpoint in the manifest and its trust")
@@ -54,6 +56,8 @@ def register(subparsers: Any) -> None:
 
 
 def _load(path: Path, job_id: str | None) -> LoadedManifest | None:
+    if (path / "gate").is_dir():  # a run directory of scout.attach: its manifest is run_dir/gate
+        path = path / "gate"
     if path.is_dir():
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", ManifestFallbackWarning)

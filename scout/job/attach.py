@@ -324,7 +324,9 @@ class Job:
             self._apply(CycleBoundary(step))
         if self.rank == 0:
             evidence = {"failure": failure, "choice": choice, "cycle_steps": self.cycle_steps,
-                        "checkpoint_every_steps": self.cycle_steps * self.config.checkpoint_every_cycles}
+                        "checkpoint_every_steps": self.cycle_steps * self.config.checkpoint_every_cycles,
+                        "world_size": self.world_size, "hosts": self.hosts,
+                        "groups": [list(g) for g in self.partition]}
             self._report("restart", "restored" if restored else "started", step=step, evidence=evidence)
         self.publisher.end_stage()  # start-up (or the restore) is over
         self.publisher.begin_step(step + 1)
@@ -432,7 +434,7 @@ class Job:
 
     def _report(self, kind: str, reason: str, *, ranks: Sequence[int] = (), step: int | None = None,
                 evidence: Mapping[str, Any] | None = None) -> None:
-        source = {"checkpoint": "gate", "unchecked": "gate", "restart": "job"}.get(kind, "replay")
+        source = {"checkpoint": "gate", "unchecked": "gate", "restart": "job", "finished": "job"}.get(kind, "replay")
         record = reports.make_record(kind, source=source, reason=reason, job_id=self.identity.job_id,
                                      generation=self.identity.generation, ranks=ranks,
                                      hosts=[self.hosts[r] for r in ranks], step=step, evidence=evidence,
@@ -468,6 +470,8 @@ class Job:
         if self._closed:
             return
         self._closed = True
+        if self.rank == 0 and self._started:
+            self._report("finished", "closed", step=self._step)
         instrument.uninstrument()
         if self.replayer is not None:
             self.replayer.close()

@@ -52,6 +52,7 @@ KINDS: Final = (
     "straggler",  # a rank confirmed slow (or recovered)
     "checkpoint",  # a checkpoint's trust changed (verified, quarantined, ...)
     "restart",  # the fault policy stopped the job, or a restart restored a checkpoint
+    "finished",  # the job closed scout at the end of its loop (the step it reached)
 )
 SOURCES: Final = ("observer", "replay", "gate", "job")
 #: One report line is at most this long; a longer one is refused (a reader's memory is bounded).

@@ -1,0 +1,125 @@
+"""What a run directory says, for people and machines: ``scout report RUN_DIR``.
+
+It reads ``run_dir/reports.jsonl`` (every finding, ``scout.report/1``) and the gate's manifest
+(``run_dir/gate``: the final trust of every checkpoint) and gives a summary -- faults by kind,
+with ranks, hosts, steps and reasons; restarts and what they restored; checkpoint trust -- as
+text (:func:`summary_text`) or JSON (:func:`summary_json`). :mod:`scout.job.picture` draws it.
+No torch.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+from pathlib import Path
+from typing import Any, Final
+
+import attrs
+
+from scout import reports
+from scout.gate.codec import CodecError, state_from_json
+from scout.gate.manifest import ManifestError, load_manifest
+from scout.gate.model import Trust
+
+__all__ = ["RunView", "load_run", "summary_json", "summary_text"]
+
+SUMMARY_SCHEMA: Final = "scout.run-summary/1"
+FAULT_KINDS: Final = ("hang", "data_stall", "checkpoint_stall", "desync", "group_stall", "unresponsive",
+                      "inconclusive", "observer_failure", "sdc", "straggler")
+
+
+@attrs.frozen
+class RunView:
+    run_dir: Path
+    records: tuple[dict[str, Any], ...]
+    checkpoints: tuple[tuple[int, int, str, str], ...]  # (timeline, step, trust, reason)
+    manifest_problem: str | None
+    world_size: int
+    last_step: int
+
+    @property
+    def faults(self) -> list[dict[str, Any]]:
+        return [r for r in self.records if r["kind"] in FAULT_KINDS]
+
+
+def load_run(run_dir: str | Path) -> RunView:
+    """Read a run directory; a missing or damaged manifest is reported, not fatal."""
+    path = Path(run_dir)
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path} is not a run directory (scout.attach's run_dir)")
+    records = tuple(reports.read_records(path / reports.REPORTS_FILE))
+    checkpoints: list[tuple[int, int, str, str]] = []
+    problem: str | None = None
+    gate = path / "gate"
+    if gate.is_dir():
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                loaded = load_manifest(gate, None)
+            problem = "; ".join(str(w.message) for w in caught) or None
+            if loaded is not None:
+                state = state_from_json(loaded.payload.get("gate"))
+                checkpoints = [(e.id.timeline, e.id.step, e.trust.value, e.reason) for e in state.context.checkpoints]
+        except (ManifestError, CodecError, OSError) as error:
+            problem = str(error)
+    world = 0
+    for record in records:
+        world = max(world, int(record["evidence"].get("world_size", 0) or 0), *(r + 1 for r in record["ranks"]))
+        world = max([world, *(p["rank"] + 1 for p in record["evidence"].get("peers", []))])
+    last_step = max([0, *(r["step"] or 0 for r in records), *(c[1] for c in checkpoints)])
+    return RunView(path, records, tuple(checkpoints), problem, world, last_step)
+
+
+def summary_json(view: RunView) -> dict[str, Any]:
+    counts = Counter(r["kind"] for r in view.faults)
+    restarts = [{"generation": r["generation"], "step": r["step"], "reason": r["reason"],
+                 "failure": r["evidence"].get("failure"), "choice": r["evidence"].get("choice")}
+                for r in view.records if r["kind"] == "restart"]
+    verified = [f"t{t}/s{s}" for t, s, trust, _ in view.checkpoints if trust == Trust.RECOVERY_VERIFIED.value]
+    return {
+        "schema": SUMMARY_SCHEMA,
+        "run_dir": str(view.run_dir),
+        "world_size": view.world_size,
+        "last_step": view.last_step,
+        "faults_by_kind": dict(sorted(counts.items())),
+        "faults": [{k: r[k] for k in ("kind", "ranks", "hosts", "step", "reason", "generation", "time", "source")}
+                   for r in view.faults],
+        "restarts": restarts,
+        "checkpoints": [{"checkpoint": f"t{t}/s{s}", "trust": trust, "reason": reason}
+                        for t, s, trust, reason in view.checkpoints],
+        "restore_candidate": verified[-1] if verified else None,
+        "manifest_problem": view.manifest_problem,
+        "exclude_hosts": _exclude_hosts(view.run_dir),
+    }
+
+
+def _exclude_hosts(run_dir: Path) -> list[str]:
+    path = run_dir / "exclude_hosts.txt"
+    return path.read_text(encoding="utf-8").split() if path.is_file() else []
+
+
+def summary_text(view: RunView) -> str:
+    data = summary_json(view)
+    lines = [f"scout report: {view.run_dir}  ({view.world_size} ranks, up to step {view.last_step})", ""]
+    if view.faults:
+        lines.append(f"{'kind':<16} {'ranks':<10} {'hosts':<18} {'step':>6}  {'gen':>3}  reason")
+        for r in view.faults:
+            lines.append(f"{r['kind']:<16} {str(r['ranks']):<10} {','.join(r['hosts']) or '-':<18} "
+                         f"{r['step'] if r['step'] is not None else '-':>6}  {r['generation']:>3}  {r['reason']}")
+    else:
+        lines.append("no fault reported")
+    lines.append("")
+    for restart in data["restarts"]:
+        what = "fresh start" if restart["reason"] == "started" else (
+            f"stopped by policy ({restart['reason']})" if restart["reason"] not in ("restored",) else
+            f"restored step {restart['step']} ({restart['choice']} checkpoint for a {restart['failure']} failure)")
+        lines.append(f"attempt {restart['generation']}: {what}")
+    if data["checkpoints"]:
+        lines.append("")
+        lines.append("checkpoints: " + ", ".join(f"{c['checkpoint']} {c['trust']}" for c in data["checkpoints"]))
+    lines.append(f"restore would use: {data['restore_candidate'] or 'no recovery-verified checkpoint'}")
+    if data["exclude_hosts"]:
+        lines.append(f"hosts to exclude: {', '.join(data['exclude_hosts'])}")
+    if view.manifest_problem:
+        lines.append(f"manifest: {view.manifest_problem}")
+    return "\n".join(lines) + "\n"

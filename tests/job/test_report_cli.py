@@ -1,0 +1,82 @@
+"""``scout report RUN_DIR``: the summary and the picture a user reads after a run, from a run
+directory laid out as scout.attach lays it out (reports.jsonl, gate/ manifest)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from scout import reports
+from scout.cli import main
+from scout.core.recipes import RecipeId, RecipeResult
+from scout.core.verdict import Status
+from scout.gate.model import CheckpointCaptured, CycleBoundary, GateConfig, Restart
+from scout.gate.recorder import GateWriter
+from scout.gate.results import recipe_verdicts
+
+
+def _run_dir(tmp_path: Path) -> Path:
+    run = tmp_path / "run"
+    config = GateConfig("run", ("hidden.0",), ("dp",))
+    agree = RecipeResult(RecipeId.parse("hidden.0"), 0, Status.AGREE)
+    sdc = RecipeResult(RecipeId.parse("hidden.0"), 0, Status.ATTRIBUTED, (1,), ("output",))
+    with GateWriter.open(run / "gate", config) as writer:
+        writer.apply(CycleBoundary(0))
+        for boundary in (8, 16, 24):
+            writer.apply(recipe_verdicts(config, "hidden.0", writer.state.context.cycle, boundary, {"dp": agree}))
+            writer.apply(CycleBoundary(boundary))
+            writer.apply(CheckpointCaptured(boundary))
+        writer.apply(recipe_verdicts(config, "hidden.0", writer.state.context.cycle, 30, {"dp": sdc}))
+        writer.apply(Restart(16))
+    path = run / reports.REPORTS_FILE
+
+    def add(kind: str, reason: str, **fields: object) -> None:
+        reports.append_record(path, reports.make_record(kind, job_id="j", reason=reason, **fields))  # type: ignore[arg-type]
+
+    add("restart", "started", source="job", generation=0, step=0, evidence={"world_size": 4})
+    add("straggler", "device-slow", source="replay", generation=0, ranks=[3], hosts=["h3"], step=6)
+    add("straggler", "recovered-device", source="replay", generation=0, ranks=[3], hosts=["h3"], step=14)
+    add("hang", "behind-majority", source="observer", generation=0, ranks=[2], hosts=["h2"], step=20)
+    add("sdc", "replay-mismatch", source="replay", generation=0, ranks=[1], hosts=["h1"], step=30)
+    add("restart", "restored", source="job", generation=1, step=16, evidence={"failure": "sdc", "choice": "verified"})
+    add("finished", "closed", source="job", generation=1, step=40)
+    return run
+
+
+def test_REPORT_summary_names_every_fault_the_restart_and_checkpoint_trust(tmp_path: Path,
+                                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    run = _run_dir(tmp_path)
+    assert main(["report", str(run), "--json", "--no-picture"]) == 1  # faults were reported
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["faults_by_kind"] == {"hang": 1, "sdc": 1, "straggler": 2}
+    assert [(f["kind"], f["ranks"], f["step"]) for f in summary["faults"]][2:] == [("hang", [2], 20), ("sdc", [1], 30)]
+    assert (summary["world_size"], summary["last_step"]) == (4, 40)
+    trust = {c["checkpoint"]: c["trust"] for c in summary["checkpoints"]}
+    assert trust == {"t0/s8": "RECOVERY_VERIFIED", "t0/s16": "RECOVERY_VERIFIED", "t0/s24": "QUARANTINED"}
+    assert summary["restore_candidate"] == "t0/s16"
+    assert main(["report", str(run), "--no-picture"]) == 1
+    text = capsys.readouterr().out
+    assert "sdc              [1]" in text and "restored step 16 (verified checkpoint for a sdc failure)" in text
+
+
+@pytest.mark.parametrize("suffix", [".png", ".svg"])
+def test_REPORT_the_picture_is_drawn(tmp_path: Path, suffix: str) -> None:
+    run = _run_dir(tmp_path)
+    picture = tmp_path / f"picture{suffix}"
+    assert main(["report", str(run), "--picture", str(picture)]) == 1
+    data = picture.read_bytes()
+    assert data.startswith(b"\x89PNG") if suffix == ".png" else b"<svg" in data[:2000]
+    assert len(data) > 10_000
+
+
+def test_REPORT_a_missing_run_directory_is_one_clear_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["report", str(tmp_path / "nowhere")]) == 2
+    assert "is not a run directory" in capsys.readouterr().err
+
+
+def test_CERTIFICATE_accepts_the_run_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = _run_dir(tmp_path)
+    assert main(["certificate", str(run), "8"]) == 0
+    assert "checkpoint t0/s8 (RECOVERY_VERIFIED)" in capsys.readouterr().out
