@@ -32,6 +32,7 @@ def render_picture(view: RunView, path: str | Path) -> Path:
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
+    from matplotlib.patches import Rectangle
 
     target = Path(path)
     ranks = max(view.world_size, 1)
@@ -62,9 +63,9 @@ def render_picture(view: RunView, path: str | Path) -> Path:
         elif kind == "group_stall":
             members = evidence.get("group_ranks", [])
             if members:
-                axes.add_patch(plt.Rectangle((step - 0.4, min(members) - 0.4), 0.8, max(members) - min(members) + 0.8,
+                axes.add_patch(Rectangle((step - 0.4, min(members) - 0.4), 0.8, max(members) - min(members) + 0.8,
                                              color="#fdae61", alpha=0.5, zorder=2))
-                legend["group stall"] = plt.Rectangle((0, 0), 1, 1, color="#fdae61", alpha=0.5)
+                legend["group stall"] = Rectangle((0, 0), 1, 1, color="#fdae61", alpha=0.5)
         elif kind == "unchecked":
             axes.plot([step], [-0.8], marker="|", markersize=12, color="#f46d43", zorder=3)
             legend["replay unchecked"] = Line2D([], [], marker="|", color="#f46d43", linestyle="", markersize=12)

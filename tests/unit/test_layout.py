@@ -22,7 +22,6 @@ LAYERS = {
     "replay": 2,
     "job": 3,
     "scenarios": 4,
-    "demo": 4,
     "commands": 5,
     "cli": 6,
 }
