@@ -168,6 +168,11 @@ class Job:
         self._step = 0
         self._fault: FaultDetected | None = None
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        if (self.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+                and int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) > 0):
+            logger.warning("scout: torchrun shares its rendezvous store with the workers, and torch 2.13's "
+                           "restarted attempts can then read the previous attempt's addresses and fail to connect "
+                           "(pytorch issue 135712); launch with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for restarts")
         timeout = timedelta(seconds=config.collective_timeout_s)
         # scout's own gloo group: small control traffic (hosts, results, decisions), bounded,
         # apart from the job's own process group and backend.
@@ -212,6 +217,8 @@ class Job:
             if self.checkpoint_dir is not None:
                 logger.info("scout: replay cycle %d steps; a checkpoint every %d steps, verified one cycle later",
                             self.cycle_steps, self.cycle_steps * config.checkpoint_every_cycles)
+                for problem in self._verification_impossible():
+                    logger.warning("scout: no checkpoint can ever become recovery-verified: %s", problem)
         elif self.checkpoint_dir is not None:
             logger.warning("scout: replay is off, so no checkpoint can be verified; scout saves no checkpoints "
                            "(checkpoint_dir is ignored)")
@@ -222,6 +229,21 @@ class Job:
         dist.barrier(group=self._control)
 
     # -- start-up -------------------------------------------------------------------------
+
+    def _verification_impossible(self) -> list[str]:
+        """Settings under which the gate can never promote a checkpoint (GATE-1: a complete,
+        clean cycle before and after its capture)."""
+        assert self.replayer is not None
+        problems = []
+        if self.peers.size < 2:
+            problems.append("the replay peer group has one member, so no replay can agree with anyone")
+        if self.config.max_capture_bytes == 0:
+            problems.append("max_capture_bytes is 0, so no replay input can be captured")
+        if self.replayer.schedule.uncovered():
+            problems.append(f"recipes {[str(r) for r in self.replayer.schedule.uncovered()]} are never replayed")
+        if self.replayer.disabled_reason is not None:
+            problems.append(f"replay is disabled: {self.replayer.disabled_reason}")
+        return problems
 
     def _start_observer(self) -> None:
         config = self.config
