@@ -10,6 +10,8 @@ environment variable EXAMPLE_FAULT; only in the first attempt, so a restart runs
                                 output -- every time it runs, replays included (a faulty unit);
 - ``hang-before-backward:RANK:STEP:SECONDS``  RANK sleeps between forward and backward;
 - ``hang-in-backward:RANK:STEP:SECONDS``      RANK sleeps inside backward (a block's gradient);
+- ``freeze:RANK:STEP:SECONDS``  RANK's process is stopped (SIGSTOP) before backward, and continued
+                                SECONDS later (a frozen process: swapped out, stuck in the kernel);
 - ``slow:RANK:FACTOR``          every torch operation of RANK takes FACTOR times as long (a slow
                                 device, throttled or degraded);
 - ``loop-slow:RANK:FACTOR``     RANK's host-side loop work takes FACTOR times the step (a slow
@@ -136,6 +138,13 @@ class Faults:
         if self.mine and self.kind == "hang-before-backward" and step == int(self.values[0]):
             self.announce(step)
             time.sleep(self.values[1])
+        if self.mine and self.kind == "freeze" and step == int(self.values[0]):
+            import signal
+            import subprocess
+
+            self.announce(step)
+            subprocess.Popen(["sh", "-c", f"sleep {self.values[1]}; kill -CONT {os.getpid()}"])
+            os.kill(os.getpid(), signal.SIGSTOP)
         if self.mine and self.kind == "hang-in-backward" and step == int(self.values[0]):
             self._handle.remove()
 

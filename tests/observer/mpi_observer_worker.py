@@ -9,6 +9,7 @@ the observer's statistics. Every wait is bounded.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -31,8 +32,10 @@ def main() -> None:
     rank = comm.Get_rank()
     transport = MpiTransport(comm, setup_timeout_s=30.0)
     reports: list[dict[str, object]] = []
+    # Each half of an MPMD job may keep its reports apart (nothing shared between "hosts").
+    report_dir = Path(os.environ.get("SCOUT_TEST_REPORT_DIR", out_dir))
     publisher, handle = start_mpi_observer(
-        transport, config=CONFIG, report_path=str(out_dir / "reports.jsonl"),
+        transport, config=CONFIG, report_path=str(report_dir / "reports.jsonl"),
         stats_path=str(out_dir / f"stats{rank}.json"), on_report=reports.append, on_failure="report",
     )
     handle.wait_ready(60.0)
