@@ -38,35 +38,36 @@ VOCAB, WIDTH, HEADS, LAYERS, SEQUENCE, BATCH = 256, 64, 4, 4, 32, 8
 
 
 class Block(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, width: int = WIDTH, heads: int = HEADS) -> None:
         super().__init__()
-        self.norm_attention = nn.LayerNorm(WIDTH)
-        self.qkv = nn.Linear(WIDTH, 3 * WIDTH)
-        self.projection = nn.Linear(WIDTH, WIDTH)
-        self.norm_mlp = nn.LayerNorm(WIDTH)
-        self.mlp = nn.Sequential(nn.Linear(WIDTH, 4 * WIDTH), nn.GELU(), nn.Linear(4 * WIDTH, WIDTH))
+        self.width, self.heads = width, heads
+        self.norm_attention = nn.LayerNorm(width)
+        self.qkv = nn.Linear(width, 3 * width)
+        self.projection = nn.Linear(width, width)
+        self.norm_mlp = nn.LayerNorm(width)
+        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, length, _ = x.shape
+        batch, length, width = x.shape
         q, k, v = self.qkv(self.norm_attention(x)).chunk(3, dim=-1)
 
         def heads(t: torch.Tensor) -> torch.Tensor:
-            return t.view(batch, length, HEADS, WIDTH // HEADS).transpose(1, 2)
+            return t.view(batch, length, self.heads, width // self.heads).transpose(1, 2)
 
-        scores = heads(q) @ heads(k).transpose(-1, -2) / math.sqrt(WIDTH // HEADS)
+        scores = heads(q) @ heads(k).transpose(-1, -2) / math.sqrt(width // self.heads)
         mask = torch.ones(length, length, dtype=torch.bool).triu(1)
         mixed = (scores.masked_fill(mask, float("-inf")).softmax(-1) @ heads(v)).transpose(1, 2)
-        x = x + self.projection(mixed.reshape(batch, length, WIDTH))
+        x = x + self.projection(mixed.reshape(batch, length, width))
         return x + self.mlp(self.norm_mlp(x))
 
 
 class GPT(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, vocab: int = VOCAB, width: int = WIDTH, layers: int = LAYERS, heads: int = HEADS) -> None:
         super().__init__()
-        self.embed = nn.Embedding(VOCAB, WIDTH)
-        self.layers = nn.ModuleList(Block() for _ in range(LAYERS))
-        self.norm = nn.LayerNorm(WIDTH)
-        self.lm_head = nn.Linear(WIDTH, VOCAB)
+        self.embed = nn.Embedding(vocab, width)
+        self.layers = nn.ModuleList(Block(width, heads) for _ in range(layers))
+        self.norm = nn.LayerNorm(width)
+        self.lm_head = nn.Linear(width, vocab)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.embed(tokens)

@@ -138,6 +138,13 @@ class _GroupRendezvous:
         return [r for _, r in mine]
 
 
+class _Costs(dict[str, float]):
+    """Cumulative seconds per component of ``job.step()``: where scout's overhead goes."""
+
+    def add(self, name: str, seconds: float) -> None:
+        self[name] = self.get(name, 0.0) + seconds
+
+
 class Job:
     """scout attached to one rank of a training job. Made by :func:`attach`."""
 
@@ -167,6 +174,8 @@ class Job:
         self._started = False
         self._step = 0
         self._fault: FaultDetected | None = None
+        #: Seconds this rank spent in each part of scout inside job.step() (bench/attach_overhead.py).
+        self.costs = _Costs()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if (self.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
                 and int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) > 0):
@@ -207,7 +216,8 @@ class Job:
             k = config.replay_interval_steps
             intervals = Intervals(embedding_steps=k * layers, hidden_steps=k, output_steps=k * layers,
                                   optimizer_steps=k * layers)
-            replay_config = ReplayConfig(intervals=intervals, max_capture_bytes=config.max_capture_bytes)
+            replay_config = ReplayConfig(intervals=intervals, max_capture_bytes=config.max_capture_bytes,
+                                         replay_rows=config.replay_rows)
             self.replayer = Replayer(model, optimizer, self.peers, replay_config, modules)
             self.cycle_steps = self.replayer.schedule.cycle_length_steps()
             if self.rank == 0:
@@ -365,12 +375,21 @@ class Job:
             self._begin(0, restored=False, failure=None, choice=None)
         self._step += 1
         step = self._step
+        clock = time.perf_counter
         if self.replayer is not None:
+            started = clock()
             report = self.replayer.after_optimizer_step()
+            judged = clock()
+            self.costs.add("replay_s", judged - started)
+            self.costs.add("replay_compute_s", sum(report.compute_ms.values()) / 1e3)
+            self.costs.add("replay_collectives_s", report.collective_ms / 1e3)
             if report.results or report.stragglers or report.communication_stragglers:
                 self._judge(step, report)
+            checkpointed = clock()
+            self.costs.add("gate_and_reports_s", checkpointed - judged)
             if self.cycle_steps and step % self.cycle_steps == 0:
                 self._cycle_end(step)
+                self.costs.add("cycle_end_s", clock() - checkpointed)
         instrument.mark_step(step + 1)
         if self._fault is not None:
             fault, self._fault = self._fault, None

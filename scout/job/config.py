@@ -96,6 +96,9 @@ class Config:
     #: Steps between two replay checks (1 = every step). One hidden layer is replayed per check,
     #: so a replay cycle -- every recipe once -- is ``replay_interval_steps x hidden layers``.
     replay_interval_steps: int = attrs.field(default=2, validator=_count("replay_interval_steps", 1, 1_000_000))
+    #: Replay only the first rows of each captured batch (CAP-8): a replay then costs about
+    #: ``replay_rows / batch`` of the live call. 0 replays the whole batch.
+    replay_rows: int = attrs.field(default=1, validator=_count("replay_rows", 0, 1_000_000))
     #: A checkpoint (DCP) at every this many cycle boundaries; it is verified one cycle later.
     checkpoint_every_cycles: int = attrs.field(default=5, validator=_count("checkpoint_every_cycles", 1, 1_000_000))
     #: What an attributed SDC does: ``report`` writes the report; ``restart`` also stops every

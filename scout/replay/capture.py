@@ -120,6 +120,19 @@ def _device_of(module: nn.Module, tensors: list[torch.Tensor]) -> torch.device:
     return torch.device("cpu")
 
 
+def _first_rows(call: tuple[Any, Any], rows: int) -> tuple[Any, Any]:
+    """CAP-8: the first ``rows`` rows of the call's batch. The batch size is the leading
+    dimension of the call's first tensor; every tensor argument with that leading size is cut
+    alike (inputs, masks, positions), the others are kept whole. Every peer cuts the same
+    way, so replays stay comparable; a module the cut does not suit fails its replay
+    (Inconclusive, never SDC)."""
+    tensors = [t for t in tensor_leaves(call) if t.dim() >= 1]
+    if not tensors or tensors[0].shape[0] <= rows:
+        return call
+    batch = tensors[0].shape[0]
+    return map_tensors(lambda t: t[:rows] if t.dim() >= 1 and t.shape[0] == batch else t, call)  # type: ignore[no-any-return]
+
+
 class ModuleCapture:
     """Forward pre-hooks on the catalog modules; records the armed recipes' calls."""
 
@@ -128,10 +141,14 @@ class ModuleCapture:
         modules: Mapping[RecipeId, nn.Module],
         max_capture_bytes: int,
         with_parameters: Iterable[RecipeId] = (),
+        rows: int = 0,
     ) -> None:
         if max_capture_bytes < 0:
             raise ValueError(f"max_capture_bytes must be >= 0, got {max_capture_bytes}")
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
+            raise ValueError(f"rows must be an int >= 0 (0: the whole batch), got {rows!r}")
         self.max_capture_bytes = max_capture_bytes
+        self.rows = rows
         self._modules = dict(modules)
         self._with_parameters = frozenset(with_parameters)  # CAP-7
         self._armed: frozenset[RecipeId] = frozenset()
@@ -209,6 +226,8 @@ class ModuleCapture:
         self, recipe: RecipeId, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Capture | CaptureFailure:
         step = self._armed_step
+        if self.rows:
+            args, kwargs = _first_rows((args, dict(kwargs)), self.rows)
         live = list(tensor_leaves((args, kwargs)))
         devices = sorted({str(t.device) for t in live})
         if len(devices) > 1:

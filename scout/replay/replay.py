@@ -128,6 +128,7 @@ class ReplayConfig:
     timing: TimingConfig = DEFAULT_TIMING_CONFIG
     communication_timing: TimingConfig = DEFAULT_COMMUNICATION_TIMING  # COMM-2
     straggler_rounds: int = 3  # STRAG-2: consecutive slow decided rounds to confirm
+    replay_rows: int = 0  # CAP-8: replay the first rows of the captured batch (0: all of it)
 
     def __attrs_post_init__(self) -> None:
         if self.source_position < 0:
@@ -329,7 +330,10 @@ class Replayer:
             if any(is_sharded(p) for p in module.parameters())
         )
         self._capture = ModuleCapture(
-            by_recipe, self.config.max_capture_bytes, with_parameters=self.sharded_recipes
+            by_recipe,
+            self.config.max_capture_bytes,
+            with_parameters=self.sharded_recipes,
+            rows=self.config.replay_rows,
         )
         self._optimizer = (
             OptimizerCapture(

@@ -143,3 +143,23 @@ def test_SIG_11_rng_state_signature_excludes_device_index() -> None:
     assert structured_signature(capture_rng_state().as_structure()) != structured_signature(
         state.as_structure()
     )
+
+
+def test_CAP_8_rows_cut_every_batch_shaped_argument_alike() -> None:
+    from scout.core.recipes import RecipeClass, RecipeId
+    from scout.replay.capture import Capture, ModuleCapture
+
+    class Call(torch.nn.Module):
+        def forward(self, x: torch.Tensor, mask: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+            return x * mask + table.sum()
+
+    recipe = RecipeId(RecipeClass.HIDDEN, 0)
+    module = Call()
+    capture = ModuleCapture({recipe: module}, max_capture_bytes=2**20, rows=1)
+    capture.arm(1, [recipe])
+    module(torch.randn(4, 3), mask=torch.ones(4, 3), table=torch.randn(5, 2))
+    record = capture.get(recipe, 1)
+    assert isinstance(record, Capture)
+    assert [tuple(t.shape) for t in record.tensors()] == [(1, 3), (1, 3), (5, 2)]
+    with pytest.raises(ValueError, match="rows"):
+        ModuleCapture({recipe: module}, max_capture_bytes=1, rows=-1)
