@@ -160,20 +160,28 @@ def main() -> None:
     parser.add_argument("--run-dir", default="runs/gpt")
     parser.add_argument("--checkpoint-dir", default=None)
     parser.add_argument("--fault", default=os.environ.get("EXAMPLE_FAULT", ""))
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    if args.device == "cuda":
+        # Replay runs under deterministic algorithms; cuBLAS needs this before CUDA starts.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group("nccl" if args.device == "cuda" and torch.cuda.device_count() > 1 else "gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
-    model = GPT()
+    model = GPT().to(device)
     faults = Faults(args.fault, rank, model)
-    ddp = DistributedDataParallel(model)
+    ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=3e-3)
     job = scout.attach(ddp, optimizer, run_dir=args.run_dir, checkpoint_dir=args.checkpoint_dir)  # scout
     start = job.restore()  # scout
     for step in range(start + 1, args.steps + 1):
         began = time.perf_counter()
-        tokens = batch(step, rank)
+        tokens = batch(step, rank).to(device)
         faults.before_forward(step)
         logits = ddp(tokens[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
