@@ -198,6 +198,10 @@ class Job:
         self._ddp_buckets = publish_ddp_buckets(model, self.publisher)
         instrument.instrument_module(model)
 
+        if peers is None and any(type(p).__name__ == "DTensor" for p in model.parameters()):
+            logger.warning("scout: the model's parameters are sharded (FSDP2 or tensor parallel), so the whole world "
+                           "is not one group of replicas: pass peers=scout.replay.TorchPeerGroup.from_mesh(mesh, "
+                           "('replicate',)) naming the replicas, or every replay will be Inconclusive")
         self.peers = peers if peers is not None else TorchPeerGroup(timeout_s=config.collective_timeout_s)
         self.partition = self.peers.partition
         self.group_index = next(i for i, g in enumerate(self.partition) if self.rank in g)

@@ -82,6 +82,7 @@ def summary_json(view: RunView) -> dict[str, Any]:
         "world_size": view.world_size,
         "last_step": view.last_step,
         "faults_by_kind": dict(sorted(counts.items())),
+        "unchecked_replays": sum(r["kind"] == "unchecked" for r in view.records),
         "faults": [{k: r[k] for k in ("kind", "ranks", "hosts", "step", "reason", "generation", "time", "source")}
                    for r in view.faults],
         "restarts": restarts,
@@ -98,6 +99,10 @@ def _exclude_hosts(run_dir: Path) -> list[str]:
     return path.read_text(encoding="utf-8").split() if path.is_file() else []
 
 
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
 def summary_text(view: RunView) -> str:
     data = summary_json(view)
     lines = [f"scout report: {view.run_dir}  ({view.world_size} ranks, up to step {view.last_step})", ""]
@@ -108,6 +113,11 @@ def summary_text(view: RunView) -> str:
                          f"{r['step'] if r['step'] is not None else '-':>6}  {r['generation']:>3}  {r['reason']}")
     else:
         lines.append("no fault reported")
+    unchecked = [r for r in view.records if r["kind"] == "unchecked"]
+    if unchecked:
+        last = unchecked[-1]["evidence"]
+        lines.append(f"{len(unchecked)} replay(s) could not be checked (not corruption; no promotion in their cycle); "
+                     f"last: {_clip(str(last.get('detail', '')), 160)}")
     lines.append("")
     for restart in data["restarts"]:
         what = "fresh start" if restart["reason"] == "started" else (

@@ -1,0 +1,54 @@
+"""A worker for tests/job/test_attach_fsdp.py: the example GPT under FSDP2 with HSDP on a 2 x 2
+CPU mesh (replicate x shard), scout attached with the replicas as peers. Run under torchrun."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+import scout
+from scout.replay import TorchPeerGroup
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_gpt.py"
+
+
+def main() -> None:
+    spec = importlib.util.spec_from_file_location("train_gpt", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    run_dir, checkpoint_dir, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+    torch.manual_seed(0)
+    model = example.GPT()
+    for block in model.layers:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    peers = TorchPeerGroup.from_mesh(mesh, ("replicate",))
+    job = scout.attach(model, optimizer, run_dir=run_dir, checkpoint_dir=checkpoint_dir, peers=peers,
+                       replay_interval_steps=1, checkpoint_every_cycles=1)
+    start = job.restore()
+    replica = mesh.get_local_rank("replicate")
+    for step in range(start + 1, steps + 1):
+        tokens = example.batch(step, replica)
+        loss = F.cross_entropy(model(tokens[:, :-1]).reshape(-1, example.VOCAB), tokens[:, 1:].reshape(-1))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        job.step()
+    job.close()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
