@@ -171,3 +171,44 @@ def canary_common_mode(rank: int, world: int, *, fault_step: int = 5, cycles: in
         trust = {str(e.id.step): e.trust.value for e in gate.state.context.checkpoints}
     return {"cycle": cycle, "replay": replay_results, "canary": canary, "trust": trust,
             "control": None if gate is None else gate.control, "errors": []}
+
+
+def titan_experts(rank: int, world: int, *, flip_rank: int = 2, flip_expert: int = 5, steps: int = 0) -> dict[str, Any]:
+    """TorchTitan's own GroupedExperts (torch._grouped_mm, bf16) replicated on every rank
+    (TitanDegrees(dp_replicate=4, ep=1)); a bit of expert ``flip_expert`` flips on ``flip_rank``
+    after step 1."""
+    from torchtitan.models.common.moe import GroupedExperts
+
+    from scout.integrations.torchtitan import TitanDegrees, replica_partitions
+
+    torch.manual_seed(11)
+    experts_module = GroupedExperts(GroupedExperts.Config(dim=64, hidden_dim=64, num_experts=8))
+    with torch.no_grad():
+        for parameter in experts_module.parameters():
+            parameter.copy_(torch.randn(parameter.shape) / 8)
+    holder = torch.nn.Module()
+    holder.experts = experts_module
+    layers = ExpertLayers.discover(holder)
+    catalog = profile_catalog(layers, (16, 32, 64))
+    _, expert_partition = replica_partitions(TitanDegrees(dp_replicate=world))
+    peers = TorchPeerGroup(partition=expert_partition, timeout_s=60)
+    replayer = ExpertReplayer(layers, peers, catalog.expert_keys(), ExpertReplayConfig(expert_steps=1))
+    optimizer = torch.optim.SGD(experts_module.parameters(), lr=0.01)
+    results = []
+    for step in range(1, (steps or len(catalog.expert_keys())) + 1):
+        generator = torch.Generator().manual_seed(step)  # the same batch everywhere: replicas
+        counts = torch.tensor([16, 8, 0, 24, 16, 32, 8, 24])
+        x = torch.randn(int(counts.sum()), 64, generator=generator)
+        out = experts_module(x, counts)
+        optimizer.zero_grad()
+        out.float().pow(2).mean().backward()
+        optimizer.step()
+        if rank == flip_rank and step == 1:
+            faults.flip_tensor_bit_(experts_module.w1_EFD.data[flip_expert], element=3, bit=29)
+        report = replayer.step()
+        results += [[str(r.recipe), r.step, r.status.value, list(r.outliers)] for r in report.results]
+    replayer.close()
+    return {"results": results, "keys": len(catalog.expert_keys()), "exact": len(catalog.exact_keys()),
+            "templates": [[list(t.counts), t.qualified, t.reason] for t in catalog.templates],
+            "regimes": [[list(r.members), list(r.representatives)] for r in catalog.layers[0].regimes],
+            "errors": []}
