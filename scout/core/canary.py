@@ -65,7 +65,7 @@ def decide_canary(
     if missing:
         return CanaryDecision(CanaryOutcome.INCONCLUSIVE, (), (), tuple(sorted((golden or {}).items())),
                               f"no canary reading from ranks {missing}")
-    present: list[Readings] = [r for r in readings if r is not MISSING]  # type: ignore[misc]
+    present: list[Readings] = [r for r in readings if r is not MISSING]
     classes = sorted(present[0])
     if any(sorted(r) != classes for r in present):
         return CanaryDecision(CanaryOutcome.INCONCLUSIVE, (), (), tuple(sorted((golden or {}).items())),

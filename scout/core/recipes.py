@@ -90,7 +90,7 @@ class RecipeId:
             return f"expert.{self.index}@{self.n_exec}"
         if self.recipe_class in _INDEXED:
             return f"{self.recipe_class.value}.{self.index}"
-        return self.recipe_class.value
+        return str(self.recipe_class.value)
 
     @classmethod
     def parse(cls, text: str) -> RecipeId:
@@ -119,6 +119,10 @@ def _non_negative(_instance: object, attribute: attrs.Attribute[int], value: int
         raise ValueError(f"{attribute.name} must be an int >= 0, got {value!r}")
 
 
+def _expert_keys(value: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    return tuple((int(slot), int(n_exec)) for slot, n_exec in value)
+
+
 @attrs.frozen
 class Catalog:
     """What can be replayed on this rank (REC-1, REC-5).
@@ -135,8 +139,7 @@ class Catalog:
     optimizer_slice_count: int = attrs.field(default=1, validator=_non_negative)
     #: MOE-1: the expert recipes as ``(slot, n_exec)`` pairs, in replay order (a regime
     #: catalog's representatives, MOE-5); empty: no experts on this rank.
-    expert_keys: tuple[tuple[int, int], ...] = attrs.field(default=(), converter=lambda v: tuple(
-        (int(a), int(b)) for a, b in v))
+    expert_keys: tuple[tuple[int, int], ...] = attrs.field(default=(), converter=_expert_keys)
 
     def __attrs_post_init__(self) -> None:
         if len(set(self.expert_keys)) != len(self.expert_keys):

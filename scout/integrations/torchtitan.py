@@ -143,7 +143,7 @@ def attach_to_titan(settings: ScoutSettings, optimizers: Any, model_parts: Seque
         job_step()
 
     optimizers.register_step_post_hook(after_step)
-    job.expert_replayer = experts  # type: ignore[attr-defined]
+    job.expert_replayer = experts
     return job
 
 

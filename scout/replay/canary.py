@@ -39,7 +39,8 @@ _VOCAB = 128
 
 def _fixed(shape: tuple[int, ...], seed: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
-    return (torch.randn(shape, generator=generator) / shape[-1] ** 0.5).to(device=device, dtype=dtype)
+    values: torch.Tensor = torch.randn(shape, generator=generator) / shape[-1] ** 0.5
+    return values.to(device=device, dtype=dtype)
 
 
 class Canary:

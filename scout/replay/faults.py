@@ -151,7 +151,7 @@ class _FaultyKernel(torch.overrides.TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         result = func(*args, **(kwargs or {}))
         if getattr(func, "__name__", "") == self.name and isinstance(result, torch.Tensor) and result.numel():
-            result = _FlipBit.apply(result, self.element % result.numel(), self.bit)
+            result = _flip(result, self.element % result.numel(), self.bit)
         return result
 
 
@@ -163,7 +163,7 @@ class FaultyKernelHandle:
 
     def remove(self) -> None:
         if self._mode is not None:
-            self._mode.__exit__(None, None, None)
+            self._mode.__exit__(None, None, None)  # type: ignore[no-untyped-call]
             self._mode = None
 
 
@@ -171,5 +171,5 @@ def faulty_kernel(name: str, *, element: int = 0, bit: int = 20) -> FaultyKernel
     """FAULT-5: from now on, in this process, every call of the torch function ``name`` (e.g.
     ``"gelu"``) returns its output with one bit flipped (gradients pass through)."""
     mode = _FaultyKernel(name, element, bit)
-    mode.__enter__()
+    mode.__enter__()  # type: ignore[no-untyped-call]
     return FaultyKernelHandle(mode)

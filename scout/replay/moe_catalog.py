@@ -55,15 +55,15 @@ _GEMM_OPS = ("mm", "bmm", "addmm", "baddbmm", "addbmm", "matmul", "linear", "mv"
 
 
 def _cpu_tag() -> str:
-    mkldnn = torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled
-    return f"cpu/mkldnn={int(mkldnn)}/threads={torch.get_num_threads()}"
+    mkldnn = bool(torch.backends.mkldnn.is_available()) and bool(torch.backends.mkldnn.enabled)  # type: ignore[no-untyped-call]
+    return f"cpu/mkldnn={int(mkldnn)}"
 
 
 class _GemmRecorder(TorchDispatchMode):
     """Records every GEMM-family operator the dispatcher runs (CPU fingerprints)."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.records: list[ExecRecord] = []
         self.tag = _cpu_tag()
 
@@ -101,7 +101,7 @@ def _cuda_kernels(module: nn.Module, x: torch.Tensor, counts: torch.Tensor) -> t
         path = os.path.join(scratch, "trace.json")
         profiler.export_chrome_trace(path)
         events = json.loads(Path(path).read_text()).get("traceEvents", [])
-    records = []
+    records: list[ExecRecord] = []
     for event in events:
         if event.get("cat") != "kernel":
             continue
@@ -198,17 +198,17 @@ def profile_catalog(
         catalog_layer = build_layer_catalog(layer_index, slots, fingerprints)
         layers.append(catalog_layer)
         for template in (templates if templates is not None else default_templates(count, values)):
-            counts = tuple(int(c) for c in template)
-            if len(counts) != count:
-                raise ValueError(f"template {list(counts)} has {len(counts)} counts for {count} local experts")
-            call = fingerprint_call(module, pool[: sum(counts)], counts)
+            vector = tuple(int(c) for c in template)
+            if len(vector) != count:
+                raise ValueError(f"template {list(vector)} has {len(vector)} counts for {count} local experts")
+            call = fingerprint_call(module, pool[: sum(vector)], vector)
             per_expert = {}
-            for expert, c in enumerate(counts):
+            for expert, c in enumerate(vector):
                 if c > 0:
                     one_hot = [0] * count
                     one_hot[expert] = c
                     per_expert[expert] = fingerprint_call(module, pool[:c], one_hot, c).records
-            all_templates.append(qualify_template(catalog_layer, counts, call.records, per_expert))
+            all_templates.append(qualify_template(catalog_layer, vector, call.records, per_expert))
     environment = catalog_environment(describe_experts(experts), device, dtype)
     return RegimeCatalog(tuple(sorted(environment.items())), tuple(layers), tuple(all_templates))
 

@@ -14,7 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from scout.integrations.torchtitan import ScoutSettings, TitanDegrees, replica_partitions, with_scout
+from scout.integrations.torchtitan import (
+    ScoutSettings,
+    TitanDegrees,
+    replica_partitions,
+    with_scout,
+)
 
 
 def test_PEER_1_dense_peers_are_the_replicas_of_one_shard_and_expert_peers_keep_ep() -> None:
