@@ -98,8 +98,6 @@ def expert_regime_lines(certificate: Certificate) -> list[str]:
         experts = sorted({r.recipe for r in record.replays if r.recipe.startswith("expert.")})
         if experts:
             lines.append(f"expert regimes replayed in cycle {record.cycle} ({role}): {', '.join(experts)}")
-    if any(r.startswith("expert.") for r in certificate.recipes):
-        lines.append("heterogeneous routing: covered only by the templates the MoE catalog qualified (its JSON)")
     return lines
 
 
@@ -111,6 +109,7 @@ def render_certificate(certificate: Certificate, entry: CheckpointEntry, config:
         f"promoted at step {certificate.promoted_at_step}; catalog {len(certificate.recipes)} recipe(s): "
         f"{', '.join(certificate.recipes)}; peer groups: {', '.join(certificate.groups)}",
         *expert_regime_lines(certificate),
+        *(f"coverage note: {note}" for note in config.coverage_notes),
         "",
         *_record_lines("before", before, certificate.groups),
         "",

@@ -235,7 +235,8 @@ class Job:
                 gate_config = GateConfig(self.run_dir.resolve().name or "run", catalog, self.group_names)
                 if self.checks is not None:
                     recipes, groups = self.checks.gate_catalog(catalog)
-                    gate_config = GateConfig(gate_config.job_id, [Recipe(r, g) for r, g in recipes], groups)
+                    gate_config = GateConfig(gate_config.job_id, [Recipe(r, g) for r, g in recipes], groups,
+                                             self.checks.coverage_notes())
                 self.writer = GateWriter.open(self.run_dir / GATE_DIR, gate_config)
             if self.checkpoint_dir is not None:
                 logger.info("scout: replay cycle %d steps; a checkpoint every %d steps, verified one cycle later",

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from scout.core.canary import CanaryOutcome
+from scout.core.moe import RegimeCatalog
 from scout.core.recipes import RecipeResult
 from scout.core.verdict import Status
 from scout.replay.canary import CANARY_RECIPE, Canary, CanaryMonitor
@@ -64,7 +65,9 @@ class JobChecks:
         experts: ExpertReplayer | None = None,
         expert_partition: Sequence[Sequence[int]] = (),
         canary: CanaryMonitor | None = None,
+        catalog: RegimeCatalog | None = None,
     ) -> None:
+        self.catalog = catalog
         self.exchange = exchange
         self.dense_partition = tuple(tuple(g) for g in dense_partition)
         self.dense_names = tuple(dense_names)
@@ -94,6 +97,7 @@ class JobChecks:
         if moe_catalog is None and not canary:
             return None
         experts = None
+        catalog = None
         partition = tuple(tuple(g) for g in (expert_partition or dense_partition))
         if moe_catalog is not None:
             from scout.replay.moe_catalog import load_catalog
@@ -108,7 +112,17 @@ class JobChecks:
             monitor = CanaryMonitor(Canary(device=device), exchange, rank=rank,
                                     golden_path=f"{run_dir}/gate/canary.json")
         return cls(exchange=exchange, dense_partition=dense_partition, dense_names=dense_names, experts=experts,
-                   expert_partition=partition if experts is not None else (), canary=monitor)
+                   expert_partition=partition if experts is not None else (), canary=monitor, catalog=catalog)
+
+    def coverage_notes(self) -> tuple[str, ...]:
+        """MOE-6: what heterogeneous routing the expert recipes cover, for certificates."""
+        if self.experts is None or self.catalog is None:
+            return ()
+        qualified = self.catalog.qualified_templates()
+        if not qualified:
+            return ("heterogeneous MoE routing: no template qualified; only the replayed per-expert regimes "
+                    "are covered",)
+        return (f"heterogeneous MoE routing: covered only for the qualified templates {', '.join(qualified)}",)
 
     def gate_catalog(self, dense_recipes: Sequence[str]) -> tuple[list[tuple[str, tuple[str, ...]]], tuple[str, ...]]:
         """The gate's catalog as ``(recipe id, groups it applies to)`` and every group name:

@@ -50,3 +50,6 @@ def test_MOE_1_CANARY_5_CANARY_7_attach_certifies_experts_and_the_canary_blocks_
     assert certificate.returncode == 0, certificate.stderr
     assert "expert regimes replayed in cycle" in certificate.stdout
     assert "expert.7@32" in certificate.stdout and "canary" in certificate.stdout
+    # MOE-6: the per-expert loop qualifies its templates, and the certificate says which.
+    assert "coverage note: heterogeneous MoE routing: covered only for the qualified templates layer0:" in \
+        certificate.stdout
