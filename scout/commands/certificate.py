@@ -90,6 +90,17 @@ def _record_lines(role: str, record: CycleRecord, groups: tuple[str, ...]) -> li
     return lines
 
 
+def expert_regime_lines(certificate: Certificate) -> list[str]:
+    """The expert regimes replayed in each cycle (spec/moe.md MOE-1, MOE-5): an expert recipe
+    ``expert.<slot>@<n_exec>`` is slot ``slot`` replayed at its regime's representative."""
+    lines = []
+    for role, record in (("before", certificate.before), ("after", certificate.after)):
+        experts = sorted({r.recipe for r in record.replays if r.recipe.startswith("expert.")})
+        if experts:
+            lines.append(f"expert regimes replayed in cycle {record.cycle} ({role}): {', '.join(experts)}")
+    return lines
+
+
 def render_certificate(certificate: Certificate, entry: CheckpointEntry, config: GateConfig, source: str) -> str:
     before, after = certificate.before, certificate.after
     lines = [
@@ -97,6 +108,8 @@ def render_certificate(certificate: Certificate, entry: CheckpointEntry, config:
         f"source: {source}",
         f"promoted at step {certificate.promoted_at_step}; catalog {len(certificate.recipes)} recipe(s): "
         f"{', '.join(certificate.recipes)}; peer groups: {', '.join(certificate.groups)}",
+        *expert_regime_lines(certificate),
+        *(f"coverage note: {note}" for note in config.coverage_notes),
         "",
         *_record_lines("before", before, certificate.groups),
         "",

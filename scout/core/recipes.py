@@ -49,29 +49,48 @@ class RecipeClass(enum.Enum):
     HIDDEN = "hidden"
     OUTPUT = "output"
     OPTIMIZER = "optimizer"
+    EXPERT = "expert"  # MOE-1: one routed expert at one per-expert row count n_exec
+    # Job-level checks run at cycle ends, not scheduled by a rank's catalog (never pending in
+    # coverage; the gate's catalog lists them like any recipe): the all-to-all replay (MOE-8)
+    # and the golden canary (CANARY-1).
+    DISPATCH = "dispatch"
+    CANARY = "canary"
 
 
 CLASS_ORDER: Final = tuple(RecipeClass)
-_INDEXED: Final = frozenset({RecipeClass.HIDDEN, RecipeClass.OPTIMIZER})
+#: Classes a rank's catalog schedules (REC-1, MOE-1); the others are job-level checks.
+SCHEDULED_CLASSES: Final = (RecipeClass.EMBEDDING, RecipeClass.HIDDEN, RecipeClass.OUTPUT,
+                            RecipeClass.OPTIMIZER, RecipeClass.EXPERT)
+_INDEXED: Final = frozenset({RecipeClass.HIDDEN, RecipeClass.OPTIMIZER, RecipeClass.EXPERT})
 
 
 @attrs.frozen(order=True)
 class RecipeId:
-    """``embedding``, ``hidden.<layer>``, ``output`` or ``optimizer.<slice>`` (REC-1)."""
+    """``embedding``, ``hidden.<layer>``, ``output``, ``optimizer.<slice>`` (REC-1) or
+    ``expert.<slot>@<n_exec>`` (MOE-1: expert slot ``slot`` of this rank -- MoE layer major,
+    local expert minor -- replayed at ``n_exec`` rows)."""
 
     recipe_class: RecipeClass = attrs.field(order=CLASS_ORDER.index)
     index: int = 0
+    n_exec: int = 0  # expert recipes only: the per-expert row count replayed (MOE-2)
 
     def __attrs_post_init__(self) -> None:
         if self.index < 0:
             raise ValueError(f"recipe index must be >= 0, got {self.index}")
         if self.recipe_class not in _INDEXED and self.index != 0:
             raise ValueError(f"{self.recipe_class.value} has one recipe; got index {self.index}")
+        if self.recipe_class is RecipeClass.EXPERT:
+            if isinstance(self.n_exec, bool) or not isinstance(self.n_exec, int) or self.n_exec < 1:
+                raise ValueError(f"an expert recipe needs n_exec >= 1 rows, got {self.n_exec!r}")
+        elif self.n_exec != 0:
+            raise ValueError(f"only expert recipes take n_exec; {self.recipe_class.value} got {self.n_exec}")
 
     def __str__(self) -> str:
+        if self.recipe_class is RecipeClass.EXPERT:
+            return f"expert.{self.index}@{self.n_exec}"
         if self.recipe_class in _INDEXED:
             return f"{self.recipe_class.value}.{self.index}"
-        return self.recipe_class.value
+        return str(self.recipe_class.value)
 
     @classmethod
     def parse(cls, text: str) -> RecipeId:
@@ -81,6 +100,11 @@ class RecipeId:
         except ValueError:
             known = ", ".join(c.value for c in RecipeClass)
             raise ValueError(f"unknown recipe {text!r}: the classes are {known}") from None
+        if recipe_class is RecipeClass.EXPERT:
+            slot, _, rows = index.partition("@")
+            if not (slot.isdigit() and rows.isdigit()):
+                raise ValueError(f"recipe {text!r}: an expert recipe is expert.<slot>@<n_exec>, e.g. expert.0@64")
+            return cls(recipe_class, int(slot), int(rows))
         if recipe_class in _INDEXED:
             if not index.isdigit():
                 raise ValueError(f"recipe {text!r} needs an index, e.g. {name}.0")
@@ -93,6 +117,10 @@ class RecipeId:
 def _non_negative(_instance: object, attribute: attrs.Attribute[int], value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{attribute.name} must be an int >= 0, got {value!r}")
+
+
+def _expert_keys(value: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    return tuple((int(slot), int(n_exec)) for slot, n_exec in value)
 
 
 @attrs.frozen
@@ -109,6 +137,15 @@ class Catalog:
     has_embedding: bool = True
     has_output: bool = True
     optimizer_slice_count: int = attrs.field(default=1, validator=_non_negative)
+    #: MOE-1: the expert recipes as ``(slot, n_exec)`` pairs, in replay order (a regime
+    #: catalog's representatives, MOE-5); empty: no experts on this rank.
+    expert_keys: tuple[tuple[int, int], ...] = attrs.field(default=(), converter=_expert_keys)
+
+    def __attrs_post_init__(self) -> None:
+        if len(set(self.expert_keys)) != len(self.expert_keys):
+            raise ValueError(f"expert keys repeat: {list(self.expert_keys)}")
+        for slot, n_exec in self.expert_keys:  # RecipeId validates each key
+            RecipeId(RecipeClass.EXPERT, slot, n_exec)
 
     def class_size(self, recipe_class: RecipeClass) -> int:
         """Number of recipes of a class on this rank (0 = not applicable)."""
@@ -118,17 +155,28 @@ class Catalog:
             return self.hidden_layer_count
         if recipe_class is RecipeClass.OUTPUT:
             return int(self.has_output)
-        return self.optimizer_slice_count
+        if recipe_class is RecipeClass.EXPERT:
+            return len(self.expert_keys)
+        if recipe_class is RecipeClass.OPTIMIZER:
+            return self.optimizer_slice_count
+        return 0
+
+    def recipe_at(self, recipe_class: RecipeClass, index: int) -> RecipeId:
+        """The ``index``-th recipe of a class (REC-3's ``k mod n_c``)."""
+        if recipe_class is RecipeClass.EXPERT:
+            slot, n_exec = self.expert_keys[index]
+            return RecipeId(recipe_class, slot, n_exec)
+        return RecipeId(recipe_class, index)
 
     def recipes(self) -> tuple[RecipeId, ...]:
         return tuple(
-            RecipeId(recipe_class, index)
+            self.recipe_at(recipe_class, index)
             for recipe_class in CLASS_ORDER
             for index in range(self.class_size(recipe_class))
         )
 
     def not_applicable(self) -> tuple[RecipeClass, ...]:
-        return tuple(c for c in CLASS_ORDER if self.class_size(c) == 0)
+        return tuple(c for c in SCHEDULED_CLASSES if self.class_size(c) == 0)
 
 
 @attrs.frozen
@@ -142,6 +190,7 @@ class Intervals:
     hidden_steps: int = attrs.field(default=50, validator=_non_negative)
     output_steps: int = attrs.field(default=50, validator=_non_negative)
     optimizer_steps: int = attrs.field(default=50, validator=_non_negative)
+    expert_steps: int = attrs.field(default=50, validator=_non_negative)  # MOE-1
 
     def for_class(self, recipe_class: RecipeClass) -> int:
         return {
@@ -149,7 +198,8 @@ class Intervals:
             RecipeClass.HIDDEN: self.hidden_steps,
             RecipeClass.OUTPUT: self.output_steps,
             RecipeClass.OPTIMIZER: self.optimizer_steps,
-        }[recipe_class]
+            RecipeClass.EXPERT: self.expert_steps,
+        }.get(recipe_class, 0)
 
 
 @attrs.frozen
@@ -189,7 +239,7 @@ class Schedule:
                 continue
             check_index = step // interval - 1
             index = check_index % self.catalog.class_size(recipe_class)
-            due.append(DueRecipe(RecipeId(recipe_class, index), step, check_index))
+            due.append(DueRecipe(self.catalog.recipe_at(recipe_class, index), step, check_index))
         return tuple(due)
 
     def cycle_length_steps(self) -> int:
@@ -217,6 +267,7 @@ class Schedule:
                 (c.value, self.catalog.class_size(c), self.intervals.for_class(c))
                 for c in CLASS_ORDER
             ),
+            self.catalog.expert_keys,
         )
 
 

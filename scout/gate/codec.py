@@ -99,6 +99,7 @@ def config_to_json(config: GateConfig) -> dict[str, Any]:
             {"id": r.id, "groups": None if r.groups is None else list(r.groups)} for r in config.recipes
         ],
         "groups": list(config.groups),
+        **({"coverage_notes": list(config.coverage_notes)} if config.coverage_notes else {}),
     }
 
 
@@ -290,10 +291,12 @@ def _recipe_from(value: Any, path: str) -> Recipe:
 def config_from_json(value: Any, path: str = "config") -> GateConfig:
     groups: tuple[str, ...] = _list(_get(value, "groups", path), f"{path}.groups", _str)
     try:
+        notes = value.get("coverage_notes", []) if isinstance(value, dict) else []
         return GateConfig(
             _str(_get(value, "job_id", path), f"{path}.job_id"),
             _list(_get(value, "recipes", path), f"{path}.recipes", _recipe_from),
             groups,
+            _list(notes, f"{path}.coverage_notes", _str),
         )
     except CodecError:
         raise

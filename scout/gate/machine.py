@@ -706,3 +706,18 @@ def verified_checkpoint_survives_sdc(state: GateMachineState) -> bool:
 def restorable(context: GateContext) -> tuple[CheckpointEntry, ...]:
     """Entries a restart may name, oldest first."""
     return tuple(entry for entry in context.checkpoints if entry.trust in RESTORABLE)
+
+
+@ACTIONS.predicate
+def common_mode_result_taints(
+    previous: GateMachineState, event: object, state: GateMachineState, effects: tuple[object, ...]
+) -> bool:
+    """GATE-40: a result whose every group verdict is ATTRIBUTED (common mode, CANARY-5)
+    leaves the gate TAINTED and promotes nothing."""
+    if not isinstance(event, RecipeVerdicts) or not event.verdicts:
+        return True
+    if any(verdict.outcome is not Outcome.ATTRIBUTED for verdict in event.verdicts):
+        return True
+    if previous.control is not TAINTED and state.control is not TAINTED:
+        return False
+    return not any(c.after is Trust.RECOVERY_VERIFIED for c in _trust_changes(effects))

@@ -142,6 +142,9 @@ class GateConfig:
     job_id: str = attrs.field(validator=_nonempty_name)
     recipes: tuple[Recipe, ...] = attrs.field(converter=_recipes)
     groups: tuple[str, ...] = attrs.field(converter=_names)
+    #: What the catalog's coverage rests on beyond its recipes, stated in every certificate
+    #: (spec/moe.md MOE-6: the heterogeneous routing templates an MoE catalog qualified).
+    coverage_notes: tuple[str, ...] = attrs.field(default=(), converter=_names)
 
     def __attrs_post_init__(self) -> None:
         if not self.recipes:

@@ -49,6 +49,7 @@ from scout.gate.model import (
     GateConfig,
     GateReport,
     GateReportKind,
+    Recipe,
     Restart,
     TrustChange,
 )
@@ -62,6 +63,7 @@ from scout.observer.launch import ObserverHandle, start_observer
 from scout.observer.progress import ProgressPublisher, RecordIdentity, reclaim_stale_records
 from scout.observer.rendezvous import DirectoryRendezvous, StoreRendezvous, shared_secret
 from scout.replay.collectives import TorchPeerGroup
+from scout.replay.job_checks import GateFeed, JobChecks
 from scout.replay.replay import RecipeModules, ReplayConfig, Replayer, StepReport
 
 __all__ = ["FaultDetected", "Job", "attach"]
@@ -212,6 +214,7 @@ class Job:
             self._start_observer()
 
         self.replayer: Replayer | None = None
+        self.checks: JobChecks | None = None
         self.writer: GateWriter | None = None
         self.cycle_steps = 0
         if config.replay:
@@ -224,9 +227,20 @@ class Job:
                                          replay_rows=config.replay_rows)
             self.replayer = Replayer(model, optimizer, self.peers, replay_config, modules)
             self.cycle_steps = self.replayer.schedule.cycle_length_steps()
+            # Expert replay and the canary (spec/moe.md, spec/canary.md): None unless configured.
+            self.checks = JobChecks.build(
+                model, rank=self.rank, exchange=self._exchange, dense_partition=self.partition,
+                dense_names=self.group_names, run_dir=str(self.run_dir), moe_catalog=config.moe_catalog,
+                expert_steps=k, canary=config.canary, timeout_s=config.collective_timeout_s)
+            if self.checks is not None and self.checks.experts is not None:
+                self.cycle_steps = max(self.cycle_steps, self.checks.experts.schedule.cycle_length_steps())
             if self.rank == 0:
                 catalog = tuple(str(recipe) for recipe in self.replayer.catalog.recipes())
                 gate_config = GateConfig(self.run_dir.resolve().name or "run", catalog, self.group_names)
+                if self.checks is not None:
+                    recipes, groups = self.checks.gate_catalog(catalog)
+                    gate_config = GateConfig(gate_config.job_id, [Recipe(r, g) for r, g in recipes], groups,
+                                             self.checks.coverage_notes())
                 self.writer = GateWriter.open(self.run_dir / GATE_DIR, gate_config)
             if self.checkpoint_dir is not None:
                 logger.info("scout: replay cycle %d steps; a checkpoint every %d steps, verified one cycle later",
@@ -353,6 +367,8 @@ class Job:
         self._step = step
         if self.replayer is not None:
             self.replayer.resume_at(step)
+        if self.checks is not None:
+            self.checks.resume_at(step)
         if self.writer is not None:
             context = self.writer.state.context
             if context.checkpoints or context.cycle_start_step is not None or context.timeline:
@@ -389,6 +405,8 @@ class Job:
             self.costs.add("replay_collectives_s", report.collective_ms / 1e3)
             if report.results or report.stragglers or report.communication_stragglers:
                 self._judge(step, report)
+            if self.checks is not None:
+                self._feed(self.checks.after_step(step))
             checkpointed = clock()
             self.costs.add("gate_and_reports_s", checkpointed - judged)
             if self.cycle_steps and step % self.cycle_steps == 0:
@@ -448,6 +466,8 @@ class Job:
     def _cycle_end(self, step: int) -> None:
         """A replay cycle ends at ``step``: close it at the gate and, every
         ``checkpoint_every_cycles``, save a checkpoint (collective) and capture it."""
+        if self.checks is not None:  # the canary belongs to the cycle it closes (CANARY-7)
+            self._feed(self.checks.at_cycle_end(step))
         if self.writer is not None:
             self._apply(CycleBoundary(step))
         every = self.cycle_steps * self.config.checkpoint_every_cycles
@@ -461,6 +481,25 @@ class Job:
                                 process_group=self._control)
         if self.writer is not None:
             self._apply(CheckpointCaptured(step))
+
+    def _exchange(self, value: Any) -> list[Any]:
+        """Every rank's ``value``, by rank, over scout's control group (JobChecks)."""
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, value, group=self._control)
+        return gathered
+
+    def _feed(self, feeds: Sequence[GateFeed]) -> None:
+        """Expert-replay and canary results: to the gate (rank 0), to reports, and the SDC policy."""
+        for feed in feeds:
+            if self.writer is not None:
+                context = self.writer.state.context
+                self._apply(recipe_verdicts(context.config, feed.recipe, context.cycle, feed.step, feed.results))
+            for finding in feed.findings:
+                if self.rank == 0:
+                    self._report("sdc", finding.reason, ranks=finding.ranks, step=finding.step, evidence=finding.evidence)
+                if self.config.on_sdc == "restart" and self._fault is None:
+                    hosts = sorted({self.hosts[r] for r in finding.ranks})
+                    self._fault = FaultDetected("sdc", finding.step, finding.ranks, hosts, finding.reason)
 
     def _apply(self, event: Any) -> None:
         """Rank 0: step the gate (durably) and report what it decided."""
@@ -520,6 +559,8 @@ class Job:
         instrument.uninstrument()
         if self.replayer is not None:
             self.replayer.close()
+        if self.checks is not None:
+            self.checks.close()
         self.publisher.close()
         if self.observer is not None:
             self.observer.close()

@@ -123,6 +123,12 @@ class Config:
     kill_grace_s: float = attrs.field(default=5.0, validator=_positive_s("kill_grace_s", 600.0))
     #: Bytes a replay capture may hold (inputs of the recipes due at a step).
     max_capture_bytes: int = attrs.field(default=256 * 2**20, validator=_count("max_capture_bytes", 0, 2**40))
+    #: An MoE regime catalog (`scout moe-catalog`, spec/moe.md): expert recipes at its compressed
+    #: keys, one every replay_interval_steps, voted among the replicas of each expert.
+    moe_catalog: str | None = attrs.field(default=None, validator=_optional_text("moe_catalog"))
+    #: The golden canary (spec/canary.md): recorded at the first cycle end, re-checked at every
+    #: cycle end on every rank; a change -- on one rank or on all (common mode) -- is SDC.
+    canary: bool = attrs.field(default=False, validator=_flag("canary"))
 
     def __attrs_post_init__(self) -> None:
         if self.round_deadline_s > self.recheck_interval_s:

@@ -11,6 +11,10 @@ Nothing here is active unless called. Each injector returns a handle with ``remo
   long as it measured: a proportional compute straggler (FAULT-3).
 * :func:`slow_communication` -- a peer whose every replay collective enters ``delay_s`` late,
   on its own side of the communication path (FAULT-4).
+* :func:`faulty_kernel` -- every call of one torch function (by name, e.g. ``gelu``) has one
+  bit of its output flipped, wherever it runs -- training, replay and canary alike: a kernel
+  that miscomputes after a library or driver change. Injected on every rank it is common mode,
+  which no vote can see (FAULT-5, CANARY-*).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from torch.utils.hooks import RemovableHandle
 from scout.replay.collectives import EntryHookHandle
 
 __all__ = [
+    "faulty_kernel",
     "flip_output_bit",
     "flip_tensor_bit_",
     "slow_communication",
@@ -136,3 +141,35 @@ def slow_communication(peers: Any, delay_s: float) -> EntryHookHandle:
 
     handle: EntryHookHandle = timer.add_entry_hook(hook)
     return handle
+
+
+class _FaultyKernel(torch.overrides.TorchFunctionMode):
+    def __init__(self, name: str, element: int, bit: int) -> None:
+        super().__init__()
+        self.name, self.element, self.bit = name, element, bit
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        result = func(*args, **(kwargs or {}))
+        if getattr(func, "__name__", "") == self.name and isinstance(result, torch.Tensor) and result.numel():
+            result = _flip(result, self.element % result.numel(), self.bit)
+        return result
+
+
+class FaultyKernelHandle:
+    """Removes a :func:`faulty_kernel` injection (``remove()`` is idempotent)."""
+
+    def __init__(self, mode: _FaultyKernel) -> None:
+        self._mode: _FaultyKernel | None = mode
+
+    def remove(self) -> None:
+        if self._mode is not None:
+            self._mode.__exit__(None, None, None)  # type: ignore[no-untyped-call]
+            self._mode = None
+
+
+def faulty_kernel(name: str, *, element: int = 0, bit: int = 20) -> FaultyKernelHandle:
+    """FAULT-5: from now on, in this process, every call of the torch function ``name`` (e.g.
+    ``"gelu"``) returns its output with one bit flipped (gradients pass through)."""
+    mode = _FaultyKernel(name, element, bit)
+    mode.__enter__()  # type: ignore[no-untyped-call]
+    return FaultyKernelHandle(mode)

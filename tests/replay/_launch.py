@@ -39,9 +39,12 @@ def _rank_main(scenario: str, rank: int, world: int, store: str, kwargs: dict, r
             world_size=world,
             timeout=timedelta(seconds=120),
         )
-        from tests.replay import _scenarios
+        import importlib
 
-        payload = getattr(_scenarios, scenario)(rank, world, **kwargs)
+        # SCENARIO is a function of tests.replay._scenarios, or module:function.
+        module_name, _, function = scenario.rpartition(":")
+        module = importlib.import_module(module_name or "tests.replay._scenarios")
+        payload = getattr(module, function)(rank, world, **kwargs)
         results.put((rank, "ok", payload))
     except BaseException:
         results.put((rank, "error", traceback.format_exc()))

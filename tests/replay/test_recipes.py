@@ -115,7 +115,7 @@ def test_REC_3_REC_4_every_window_of_a_cycle_covers_every_scheduled_recipe(
 
 def test_REC_5_not_applicable_is_not_pending_and_not_ready_is_inconclusive() -> None:
     stage = Catalog(hidden_layer_count=2, has_embedding=False, has_output=False)
-    assert stage.not_applicable() == (RecipeClass.EMBEDDING, RecipeClass.OUTPUT)
+    assert stage.not_applicable() == (RecipeClass.EMBEDDING, RecipeClass.OUTPUT, RecipeClass.EXPERT)
     schedule = Schedule(stage, Intervals(embedding_steps=1, hidden_steps=1, output_steps=1))
     assert all(
         d.recipe.recipe_class not in (RecipeClass.EMBEDDING, RecipeClass.OUTPUT)
@@ -129,7 +129,7 @@ def test_REC_5_not_applicable_is_not_pending_and_not_ready_is_inconclusive() -> 
     ]
     view = coverage(stage, results, since_step=0)
     assert view.pending == (RecipeId(HIDDEN, 1),)
-    assert view.not_applicable == (RecipeClass.EMBEDDING, RecipeClass.OUTPUT)
+    assert view.not_applicable == (RecipeClass.EMBEDDING, RecipeClass.OUTPUT, RecipeClass.EXPERT)
     assert not view.complete and not view.clean
     assert view.inconclusive == (results[1],) and view.attributed == ()
     with pytest.raises(ValueError, match="embedding at step 3: not in this rank's catalog"):

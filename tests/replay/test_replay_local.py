@@ -266,6 +266,7 @@ def test_REC_5_stage_without_embedding_or_head_is_not_applicable() -> None:
         "embedding",
         "output",
         "optimizer",
+        "expert",
     ]
     for _ in range(2):
         model(torch.randn(2, 4))

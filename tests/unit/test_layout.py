@@ -22,6 +22,7 @@ LAYERS = {
     "replay": 2,
     "job": 3,
     "scenarios": 4,
+    "integrations": 4,
     "commands": 5,
     "cli": 6,
 }
