@@ -455,13 +455,20 @@ class Job:
                 self._report("sdc", "replay-mismatch", ranks=ranks, step=step, evidence={
                     "recipe": str(result.recipe), "group": group, "sources": list(result.sources),
                     "group_ranks": list(self.partition[group_index])})
-        if sdc and self.config.on_sdc == "restart":
+        if sdc:
             ranks = sorted({self.partition[g][p] for _, result, g in sdc for p in result.outliers})
-            hosts = sorted({self.hosts[r] for r in ranks})
-            if self.rank == 0:
-                reports.append_hosts(self.run_dir / EXCLUDE_HOSTS_FILE, hosts)
-                self._report("restart", "sdc", ranks=ranks, step=step, evidence={"policy": "on_sdc=restart"})
-            self._fault = FaultDetected("sdc", step, ranks, hosts, "replay outputs differ from the strict majority")
+            self._on_sdc(step, ranks, "replay outputs differ from the strict majority")
+
+    def _on_sdc(self, step: int, ranks: Sequence[int], reason: str) -> None:
+        """The SDC policy, decided alike on every rank: ``restart`` names the hosts at fault for
+        the scheduler (rank 0) and makes this step's ``job.step()`` raise FaultDetected."""
+        if self.config.on_sdc != "restart" or self._fault is not None:
+            return
+        hosts = sorted({self.hosts[r] for r in ranks})
+        if self.rank == 0:
+            reports.append_hosts(self.run_dir / EXCLUDE_HOSTS_FILE, hosts)
+            self._report("restart", "sdc", ranks=ranks, step=step, evidence={"policy": "on_sdc=restart"})
+        self._fault = FaultDetected("sdc", step, ranks, hosts, reason)
 
     def _cycle_end(self, step: int) -> None:
         """A replay cycle ends at ``step``: close it at the gate and, every
@@ -497,9 +504,7 @@ class Job:
             for finding in feed.findings:
                 if self.rank == 0:
                     self._report("sdc", finding.reason, ranks=finding.ranks, step=finding.step, evidence=finding.evidence)
-                if self.config.on_sdc == "restart" and self._fault is None:
-                    hosts = sorted({self.hosts[r] for r in finding.ranks})
-                    self._fault = FaultDetected("sdc", finding.step, finding.ranks, hosts, finding.reason)
+                self._on_sdc(finding.step, finding.ranks, finding.reason)
 
     def _apply(self, event: Any) -> None:
         """Rank 0: step the gate (durably) and report what it decided."""
