@@ -94,15 +94,29 @@ def available() -> bool:
     return unavailable_reason() is None
 
 
-def content_words(words: torch.Tensor) -> torch.Tensor:
-    """Σ mix(w_i + (i+1)·K) over a 1-D int64 tensor, as a 0-d int64 tensor on its device."""
+def content_words(
+    words: torch.Tensor,
+    block_words: int = BLOCK_WORDS,
+    blocks_per_program: int = BLOCKS_PER_PROGRAM,
+    num_warps: int = 4,
+) -> torch.Tensor:
+    """Σ mix(w_i + (i+1)·K) over a 1-D int64 tensor, as a 0-d int64 tensor on its device.
+
+    The launch shape (``block_words`` a power of two) changes the speed, never the value:
+    bench/signature_gpu.py times several.
+    """
     kernel = _load()
     if isinstance(kernel, str):
         raise RuntimeError(f"the Triton signature kernel is unavailable: {kernel}")
     if words.dtype != torch.int64 or words.dim() != 1 or not words.is_contiguous():
         raise ValueError(f"expected a contiguous 1-D int64 tensor, got {words.dtype} {words.shape}")
     word_count = words.numel()
-    per_program = BLOCK_WORDS * BLOCKS_PER_PROGRAM
+    if block_words < 1 or block_words & (block_words - 1) or blocks_per_program < 1:
+        raise ValueError(
+            f"block_words must be a power of two and blocks_per_program >= 1, got "
+            f"{block_words} and {blocks_per_program}"
+        )
+    per_program = block_words * blocks_per_program
     programs = max(1, -(-word_count // per_program))
     partials = torch.empty(programs, dtype=torch.int64, device=words.device)
     kernel[(programs,)](
@@ -112,8 +126,9 @@ def content_words(words: torch.Tensor) -> torch.Tensor:
         _KEY_STEP,  # above 2**63: Triton passes these as uint64
         _MIX_1,
         _MIX_2,
-        BLOCK=BLOCK_WORDS,
-        STEPS=BLOCKS_PER_PROGRAM,
+        BLOCK=block_words,
+        STEPS=blocks_per_program,
+        num_warps=num_warps,
     )
     return partials.sum()  # int64 addition wraps: the sum mod 2**64, on the device
 
