@@ -103,8 +103,9 @@ def main() -> int:
             )
             shapes[f"block{block}_steps{steps}_warps{warps}"] = round(byte_count / seconds / 1e9, 1)
         library_s = _median_seconds(lambda s=source: signature.tensor_signature(s), arguments.repeats)
+        sixteenth = source[: source.numel() // 16]
         torch_ops_s = _median_seconds(
-            lambda s=source[: source.numel() // 16]: signature._tensor_signature_torch_only(s), 3
+            lambda s=sixteenth: signature._tensor_signature_torch_only(s), 3
         ) * 16
         copy_gb_s = byte_count / copy_s / 1e9
         library_gb_s = byte_count / library_s / 1e9
