@@ -8,7 +8,7 @@ iterations, each after an untimed barrier) of
 * torch.distributed (N forked gloo ranks, the launcher hosts the store): ``TorchTransport
   .exchange`` (store-backed) beside raw ``dist.all_gather`` of a uint8 tensor.
 
-Goal (TARGETS.md): exchange <= 1.2x the raw collective at every payload size, O(n) messages
+Goal (docs/transports.md): exchange <= 1.2x the raw collective at every payload size, O(n) messages
 per round. The current exchange posts one frame to every peer (n·(n-1) per round): this
 benchmark measures what that costs as n grows. Writes bench/results/exchange.json.
 

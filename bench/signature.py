@@ -2,7 +2,7 @@
 path this CPU runs (scalar, AVX2, AVX-512, NEON), beside xxh3 and a copy into a preallocated
 buffer, all in the same run. Writes bench/results/signature.json.
 
-Goals (TARGETS.md, SIG-12): the dispatched path >= xxh3 and >= the copy; the AVX2 path, where the
+Goals (spec/replay.md SIG-12): the dispatched path >= xxh3 and >= the copy; the AVX2 path, where the
 CPU has it, >= xxh3 too (the issue's AVX2-only machines). Figures are medians of interleaved
 rounds -- each round times the copy, xxh3 and every path once, so a change of the machine's load
 hits all alike -- with min and max beside them. Every buffer is allocated and written before

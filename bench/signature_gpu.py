@@ -4,7 +4,7 @@ device-to-device copy of the same bytes. Writes bench/results/signature_gpu.json
 Checks (exit status 1 if one fails): the GPU signature equals the CPU signature of the same
 bytes for fp32, bf16, fp16, fp64 and int8 tensors of several sizes (block boundaries and a
 padded tail included); every single-bit flip of a 4 KiB tensor changes it, on the device.
-Goal (TARGETS.md): signature bandwidth >= 50 % of the device-to-device copy's, both counted
+Goal (spec/replay.md SIG-12): signature bandwidth >= 50 % of the device-to-device copy's, both counted
 as bytes of the tensor per second, medians of CUDA-event-timed repeats, for 1 GiB of fp32 and
 of bf16. Several launch shapes are timed; the goal uses the one the library uses.
 Without CUDA or Triton it writes the reason and exits 0 (nothing to measure here).

@@ -9,7 +9,7 @@ its own, whose peak resident memory the kernel reports (``wait4``), and writes
 ``bench/results/sim.json``. Every number in it is measured here; nothing is estimated.
 Goals: at least 100,000 events/s and a 4096-rank exchange scenario in under 30 s
 (docs/design.md §4, "thousands of ranks on one core"); each observer scenario at 65,536 ranks in
-under 60 s and 2 GiB (TARGETS.md), and its memory within the figure the registry states for it
+under 60 s and 2 GiB (docs/simulator.md, "Memory"), and its memory within the figure the registry states for it
 (``scout.scenarios.registry.memory_estimate_bytes``, which refuses larger runs up front).
 """
 

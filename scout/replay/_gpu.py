@@ -47,7 +47,7 @@ def _load() -> Any:
         _state["kernel"] = f"triton is not installed ({exc})"
         return _state["kernel"]
 
-    @triton.jit
+    @triton.jit  # type: ignore[untyped-decorator]
     def _content_kernel(  # type: ignore[no-untyped-def]
         words_ptr,
         word_count,
