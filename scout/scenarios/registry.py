@@ -37,8 +37,11 @@ __all__ = [
     "ScenarioParams",
     "ScenarioReport",
     "UnknownScenario",
+    "check_memory",
     "get_scenario",
     "load_scenarios",
+    "memory_budget_bytes",
+    "memory_estimate_bytes",
     "run_scenario",
     "scenario",
     "scenario_names",
@@ -64,9 +67,28 @@ MAX_ROUNDS = 100_000
 # (slope between them, default group size 8), rounded up by at least a quarter; a scenario
 # not listed gets the default. Traffic per rank grows with the group size, so the figure is
 # scaled by group_size / 8 above the default size.
-BASE_MEMORY_BYTES = 96 * 2**20
-DEFAULT_BYTES_PER_RANK = 24 * 2**10
-BYTES_PER_RANK: dict[str, int] = {}  # filled in below, beside the measurements
+BASE_MEMORY_BYTES = 64 * 2**20  # measured: 37-39 MiB
+DEFAULT_BYTES_PER_RANK = 96 * 2**10
+BYTES_PER_RANK: dict[str, int] = {
+    # measured KiB per rank (2048 -> 8192 ranks): 8.9-9.7
+    "corrupt-evidence": 12 * 2**10,
+    "crash-during-allgather": 12 * 2**10,
+    "exchange-healthy": 12 * 2**10,
+    "exchange-partition": 12 * 2**10,
+    "exchange-silent-peer": 12 * 2**10,
+    "exchange-straggler": 12 * 2**10,
+    # measured 11.0 (and 745 MiB at 65,536 ranks: 11.2)
+    "observer-behind": 14 * 2**10,
+    "observer-desync": 14 * 2**10,
+    "observer-frozen": 14 * 2**10,
+    "observer-group-stall": 14 * 2**10,
+    "observer-process-frozen": 14 * 2**10,
+    "observer-trainer-dead": 14 * 2**10,
+    # measured 28.5: forty steps of polling leave the most trace per rank
+    "observer-healthy": 36 * 2**10,
+    # measured 74
+    "gate-campaign": 96 * 2**10,
+}
 MEMORY_BUDGET_ENV = "SCOUT_SIM_MEMORY_MIB"
 
 
