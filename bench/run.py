@@ -54,7 +54,7 @@ def _row(benchmark: str, goal: dict, load: list) -> list[str]:
     ]
 
 
-def table(names: list[str], failures: dict[str, str]) -> int:
+def table(names: list[str], failures: dict[str, str], results: Path = RESULTS) -> int:
     rows: list[list[str]] = []
     missed = 0
     for name in names:
@@ -62,7 +62,7 @@ def table(names: list[str], failures: dict[str, str]) -> int:
             rows.append([name, "(benchmark)", "-", "-", "-", f"FAILED: {failures[name]}", "-"])
             missed += 1
             continue
-        path = RESULTS / f"{name}.json"
+        path = results / f"{name}.json"
         if not path.exists():
             rows.append([name, "(benchmark)", "-", "-", "-", "no results (not run)", "-"])
             continue
@@ -88,7 +88,8 @@ def table(names: list[str], failures: dict[str, str]) -> int:
     for row in rows:
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)))
     print(line)
-    print(f"{missed} goal(s) missed or failed out of {sum(1 for r in rows if r[1] != '(benchmark)' or 'FAILED' in r[5])}")
+    counted = sum(1 for r in rows if r[1] != "(benchmark)" or "FAILED" in r[5])
+    print(f"{missed} goal(s) missed or failed out of {counted}")
     return 1 if missed else 0
 
 
@@ -97,6 +98,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("names", nargs="*", help=f"benchmarks to run (default all: {', '.join(BENCHMARKS)})")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--table", action="store_true", help="only print the table")
+    parser.add_argument("--results", type=Path, default=RESULTS, help=argparse.SUPPRESS)
     arguments = parser.parse_args(argv)
     unknown = [n for n in arguments.names if n not in BENCHMARKS]
     if unknown:
@@ -127,7 +129,7 @@ def main(argv: list[str]) -> int:
             elif completed.returncode not in (0, 1, 3):
                 # 1 and 3: a benchmark that measured but missed a goal; the table shows which.
                 failures[name] = f"exit {completed.returncode}"
-    return table(names, failures)
+    return table(names, failures, arguments.results)
 
 
 if __name__ == "__main__":

@@ -553,12 +553,13 @@ def test_SIG_12_benchmark_runs_and_reports_every_row(tmp_path: Path) -> None:
     assert completed.returncode == 0, completed.stderr
     result = json.loads(output.read_text())
     assert result["backend"] == "native" and result["threads"] == 1
-    assert set(result["rows"]) == {
-        "tensor_signature",
-        "copy_into_preallocated",
-        "xxh3_64",
-        "torch_ops_fallback",
-    }
-    assert all(
-        row["gb_per_s_median"] > 0 for row in result["rows"].values() if isinstance(row, dict)
-    )
+    paths = signature.native_paths()
+    assert result["paths"] == list(paths) and result["dispatched_path"] == signature.native_path()
+    expected = {"copy_into_preallocated", "xxh3_64", "tensor_signature_fp32", "torch_ops_fallback"}
+    expected |= {f"signature_{path}_{dtype}" for path in paths for dtype in ("fp32", "bf16")}
+    assert set(result["rows"]) == expected
+    assert all(row["gb_per_s_median"] > 0 for row in result["rows"].values())
+    # One goal per comparison, each judged from medians (bench/_goals.py).
+    names = {goal["name"] for goal in result["goals"]}
+    assert f"signature CPU {signature.native_path()} fp32 vs xxh3" in names
+    assert all(isinstance(goal["met"], bool) and goal["ratio"] > 0 for goal in result["goals"])
