@@ -15,6 +15,7 @@ the torch-ops path, which gives the same value more slowly.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
@@ -119,17 +120,20 @@ def content_words(
     per_program = block_words * blocks_per_program
     programs = max(1, -(-word_count // per_program))
     partials = torch.empty(programs, dtype=torch.int64, device=words.device)
-    kernel[(programs,)](
-        words,
-        word_count,
-        partials,
-        _KEY_STEP,  # above 2**63: Triton passes these as uint64
-        _MIX_1,
-        _MIX_2,
-        BLOCK=block_words,
-        STEPS=blocks_per_program,
-        num_warps=num_warps,
-    )
+    # Launch on the tensor's own GPU, whichever device is current.
+    on_device = torch.cuda.device(words.device) if words.is_cuda else contextlib.nullcontext()
+    with on_device:
+        kernel[(programs,)](
+            words,
+            word_count,
+            partials,
+            _KEY_STEP,  # above 2**63: Triton passes these as uint64
+            _MIX_1,
+            _MIX_2,
+            BLOCK=block_words,
+            STEPS=blocks_per_program,
+            num_warps=num_warps,
+        )
     return partials.sum()  # int64 addition wraps: the sum mod 2**64, on the device
 
 
