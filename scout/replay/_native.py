@@ -7,12 +7,12 @@ needs none of torch -- it reads raw bytes at an address -- so a plain C file com
 fraction of a second and works with any torch build.
 
 Paths (SIG-9, SIG-12). The same sum is computed by a scalar loop (four independent sums), an
-AVX2 loop (no 64-bit vector multiply: three 32x32->64 multiplies each), an AVX-512 loop
-(``vpmullq``) and a NEON loop on aarch64. The sum is order-free, so every path returns the same
-value; the x86 paths are compiled with per-function target attributes and chosen at run time
-by what the CPU reports, so one library serves every x86-64 machine. ``SCOUT_SIGNATURE_PATH``
-forces one path (tests and benchmarks run each; an unavailable name is an error naming the
-available ones).
+AVX2 loop (no 64-bit vector multiply: one 32x32->64 and one 32-bit lane multiply each), an
+AVX-512 loop (``vpmullq``) and a NEON loop on aarch64. The sum is order-free, so every path
+returns the same value; the x86 paths are compiled with per-function target attributes and
+chosen at run time by what the CPU reports, so one library serves every x86-64 machine.
+``SCOUT_SIGNATURE_PATH`` forces one path (tests and benchmarks run each; an unavailable name
+is an error naming the available ones).
 
 The cache key is a digest of the source, the compiler flags and the machine architecture, so a
 changed kernel never loads a stale library. The library is written to a temporary name and
@@ -112,14 +112,16 @@ static uint64_t words_scalar(const unsigned char *d, uint64_t n, uint64_t first)
 }
 
 #if defined(SCOUT_HAVE_X86)
-/* AVX2 has no 64-bit multiply: x * C mod 2^64 = xl*Cl + ((xh*Cl + xl*Ch) << 32), three
-   32x32->64 multiplies (vpmuludq reads the low half of each 64-bit lane). */
-__attribute__((target("avx2"))) static inline __m256i avx2_mul(__m256i x, __m256i c_lo,
-                                                               __m256i c_hi) {
-    __m256i x_hi = _mm256_shuffle_epi32(x, 0xB1); /* high halves moved to the low halves */
-    __m256i low = _mm256_mul_epu32(x, c_lo);
-    __m256i cross = _mm256_add_epi64(_mm256_mul_epu32(x_hi, c_lo), _mm256_mul_epu32(x, c_hi));
-    return _mm256_add_epi64(low, _mm256_slli_epi64(cross, 32));
+/* AVX2 has no 64-bit multiply: x * C mod 2^64 = xl*Cl + ((xl*Ch + xh*Cl) << 32). One vpmulld
+   gives both cross products' low halves at once (c_swapped holds Ch in the low and Cl in the
+   high half of each lane); vpmuludq gives xl*Cl in full. */
+__attribute__((target("avx2"))) static inline __m256i avx2_mul(__m256i x, __m256i c,
+                                                               __m256i c_swapped) {
+    const __m256i high = _mm256_set1_epi64x((long long)0xFFFFFFFF00000000ULL);
+    __m256i cross = _mm256_mullo_epi32(x, c_swapped); /* lo32(xl*Ch) | lo32(xh*Cl) << 32 */
+    __m256i low = _mm256_mul_epu32(x, c);
+    return _mm256_add_epi64(_mm256_add_epi64(low, _mm256_slli_epi64(cross, 32)),
+                            _mm256_and_si256(cross, high));
 }
 
 __attribute__((target("avx2"))) static inline __m256i avx2_mix(__m256i x, __m256i m1_lo,
@@ -134,10 +136,10 @@ __attribute__((target("avx2"))) static inline __m256i avx2_mix(__m256i x, __m256
 
 __attribute__((target("avx2"))) static uint64_t words_avx2(const unsigned char *d, uint64_t n,
                                                            uint64_t first) {
-    const __m256i m1_lo = _mm256_set1_epi64x((long long)(SCOUT_MIX_1 & 0xFFFFFFFFULL));
-    const __m256i m1_hi = _mm256_set1_epi64x((long long)(SCOUT_MIX_1 >> 32));
-    const __m256i m2_lo = _mm256_set1_epi64x((long long)(SCOUT_MIX_2 & 0xFFFFFFFFULL));
-    const __m256i m2_hi = _mm256_set1_epi64x((long long)(SCOUT_MIX_2 >> 32));
+    const __m256i m1_lo = _mm256_set1_epi64x((long long)SCOUT_MIX_1);
+    const __m256i m1_hi = _mm256_set1_epi64x((long long)((SCOUT_MIX_1 >> 32) | (SCOUT_MIX_1 << 32)));
+    const __m256i m2_lo = _mm256_set1_epi64x((long long)SCOUT_MIX_2);
+    const __m256i m2_hi = _mm256_set1_epi64x((long long)((SCOUT_MIX_2 >> 32) | (SCOUT_MIX_2 << 32)));
     const __m256i step = _mm256_set1_epi64x((long long)(16 * SCOUT_KEY_STEP));
     uint64_t k = (first + 1) * SCOUT_KEY_STEP;
     __m256i key[4], acc[4];
