@@ -35,6 +35,7 @@ Design (docs/transports.md has the long form):
 from __future__ import annotations
 
 import collections
+import struct
 import time
 from collections.abc import Collection, Sequence
 from typing import Any
@@ -80,8 +81,9 @@ _FINAL_SWEEP_EMPTY_PROBES = 16
 # Relayed exchange (MpiTransport.exchange): the part of timeout_s a member waits for the
 # leader's table before it also sends its record to every peer itself.
 RELAY_FALLBACK_FRACTION = 0.5
-# Bytes a table entry adds to its payload (codec list framing, rank), generously.
-_TABLE_ENTRY_OVERHEAD_BYTES = 32
+# A table entry: the member's rank and its record's length, then the record as it was sent.
+_TABLE_ENTRY = struct.Struct("<II")
+_TABLE_ENTRY_OVERHEAD_BYTES = _TABLE_ENTRY.size
 _StreamKey = tuple[Stream, int]  # (stream, group key)
 
 
@@ -287,10 +289,14 @@ class MpiTransport(PieceBinding):
         try:
             if me == leader:
                 wait_until(lambda: self._arrived(relay, round_id, peers), fallback_s, self._poll)
+                bodies = {me: body}
                 for sender, frame in self._mailbox.close(relay, round_id).items():
-                    self._take(answers, sender, frame, peers)
-                table = codec.encode(
-                    [[rank, codec.encode(value)] for rank, value in sorted(answers.items())]
+                    if self._take(answers, sender, frame, peers):
+                        bodies[sender] = frame.body
+                # The records as received, not re-encoded: [rank u32, length u32, body] each.
+                table = b"".join(
+                    _TABLE_ENTRY.pack(rank, len(record)) + record
+                    for rank, record in sorted(bodies.items())
                 )
                 table_frame_bytes = pack_frame(Stream.TABLE, Op.TABLE, key, round_id, me, table)
                 self._post(Stream.TABLE, round_id, group, table_frame_bytes, peers)
@@ -309,6 +315,11 @@ class MpiTransport(PieceBinding):
 
                     wait_until(table_or_everyone, deadline_s, self._poll)
                 table_frame = self._mailbox.peek(table_key, round_id).get(leader)
+                if table_frame is None:
+                    # MPI moves only a few messages per poll: a table sent long ago (a late
+                    # member, a zero timeout) may still be on its way in.
+                    self._drain(empty_probes=_FINAL_SWEEP_EMPTY_PROBES)
+                    table_frame = self._mailbox.peek(table_key, round_id).get(leader)
                 if table_frame is not None:
                     entries = self._table_entries(table_frame, group)
                     if entries is not None:
@@ -335,29 +346,38 @@ class MpiTransport(PieceBinding):
         arrived = self._mailbox.senders(stream_key, number)
         return all(source in arrived for source in sources)
 
-    def _take(self, answers: dict[int, Any], sender: int, frame: Frame, members: Sequence[int]) -> None:
+    def _take(self, answers: dict[int, Any], sender: int, frame: Frame, members: Sequence[int]) -> bool:
+        """Decode a member's record into ``answers``; False (counted) if it is not one."""
         if sender not in members:
             self._stats.late_or_wrong_round_dropped += 1
-            return
+            return False
         value = self._decode(frame, Op.EXCHANGE)
-        if value is not UNDECODABLE:
-            answers[sender] = value
+        if value is UNDECODABLE:
+            return False
+        answers[sender] = value
+        return True
 
     def _table_entries(self, frame: Frame, group: Group) -> dict[int, Any] | None:
         """The leader's table as {rank: payload}, or None (counted) if it is not a valid one."""
         if frame.op != Op.TABLE:
             self._stats.undecodable_dropped += 1
             return None
+        view = memoryview(frame.body)
+        table: dict[int, Any] = {}
+        offset = 0
         try:
-            entries = codec.decode(frame.body)
-            table: dict[int, Any] = {}
-            for rank, encoded in entries:
-                if rank not in group.ranks or not isinstance(encoded, bytes):
-                    raise codec.DecodeError(f"table entry for rank {rank!r} is not valid")
-                if len(encoded) > self._max_payload_bytes:
+            while offset < len(view):
+                if offset + _TABLE_ENTRY.size > len(view):
+                    raise codec.DecodeError("truncated table entry header")
+                rank, length = _TABLE_ENTRY.unpack_from(view, offset)
+                offset += _TABLE_ENTRY.size
+                if rank not in group.ranks or rank in table:
+                    raise codec.DecodeError(f"table entry for rank {rank} is not valid")
+                if length > self._max_payload_bytes or offset + length > len(view):
                     raise codec.DecodeError(f"table entry for rank {rank} is too large")
-                table[rank] = codec.decode(encoded)
-        except (codec.DecodeError, TypeError, ValueError):
+                table[rank] = codec.decode(bytes(view[offset : offset + length]))
+                offset += length
+        except codec.DecodeError:
             self._stats.undecodable_dropped += 1
             return None
         return table
