@@ -21,6 +21,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _goals import at_least, print_goals, write_results  # noqa: E402
+
 import scout.scenarios.gate_campaign  # noqa: E402,F401  (registers the scenario)
 from scout.core.machine import explore  # noqa: E402
 from scout.gate.manifest import ManifestWriter  # noqa: E402
@@ -36,7 +39,7 @@ from tests.model_check.gate_harness import (  # noqa: E402
     make_config,
 )
 
-RESULTS = REPO / "bench" / "results" / "gate.json"
+RESULTS = REPO / "bench" / "results" / "gate_model_check.json"
 
 
 def model_check(vectors_name: str, captures_max: int) -> list[dict[str, object]]:
@@ -125,8 +128,13 @@ def main() -> int:
         previous = json.loads(RESULTS.read_text(encoding="utf-8"))
         if "full_matrix" in previous:
             output["full_matrix"] = previous["full_matrix"]
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(output, indent=2) + "\n", encoding="utf-8")
+    campaigns = output["campaign_1024"]
+    goal_list = [
+        at_least("gate model check: exhaustive matrix rows", sum(1 for r in output["ci_matrix"] if r["exhaustive"]), len(output["ci_matrix"]), "rows"),
+        at_least("gate campaign 1024 ranks: runs ok", sum(1 for r in campaigns if r["ok"]), len(campaigns), "runs"),
+    ]
+    write_results("gate_model_check", output, goal_list, RESULTS)
+    print_goals(goal_list)
     print(f"wrote {RESULTS}")
     return 0
 

@@ -38,7 +38,6 @@ Run: OMP_NUM_THREADS=1 .venv/bin/python bench/overhead.py [--ranks 2] [--blocks 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import queue
@@ -53,10 +52,12 @@ from typing import Any
 
 os.environ["OMP_NUM_THREADS"] = "1"
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402  (one import, before the fork)
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from _goals import at_most, print_goals, write_results  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
@@ -429,8 +430,18 @@ def main() -> int:
         "torch": torch.__version__,
         "runs": runs,
     }
-    arguments.output.parent.mkdir(parents=True, exist_ok=True)
-    arguments.output.write_text(json.dumps(report, indent=2) + "\n")
+    goal_list = [
+        at_most(
+            f"replay overhead at defaults, {run['model']} ({run.get('parameters', '?')} params)",
+            max(run["cpu_overhead"]["median"], run["projected_overhead"]) * 100,
+            GOAL_OVERHEAD * 100,
+            "%",
+            "max(CPU-time overhead median, projected wall overhead)",
+        )
+        for run in runs
+    ]
+    write_results("overhead", report, goal_list, arguments.output)
+    print_goals(goal_list)
     print(f"wrote {arguments.output}")
     return 0
 

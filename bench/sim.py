@@ -1,11 +1,16 @@
-"""Benchmark of the simulated cluster: events per second and wall time at 4096 ranks.
+"""Benchmark of the simulated cluster: events per second and wall time at 4096 ranks, and every
+observer scenario at 65,536 ranks with its wall time and peak memory.
 
-    python bench/sim.py [--ranks 4096] [--seed 1]
+    python bench/sim.py [--ranks 4096] [--observer-ranks 65536] [--seed 1]
 
-Runs the built-in scenarios and a world-wide collective job on one core and writes
-``bench/results/sim.json``. Every number in it is measured here with ``time.perf_counter``;
-nothing is estimated. Goals (docs/design.md §4, "thousands of ranks on one core"): at least
-100,000 events/s, and a 4096-rank scenario in under 30 s of wall time.
+Runs the built-in exchange scenarios and a world-wide collective job on one core, then each
+observer scenario (the production observer driver on every simulated rank) in a subprocess of
+its own, whose peak resident memory the kernel reports (``wait4``), and writes
+``bench/results/sim.json``. Every number in it is measured here; nothing is estimated.
+Goals: at least 100,000 events/s and a 4096-rank exchange scenario in under 30 s
+(docs/design.md §4, "thousands of ranks on one core"); each observer scenario at 65,536 ranks in
+under 60 s and 2 GiB (docs/simulator.md, "Memory"), and its memory within the figure the registry states for it
+(``scout.scenarios.registry.memory_estimate_bytes``, which refuses larger runs up front).
 """
 
 from __future__ import annotations
@@ -14,19 +19,31 @@ import argparse
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
-from scout.scenarios.registry import ScenarioParams, run_scenario
-from scout.transport.program import AllGather, Barrier, Broadcast
-from scout.transport.sim import SimCluster, SimContext
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _goals import Goal, at_least, at_most, print_goals, write_results  # noqa: E402
+
+from scout.scenarios.registry import (  # noqa: E402
+    ScenarioParams,
+    memory_estimate_bytes,
+    run_scenario,
+    scenario_names,
+)
+from scout.transport.program import AllGather, Barrier, Broadcast  # noqa: E402
+from scout.transport.sim import SimCluster, SimContext  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "sim.json"
 GOAL_EVENTS_PER_S = 100_000
 GOAL_WALL_S = 30.0
+GOAL_OBSERVER_WALL_S = 60.0
+GOAL_OBSERVER_MEMORY_BYTES = 2 * 2**30
+OBSERVER_RUN_BOUND_S = 900.0  # a run past this is stopped and counted as missing its goal
 SCENARIOS = (
     ("exchange-healthy", 8),
     ("exchange-healthy", 64),
@@ -91,11 +108,45 @@ def measure_world_collectives(ranks: int, seed: int) -> dict[str, Any]:
     }
 
 
+def measure_in_subprocess(name: str, ranks: int, seed: int) -> dict[str, Any]:
+    """One scenario in a fresh interpreter: its wall time and peak resident memory (the
+    child reads its own ``ru_maxrss``, Linux: KiB)."""
+    code = (
+        "import json, resource\n"
+        "from scout.scenarios.registry import ScenarioParams, run_scenario\n"
+        f"report = run_scenario({name!r}, ScenarioParams(ranks={ranks}, seed={seed}))\n"
+        "print(json.dumps({'ok': report.ok, 'wall_s': report.wall_s, "
+        "'events': report.result.events, 'virtual_time_s': report.result.virtual_time_s, "
+        "'peak_rss_bytes': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))\n"
+    )
+    started = time.perf_counter()
+    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        output, _ = process.communicate(timeout=OBSERVER_RUN_BOUND_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+        return {"job": name, "ranks": ranks, "ok": False, "error": f"ran past {OBSERVER_RUN_BOUND_S} s",
+                "total_wall_s": OBSERVER_RUN_BOUND_S, "peak_rss_bytes": None}
+    total_wall_s = time.perf_counter() - started
+    row: dict[str, Any] = {"job": name, "ranks": ranks, "seed": seed, "total_wall_s": round(total_wall_s, 2)}
+    if process.returncode != 0 or not output.strip():
+        row.update(ok=False, error=f"exit {process.returncode}")
+    else:
+        row.update(json.loads(output.strip().splitlines()[-1]))
+        row["wall_s"] = round(row["wall_s"], 2)
+    row.setdefault("peak_rss_bytes", None)
+    row["estimate_bytes"] = memory_estimate_bytes(name, ScenarioParams(ranks=ranks, seed=seed))
+    return row
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=4096)
+    parser.add_argument("--observer-ranks", type=int, default=65_536)
     parser.add_argument("--seed", type=int, default=1)
-    args, _ = parser.parse_known_args(argv)  # ./dev bench passes its arguments to every bench
+    parser.add_argument("--skip-observer", action="store_true")
+    args, _ = parser.parse_known_args(argv)
     runs = [measure_scenario(name, args.ranks, size, args.seed) for name, size in SCENARIOS]
     runs.append(measure_world_collectives(args.ranks, args.seed))
     events = sum(run["events"] for run in runs)
@@ -111,6 +162,22 @@ def main(argv: list[str]) -> int:
         "meets_events_per_s_goal": events / run_wall_s >= GOAL_EVENTS_PER_S,
         "meets_wall_s_goal": slowest["total_wall_s"] < GOAL_WALL_S,
     }
+    observer_runs = []
+    if not args.skip_observer:
+        names = [n for n in scenario_names() if n.startswith("observer-")]
+        for name in names:
+            row = measure_in_subprocess(name, args.observer_ranks, args.seed)
+            observer_runs.append(row)
+            print(json.dumps(row), flush=True)
+    goals: list[Goal] = [
+        at_least(f"sim events per second (exchange scenarios, {args.ranks} ranks)", events / run_wall_s, GOAL_EVENTS_PER_S, "events/s"),
+        at_most(f"sim slowest exchange scenario at {args.ranks} ranks", slowest["total_wall_s"], GOAL_WALL_S, "s"),
+    ]
+    for row in observer_runs:
+        goals.append(at_most(f"sim {row['job']} at {row['ranks']} ranks: wall", row.get("wall_s", row["total_wall_s"]) if row.get("ok") else float("inf"), GOAL_OBSERVER_WALL_S, "s", row.get("error", "")))
+        if row["peak_rss_bytes"] is not None:
+            goals.append(at_most(f"sim {row['job']} at {row['ranks']} ranks: peak memory", row["peak_rss_bytes"] / 2**20, GOAL_OBSERVER_MEMORY_BYTES / 2**20, "MiB"))
+            goals.append(at_most(f"sim {row['job']} memory within the stated estimate", row["peak_rss_bytes"] / 2**20, row["estimate_bytes"] / 2**20, "MiB"))
     document = {
         "benchmark": "sim",
         "measured_with": "time.perf_counter",
@@ -121,9 +188,10 @@ def main(argv: list[str]) -> int:
         "goals": {"events_per_s_min": GOAL_EVENTS_PER_S, "wall_s_max": GOAL_WALL_S},
         "summary": summary,
         "runs": runs,
+        "observer_runs": observer_runs,
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(document, indent=2) + "\n")
+    document["goals_by_name"] = document.pop("goals")
+    write_results("sim", document, goals, RESULTS)
     width = max(len(run["job"]) for run in runs)
     for run in runs:
         print(
@@ -136,7 +204,8 @@ def main(argv: list[str]) -> int:
         f"{summary['events_per_s']} events/s; slowest {summary['slowest_job']} "
         f"{summary['slowest_total_wall_s']:.2f} s; wrote {RESULTS}"
     )
-    return 0 if summary["all_ok"] else 1
+    print_goals(goals)
+    return 0 if summary["all_ok"] and all(goal.met for goal in goals) else 1
 
 
 if __name__ == "__main__":

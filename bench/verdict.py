@@ -9,7 +9,6 @@ Run: ./dev py bench/verdict.py   (or ./dev bench)
 from __future__ import annotations
 
 import collections
-import json
 import platform
 import random
 import statistics
@@ -17,7 +16,10 @@ import sys
 import time
 from pathlib import Path
 
-from scout.core.verdict import classify_exact, classify_timing
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _goals import at_most, print_goals, write_results  # noqa: E402
+
+from scout.core.verdict import classify_exact, classify_timing  # noqa: E402
 
 SIZES = (8, 1024, 16384)
 RESULTS = Path(__file__).resolve().parent / "results" / "verdict.json"
@@ -98,8 +100,12 @@ def main() -> int:
         "timing_n16384_worst_median_ms": worst_timing,
         "goals_met": worst_exact <= goals["exact_n16384_ms"] and worst_timing <= goals["timing_n16384_ms"],
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(report, indent=2) + "\n")
+    goal_list = [
+        at_most("exact verdict n=16384 (worst case median)", worst_exact, goals["exact_n16384_ms"], "ms"),
+        at_most("timing verdict n=16384 (worst case median)", worst_timing, goals["timing_n16384_ms"], "ms"),
+    ]
+    write_results("verdict", report, goal_list, RESULTS)
+    print_goals(goal_list)
     print(f"{'mode':7} {'case':12} {'n':>6} {'scout ms (min/median)':>24} {'plain ms (min/median)':>24}")
     for r in rows:
         print(

@@ -55,6 +55,8 @@ __all__ = [
     "MAX_STRUCTURE_DEPTH",
     "SignatureBackend",
     "content_reference",
+    "native_path",
+    "native_paths",
     "signature_backend",
     "signature_words",
     "structured_signature",
@@ -140,14 +142,19 @@ def _meta_digest(dtype: torch.dtype, shape: tuple[int, ...], byte_count: int) ->
 # --------------------------------------------------------------------------------------------
 
 
-def _native_self_test(kernel: _native.NativeKernel) -> str | None:
-    for length in (0, 1, 7, 8, 9, 63, 64, 65, 257):
+# Lengths in bytes around every block of every native path (4, 16 and 32 words per loop
+# iteration, then the scalar remainder and the padded tail word).
+_SELF_TEST_LENGTHS: Final = (0, 1, 7, 8, 9, 63, 64, 65, 127, 128, 129, 255, 256, 257, 263, 520, 777)
+
+
+def _native_self_test(kernel: _native.NativeKernel, path: str) -> str | None:
+    for length in _SELF_TEST_LENGTHS:
         data = bytes((i * 131 + 17) & 0xFF for i in range(length))
         buffer = (np.frombuffer(data, dtype=np.uint8) if data else np.zeros(1, np.uint8)).copy()
-        got = kernel.content(buffer.ctypes.data, length)
+        got = kernel.content(buffer.ctypes.data, length, path)
         want = content_reference(data)
         if got != want:
-            return f"content of {length} bytes is {got:#x}, the definition gives {want:#x}"
+            return f"{path}: content of {length} bytes is {got:#x}, the definition gives {want:#x}"
     return None
 
 
@@ -160,7 +167,22 @@ def _native_kernel() -> _native.NativeKernel | None:
             "give identical signatures more slowly",
             _native.native_unavailable_reason(),
         )
+    if kernel is not None and kernel.dropped and not _state.get("warned_paths"):
+        _state["warned_paths"] = True
+        logger.warning("scout: native signature paths failed their self-test: %s", kernel.dropped)
     return kernel
+
+
+def native_paths() -> tuple[str, ...]:
+    """The native kernel's paths on this CPU (e.g. ``("scalar", "avx2", "avx512")``), or ()."""
+    kernel = _native_kernel()
+    return kernel.paths if kernel is not None else ()
+
+
+def native_path() -> str | None:
+    """The path ``tensor_signature`` uses for CPU tensors, or None on the torch-ops fallback."""
+    kernel = _native_kernel()
+    return kernel.path if kernel is not None else None
 
 
 _state: dict[str, bool] = {}
@@ -253,13 +275,23 @@ def _prepared(value: Any) -> torch.Tensor:
     return tensor
 
 
-def _content(tensor: torch.Tensor, byte_count: int) -> int:
+def _content(tensor: torch.Tensor, byte_count: int, path: str | None = None) -> int:
     if byte_count == 0:
         return 0
     if tensor.device.type == "cpu":
         kernel = _native_kernel()
         if kernel is not None:
-            return kernel.content(tensor.data_ptr(), byte_count)
+            return kernel.content(tensor.data_ptr(), byte_count, path)
+        if path is not None:
+            raise ValueError(
+                f"native path {path!r} requested but the native kernel is unavailable: "
+                f"{_native.native_unavailable_reason()}"
+            )
+    elif tensor.device.type == "cuda" and path is None:
+        from scout.replay import _gpu  # deferred: imports triton, needed only for CUDA tensors
+
+        if _gpu.available():
+            return _gpu.content(tensor, byte_count)
     return _content_torch(_flat_bytes(tensor))
 
 
@@ -273,6 +305,17 @@ def tensor_signature(tensor: torch.Tensor) -> int:
     prepared = _prepared(tensor)
     byte_count = prepared.numel() * prepared.element_size()
     content = _content(prepared, byte_count)
+    meta = _meta_digest(prepared.dtype, tuple(prepared.shape), byte_count)
+    return _to_signed(mix64(content ^ meta))
+
+
+def _tensor_signature_on_path(tensor: torch.Tensor, path: str) -> int:
+    """``tensor_signature`` of a CPU tensor on one native path (tests and benchmarks run each)."""
+    prepared = _prepared(tensor)
+    if prepared.device.type != "cpu":
+        raise ValueError(f"native paths hash CPU tensors; this one is on {prepared.device}")
+    byte_count = prepared.numel() * prepared.element_size()
+    content = _content(prepared, byte_count, path)
     meta = _meta_digest(prepared.dtype, tuple(prepared.shape), byte_count)
     return _to_signed(mix64(content ^ meta))
 

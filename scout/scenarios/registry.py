@@ -18,6 +18,8 @@ importing it registers them.
 from __future__ import annotations
 
 import importlib
+import math
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -35,8 +37,11 @@ __all__ = [
     "ScenarioParams",
     "ScenarioReport",
     "UnknownScenario",
+    "check_memory",
     "get_scenario",
     "load_scenarios",
+    "memory_budget_bytes",
+    "memory_estimate_bytes",
     "run_scenario",
     "scenario",
     "scenario_names",
@@ -53,6 +58,38 @@ DEFAULT_GROUP_SIZE = 8
 DEFAULT_ROUNDS = 6
 MAX_RANKS = 1_000_000  # a bound on what one process is asked to simulate
 MAX_ROUNDS = 100_000
+
+# Memory (docs/simulator.md, "Memory"). A run needs a fixed base (the interpreter, numpy, the
+# scout modules) plus, per simulated rank, its programs' generator frames, its share of the
+# bounded event queue, messages in flight and trace records. Every per-rank structure is
+# bounded (mailboxes, buffered rounds, the trace), so the per-rank figure is a constant per
+# scenario. The figures below are peak resident memory measured at 2048 and 8192 ranks
+# (slope between them, default group size 8), rounded up by at least a quarter; a scenario
+# not listed gets the default. Traffic per rank grows with the group size, so the figure is
+# scaled by group_size / 8 above the default size.
+BASE_MEMORY_BYTES = 64 * 2**20  # measured: 37-39 MiB
+DEFAULT_BYTES_PER_RANK = 96 * 2**10
+BYTES_PER_RANK: dict[str, int] = {
+    # measured KiB per rank (2048 -> 8192 ranks): 8.9-9.7
+    "corrupt-evidence": 12 * 2**10,
+    "crash-during-allgather": 12 * 2**10,
+    "exchange-healthy": 12 * 2**10,
+    "exchange-partition": 12 * 2**10,
+    "exchange-silent-peer": 12 * 2**10,
+    "exchange-straggler": 12 * 2**10,
+    # measured 11.0 (and 745 MiB at 65,536 ranks: 11.2)
+    "observer-behind": 14 * 2**10,
+    "observer-desync": 14 * 2**10,
+    "observer-frozen": 14 * 2**10,
+    "observer-group-stall": 14 * 2**10,
+    "observer-process-frozen": 14 * 2**10,
+    "observer-trainer-dead": 14 * 2**10,
+    # measured 28.5: forty steps of polling leave the most trace per rank
+    "observer-healthy": 36 * 2**10,
+    # measured 74
+    "gate-campaign": 96 * 2**10,
+}
+MEMORY_BUDGET_ENV = "SCOUT_SIM_MEMORY_MIB"
 
 
 @attrs.frozen
@@ -231,8 +268,61 @@ def get_scenario(name: str) -> Scenario:
     return found
 
 
+def memory_estimate_bytes(name: str, params: ScenarioParams) -> int:
+    """Peak memory a run of scenario ``name`` with ``params`` is expected to need."""
+    per_rank = BYTES_PER_RANK.get(name, DEFAULT_BYTES_PER_RANK)
+    scale = max(1.0, params.group_size / DEFAULT_GROUP_SIZE)
+    return BASE_MEMORY_BYTES + math.ceil(params.ranks * per_rank * scale)
+
+
+def memory_budget_bytes() -> int:
+    """What a run may use: ``SCOUT_SIM_MEMORY_MIB`` if set, else the memory the kernel reports
+    available (``MemAvailable``), else total physical memory."""
+    configured = os.environ.get(MEMORY_BUDGET_ENV, "").strip()
+    if configured:
+        try:
+            mib = float(configured)
+        except ValueError:
+            raise ValueError(
+                f"{MEMORY_BUDGET_ENV}={configured!r} is not a number of MiB; unset it or give "
+                "e.g. 2048"
+            ) from None
+        if not math.isfinite(mib) or mib <= 0:
+            raise ValueError(f"{MEMORY_BUDGET_ENV} must be a positive number of MiB, got {configured!r}")
+        return int(mib * 2**20)
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 2**63 - 1  # unknown: do not refuse
+
+
+def check_memory(name: str, params: ScenarioParams) -> None:
+    """ValueError, with the figures, if the run would need more memory than the budget."""
+    needed = memory_estimate_bytes(name, params)
+    budget = memory_budget_bytes()
+    if needed <= budget:
+        return
+    per_rank = BYTES_PER_RANK.get(name, DEFAULT_BYTES_PER_RANK)
+    scale = max(1.0, params.group_size / DEFAULT_GROUP_SIZE)
+    fit = max(0, int((budget - BASE_MEMORY_BYTES) / (per_rank * scale)))
+    raise ValueError(
+        f"scenario {name!r} at {params.ranks} ranks needs about {needed / 2**20:,.0f} MiB "
+        f"({per_rank * scale / 1024:.1f} KiB per rank + {BASE_MEMORY_BYTES / 2**20:.0f} MiB), "
+        f"more than the {budget / 2**20:,.0f} MiB available; at most {fit:,} ranks fit "
+        f"(set {MEMORY_BUDGET_ENV} to change the budget)"
+    )
+
+
 def run_scenario(name: str, params: ScenarioParams) -> ScenarioReport:
-    """Run scenario ``name``; ValueError if ``params`` do not suit it."""
+    """Run scenario ``name``; ValueError if ``params`` do not suit it or the run would need
+    more memory than ``memory_budget_bytes()`` (refused before anything is built)."""
     spec = get_scenario(name)
     if params.ranks < spec.min_ranks:
         raise ValueError(
@@ -242,6 +332,7 @@ def run_scenario(name: str, params: ScenarioParams) -> ScenarioReport:
         raise ValueError(
             f"scenario {name!r} needs at least {spec.min_rounds} rounds, got {params.rounds}"
         )
+    check_memory(name, params)
     started = time.perf_counter()
     outcome = spec.run(params)
     wall_s = time.perf_counter() - started

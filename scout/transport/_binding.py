@@ -54,6 +54,7 @@ __all__ = [
     "PieceBinding",
     "PollSettings",
     "Stream",
+    "UNDECODABLE",
     "group_key",
     "pack_frame",
     "unpack_frame",
@@ -72,6 +73,8 @@ class Stream(enum.IntEnum):
     EXCHANGE = 1  # numbered by the caller's round_id
     COLLECTIVE = 2  # numbered by the per-group collective counter
     NOTICE = 3  # "I entered fast-path collective #n" (names the missing on a deadline)
+    RELAY = 4  # a member's exchange record to the round's leader (relayed exchange)
+    TABLE = 5  # the leader's table of every record it gathered (relayed exchange)
 
 
 class Op(enum.IntEnum):
@@ -82,6 +85,7 @@ class Op(enum.IntEnum):
     BCAST = 3  # the broadcast root's payload
     ARRIVE = 4  # "I am here" (a broadcast member other than the root; a fast-path notice)
     BARRIER = 5
+    TABLE = 6  # the relayed exchange's table: [[rank, encoded payload], ...]
 
 
 _COLLECTIVE_OP_NAMES = {
@@ -90,6 +94,7 @@ _COLLECTIVE_OP_NAMES = {
     Op.BCAST: "broadcast",
     Op.ARRIVE: "broadcast",
     Op.BARRIER: "barrier",
+    Op.TABLE: "exchange",
 }
 
 
@@ -476,4 +481,5 @@ class _Undecodable:
 
 
 _UNDECODABLE = _Undecodable()
+UNDECODABLE = _UNDECODABLE  # for bindings that decode frames themselves
 _NONE_BODY = codec.encode(None)

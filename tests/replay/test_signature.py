@@ -319,6 +319,83 @@ def test_SIG_2_SIG_9_native_torch_ops_and_reference_agree(dtype: torch.dtype) ->
         assert native == signature._to_signed(signature.mix64(content ^ meta))
 
 
+_PATHS_HERE = signature.native_paths()
+
+
+@pytest.mark.parametrize("path", _native.PATH_NAMES)
+def test_SIG_3_SIG_9_every_native_path_sees_every_bit_flip(path: str) -> None:
+    """CI runs the every-bit test on each path the machine can run (SIG-12: scalar, AVX2,
+    AVX-512 or NEON); the others skip with the reason."""
+    if path not in _PATHS_HERE:
+        pytest.skip(f"this CPU does not run the {path} path (runs: {', '.join(_PATHS_HERE)})")
+    for dtype in (torch.float32, torch.bfloat16, torch.uint8):
+        for count in _element_counts(dtype):
+            size = torch.empty((), dtype=dtype).element_size()
+            raw = _random_bytes(count * size, seed=count + 7)
+            tensor = _tensor_over(raw, dtype)
+
+            def sign(t: torch.Tensor = tensor) -> int:
+                return signature._tensor_signature_on_path(t, path)
+
+            before, after = _flip_every_bit(raw, sign)
+            assert before == signature._tensor_signature_torch_only(tensor)
+            unchanged = [i for i, s in enumerate(after) if s == before]
+            assert not unchanged, f"{path} {dtype} x {count}: flips {unchanged[:5]} unseen"
+
+
+@pytest.mark.parametrize("path", _native.PATH_NAMES)
+def test_SIG_9_every_native_path_equals_the_definition(path: str) -> None:
+    if path not in _PATHS_HERE:
+        pytest.skip(f"this CPU does not run the {path} path (runs: {', '.join(_PATHS_HERE)})")
+    kernel = _native.load_native_kernel(signature._native_self_test)
+    assert kernel is not None
+    for length in [*range(0, 300), 1021, 4099, 8 * 1000 + 3]:
+        raw = _random_bytes(length + 1, seed=length)
+        assert kernel.content(raw.ctypes.data, length, path) == content_reference(
+            raw[:length].tobytes()
+        ), (path, length)
+    # Unaligned start addresses: the loops use unaligned loads.
+    raw = _random_bytes(8 * 300 + 16, seed=99)
+    for offset in range(1, 8):
+        view = raw[offset:]
+        assert kernel.content(view.ctypes.data, view.size, path) == content_reference(view.tobytes())
+
+
+def test_SIG_9_a_forced_path_that_is_missing_is_an_error_naming_the_choices(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SCOUT_SIGNATURE_PATH", "sparc")
+    _native.reset_for_tests()
+    try:
+        with pytest.raises(ValueError, match="SCOUT_SIGNATURE_PATH='sparc'.*available: scalar"):
+            tensor_signature(torch.arange(3.0))
+        monkeypatch.setenv("SCOUT_SIGNATURE_PATH", "scalar")
+        _native.reset_for_tests()
+        assert signature.native_path() == "scalar"
+        assert tensor_signature(torch.arange(3.0)) == signature._tensor_signature_torch_only(
+            torch.arange(3.0)
+        )
+    finally:
+        monkeypatch.undo()
+        _native.reset_for_tests()
+
+
+def test_SIG_9_a_path_failing_its_self_test_is_dropped_with_the_reason() -> None:
+    _native.reset_for_tests()
+
+    def self_test(kernel: _native.NativeKernel, path: str) -> str | None:
+        return "planted failure" if path != "scalar" else None
+
+    try:
+        kernel = _native.load_native_kernel(self_test)
+        assert kernel is not None and kernel.paths == ("scalar",) and kernel.path == "scalar"
+        assert set(kernel.dropped) == set(_PATHS_HERE) - {"scalar"}
+        with pytest.raises(ValueError, match="not available here"):
+            kernel.content(0, 0, "avx512")
+    finally:
+        _native.reset_for_tests()
+
+
 def test_SIG_9_large_tensor_native_equals_torch_ops() -> None:
     tensor = torch.randn(3 * 2**20 + 5, generator=torch.Generator().manual_seed(4))
     assert tensor_signature(tensor) == signature._tensor_signature_torch_only(tensor)
@@ -476,12 +553,13 @@ def test_SIG_12_benchmark_runs_and_reports_every_row(tmp_path: Path) -> None:
     assert completed.returncode == 0, completed.stderr
     result = json.loads(output.read_text())
     assert result["backend"] == "native" and result["threads"] == 1
-    assert set(result["rows"]) == {
-        "tensor_signature",
-        "copy_into_preallocated",
-        "xxh3_64",
-        "torch_ops_fallback",
-    }
-    assert all(
-        row["gb_per_s_median"] > 0 for row in result["rows"].values() if isinstance(row, dict)
-    )
+    paths = signature.native_paths()
+    assert result["paths"] == list(paths) and result["dispatched_path"] == signature.native_path()
+    expected = {"copy_into_preallocated", "xxh3_64", "tensor_signature_fp32", "torch_ops_fallback"}
+    expected |= {f"signature_{path}_{dtype}" for path in paths for dtype in ("fp32", "bf16")}
+    assert set(result["rows"]) == expected
+    assert all(row["gb_per_s_median"] > 0 for row in result["rows"].values())
+    # One goal per comparison, each judged from medians (bench/_goals.py).
+    names = {goal["name"] for goal in result["goals"]}
+    assert f"signature CPU {signature.native_path()} fp32 vs xxh3" in names
+    assert all(isinstance(goal["met"], bool) and goal["ratio"] > 0 for goal in result["goals"])

@@ -14,6 +14,16 @@ Design (docs/transports.md has the long form):
 * Frames that arrive before this rank asks for them (a faster peer already in the next round)
   wait in a bounded mailbox; frames for a round below the one being collected are late and
   are dropped and counted, as are frames that do not parse.
+* The exchange is *relayed* for groups of three or more: the round's leader
+  (``group.ranks[round_id % n]``, so one dead leader costs only its own rounds) gathers every
+  member's record and sends back one table, 2·(n-1) messages per round instead of n·(n-1).
+  The partial-result contract is kept by falling back to direct messages only where the relay
+  fails: a member that has no table after ``RELAY_FALLBACK_FRACTION`` of its timeout (a silent
+  or late leader) or that finds itself absent from the table (it came late) sends its record
+  to every peer itself; every member keeps collecting such direct records from the members the
+  table lacks until its own deadline. So a member whose record reaches a peer before that
+  peer's deadline is in the peer's answers, as with direct messages, and a silent member costs
+  extra messages only in the rounds it is silent.
 * :meth:`MpiTransport.all_gather_into` is the bulk fast path: equal-size byte buffers gathered
   with ``Iallgather`` into a caller's buffer, no encoding, no copies. A nonblocking collective
   cannot say who is missing, so each member first sends a small "arrived at fast-path call #n"
@@ -25,20 +35,24 @@ Design (docs/transports.md has the long form):
 from __future__ import annotations
 
 import collections
+import struct
 import time
 from collections.abc import Collection, Sequence
 from typing import Any
 
 from mpi4py import MPI
 
+from scout.transport import codec
 from scout.transport._binding import (
     FRAME_HEADER_BYTES,
+    UNDECODABLE,
     Frame,
     FrameError,
     Op,
     PieceBinding,
     PollSettings,
     Stream,
+    check_round_id,
     group_key,
     pack_frame,
     unpack_frame,
@@ -47,6 +61,7 @@ from scout.transport._binding import (
 from scout.transport.base import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     DeadlineExceeded,
+    ExchangeResult,
     Group,
     GroupError,
     TransportError,
@@ -63,6 +78,12 @@ FRAME_TAG = 7301
 _MAX_RECEIVES_PER_DRAIN = 1024
 # Empty probes in a row that end the sweep at a deadline (see MpiTransport._drain).
 _FINAL_SWEEP_EMPTY_PROBES = 16
+# Relayed exchange (MpiTransport.exchange): the part of timeout_s a member waits for the
+# leader's table before it also sends its record to every peer itself.
+RELAY_FALLBACK_FRACTION = 0.5
+# A table entry: the member's rank and its record's length, then the record as it was sent.
+_TABLE_ENTRY = struct.Struct("<II")
+_TABLE_ENTRY_OVERHEAD_BYTES = _TABLE_ENTRY.size
 _StreamKey = tuple[Stream, int]  # (stream, group key)
 
 
@@ -119,6 +140,10 @@ class _Mailbox:
     def senders(self, stream_key: _StreamKey, number: int) -> Collection[int]:
         """The ranks whose frame for ``number`` is waiting here."""
         return self._boxes.get((stream_key[0], stream_key[1], number), {}).keys()
+
+    def peek(self, stream_key: _StreamKey, number: int) -> dict[int, Frame]:
+        """The frames for ``number`` waiting here, left in place (a copy of the mapping)."""
+        return dict(self._boxes.get((stream_key[0], stream_key[1], number), {}))
 
     def close(self, stream_key: _StreamKey, number: int) -> dict[int, Frame]:
         """Stop collecting ``number``: return its frames; later frames for it are late."""
@@ -213,6 +238,149 @@ class MpiTransport(PieceBinding):
     def sends_skipped(self) -> int:
         """Frames not sent because a peer left max_pending_sends_per_peer sends unreceived."""
         return self._sends_skipped
+
+    # -- relayed exchange ------------------------------------------------------------------------
+
+    def exchange(
+        self, payload: Any, *, round_id: int, timeout_s: float, group: Group | None = None
+    ) -> ExchangeResult:
+        self._check_open("exchange")
+        timeout_s = check_timeout_s(timeout_s, "exchange")
+        round_id = check_round_id(round_id)
+        group = self._member_group(group, "exchange")
+        if group.size <= 2:
+            return super().exchange(payload, round_id=round_id, timeout_s=timeout_s, group=group)
+        body = self._encode(payload, "exchange")
+        started_s = time.monotonic()
+        answers = self._relayed_exchange(
+            body,
+            round_id,
+            group,
+            fallback_s=started_s + RELAY_FALLBACK_FRACTION * timeout_s,
+            deadline_s=started_s + timeout_s,
+        )
+        self._stats.exchanges += 1
+        missing = tuple(r for r in group.ranks if r not in answers)
+        if missing:
+            self._stats.deadlines_exceeded += 1
+        return ExchangeResult(round_id=round_id, group=group, answers=answers, missing=missing)
+
+    def _relayed_exchange(
+        self, body: bytes, round_id: int, group: Group, fallback_s: float, deadline_s: float
+    ) -> dict[int, Any]:
+        me = self._rank
+        key = group_key(group)
+        leader = group.ranks[round_id % group.size]
+        peers = [r for r in group.ranks if r != me]
+        relay, table_key, direct = (Stream.RELAY, key), (Stream.TABLE, key), (Stream.EXCHANGE, key)
+        answers: dict[int, Any] = {me: codec.decode(body)}
+        direct_frame = pack_frame(Stream.EXCHANGE, Op.EXCHANGE, key, round_id, me, body)
+        sent_direct = False
+
+        def send_direct() -> None:
+            nonlocal sent_direct
+            if not sent_direct:
+                sent_direct = True
+                self._post(Stream.EXCHANGE, round_id, group, direct_frame, peers)
+
+        self._drain()
+        for stream_key in (relay, table_key, direct):
+            self._mailbox.open(stream_key, round_id)
+        try:
+            if me == leader:
+                wait_until(lambda: self._arrived(relay, round_id, peers), fallback_s, self._poll)
+                bodies = {me: body}
+                for sender, frame in self._mailbox.close(relay, round_id).items():
+                    if self._take(answers, sender, frame, peers):
+                        bodies[sender] = frame.body
+                # The records as received, not re-encoded: [rank u32, length u32, body] each.
+                table = b"".join(
+                    _TABLE_ENTRY.pack(rank, len(record)) + record
+                    for rank, record in sorted(bodies.items())
+                )
+                table_frame_bytes = pack_frame(Stream.TABLE, Op.TABLE, key, round_id, me, table)
+                self._post(Stream.TABLE, round_id, group, table_frame_bytes, peers)
+            else:
+                record = pack_frame(Stream.RELAY, Op.EXCHANGE, key, round_id, me, body)
+                self._post(Stream.RELAY, round_id, group, record, [leader])
+                if not wait_until(
+                    lambda: self._arrived(table_key, round_id, [leader]), fallback_s, self._poll
+                ):
+                    send_direct()  # the leader is silent or late: reach the peers directly
+
+                    def table_or_everyone() -> bool:
+                        return self._arrived(table_key, round_id, [leader]) or self._arrived(
+                            direct, round_id, peers
+                        )
+
+                    wait_until(table_or_everyone, deadline_s, self._poll)
+                table_frame = self._mailbox.peek(table_key, round_id).get(leader)
+                if table_frame is None:
+                    # MPI moves only a few messages per poll: a table sent long ago (a late
+                    # member, a zero timeout) may still be on its way in.
+                    self._drain(empty_probes=_FINAL_SWEEP_EMPTY_PROBES)
+                    table_frame = self._mailbox.peek(table_key, round_id).get(leader)
+                if table_frame is not None:
+                    entries = self._table_entries(table_frame, group)
+                    if entries is not None:
+                        for rank, value in entries.items():
+                            answers.setdefault(rank, value)
+                        if me not in entries:
+                            send_direct()  # it came late for the table: the others still wait
+            # Direct records from the members the table lacks, until this member's deadline.
+            wanted = [r for r in peers if r not in answers]
+            if wanted and not wait_until(
+                lambda: self._arrived(direct, round_id, wanted), deadline_s, self._poll
+            ):
+                self._drain(empty_probes=_FINAL_SWEEP_EMPTY_PROBES)
+            for sender, frame in self._mailbox.peek(direct, round_id).items():
+                if sender not in answers:
+                    self._take(answers, sender, frame, peers)
+        finally:
+            for stream_key in (relay, table_key, direct):
+                self._mailbox.close(stream_key, round_id)
+        return answers
+
+    def _arrived(self, stream_key: _StreamKey, number: int, sources: Sequence[int]) -> bool:
+        self._drain()
+        arrived = self._mailbox.senders(stream_key, number)
+        return all(source in arrived for source in sources)
+
+    def _take(self, answers: dict[int, Any], sender: int, frame: Frame, members: Sequence[int]) -> bool:
+        """Decode a member's record into ``answers``; False (counted) if it is not one."""
+        if sender not in members:
+            self._stats.late_or_wrong_round_dropped += 1
+            return False
+        value = self._decode(frame, Op.EXCHANGE)
+        if value is UNDECODABLE:
+            return False
+        answers[sender] = value
+        return True
+
+    def _table_entries(self, frame: Frame, group: Group) -> dict[int, Any] | None:
+        """The leader's table as {rank: payload}, or None (counted) if it is not a valid one."""
+        if frame.op != Op.TABLE:
+            self._stats.undecodable_dropped += 1
+            return None
+        view = memoryview(frame.body)
+        table: dict[int, Any] = {}
+        offset = 0
+        try:
+            while offset < len(view):
+                if offset + _TABLE_ENTRY.size > len(view):
+                    raise codec.DecodeError("truncated table entry header")
+                rank, length = _TABLE_ENTRY.unpack_from(view, offset)
+                offset += _TABLE_ENTRY.size
+                if rank not in group.ranks or rank in table:
+                    raise codec.DecodeError(f"table entry for rank {rank} is not valid")
+                if length > self._max_payload_bytes or offset + length > len(view):
+                    raise codec.DecodeError(f"table entry for rank {rank} is too large")
+                table[rank] = codec.decode(bytes(view[offset : offset + length]))
+                offset += length
+        except codec.DecodeError:
+            self._stats.undecodable_dropped += 1
+            return None
+        return table
 
     # -- fast path -------------------------------------------------------------------------------
 
@@ -357,12 +525,17 @@ class MpiTransport(PieceBinding):
             self._accept(source, data)
 
     def _accept(self, source: int, data: bytearray) -> None:
-        if len(data) > FRAME_HEADER_BYTES + self._max_payload_bytes:
+        # A relayed exchange's table holds one record per member; every other frame one.
+        table_bytes = self._size * (self._max_payload_bytes + _TABLE_ENTRY_OVERHEAD_BYTES) + 64
+        if len(data) > FRAME_HEADER_BYTES + max(self._max_payload_bytes, table_bytes):
             self._stats.undecodable_dropped += 1
             return
         try:
             frame = unpack_frame(data)
         except FrameError:
+            self._stats.undecodable_dropped += 1
+            return
+        if frame.stream != Stream.TABLE and len(frame.body) > self._max_payload_bytes:
             self._stats.undecodable_dropped += 1
             return
         if frame.sender != source:  # a header that lies about its sender is corrupt

@@ -1,0 +1,136 @@
+"""``./dev bench``: run every benchmark, then print one table of every goal -- the goal, the
+measured figure, the ratio to the target, met or not -- and exit non-zero if a goal was missed
+or a benchmark failed.
+
+Each benchmark is a script in bench/ that writes bench/results/<name>.json with a ``goals``
+list (bench/_goals.py). This runner starts each one as a subprocess with a time bound, reads
+its JSON back and prints the table; a benchmark that crashes, times out or writes no JSON is a
+row of its own, marked failed. A benchmark with nothing to measure on this host (the GPU one
+without CUDA) is listed as skipped, with its reason, and does not fail the run.
+
+Usage: ./dev bench [NAME ...] [--quick]
+  NAME     run only these benchmarks (file names without .py, e.g. signature sim)
+  --quick  smaller sizes (CI-sized smoke run; the figures are then not the goal's)
+  --table  only print the table from the JSON files already in bench/results/
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+RESULTS = BENCH / "results"
+
+# name -> (arguments of the full run, arguments of --quick, time bound in seconds)
+BENCHMARKS: dict[str, tuple[list[str], list[str], float]] = {
+    "verdict": ([], [], 600),
+    "signature": ([], ["--size-mib", "32", "--repeats", "3"], 900),
+    "signature_gpu": ([], [], 600),
+    "sim": ([], ["--ranks", "1024", "--observer-ranks", "1024"], 3600),
+    "exchange": ([], ["--max-ranks", "8", "--iterations", "20"], 1800),
+    "transport": ([], [], 900),
+    "observer": ([], [], 900),
+    "overhead": ([], [], 1800),
+    "gate_model_check": ([], [], 1800),
+}
+
+
+def _row(benchmark: str, goal: dict, load: list) -> list[str]:
+    ratio = goal.get("ratio")
+    return [
+        benchmark,
+        goal["name"],
+        f"{goal['measured']:.4g} {goal['unit']}",
+        f"{goal['comparison']} {goal['target']:g}",
+        "-" if ratio is None else f"{ratio:.2f}",
+        "met" if goal["met"] else "NOT MET",
+        "/".join(str(x) for x in load[:1]),
+    ]
+
+
+def table(names: list[str], failures: dict[str, str], results: Path = RESULTS) -> int:
+    rows: list[list[str]] = []
+    missed = 0
+    for name in names:
+        if name in failures:
+            rows.append([name, "(benchmark)", "-", "-", "-", f"FAILED: {failures[name]}", "-"])
+            missed += 1
+            continue
+        path = results / f"{name}.json"
+        if not path.exists():
+            rows.append([name, "(benchmark)", "-", "-", "-", "no results (not run)", "-"])
+            continue
+        document = json.loads(path.read_text())
+        load = document.get("load_average_1_5_15_min", [])
+        if document.get("skipped"):
+            rows.append([name, "(benchmark)", "-", "-", "-", f"skipped: {document['skipped']}", "-"])
+            continue
+        goals = document.get("goals")
+        if not isinstance(goals, list) or not goals:
+            rows.append([name, "(benchmark)", "-", "-", "-", "FAILED: no goals in its JSON", "-"])
+            missed += 1
+            continue
+        for goal in goals:
+            rows.append(_row(name, goal, load))
+            missed += 0 if goal["met"] else 1
+    header = ["benchmark", "goal", "measured", "target", "ratio", "verdict", "load"]
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    line = "  ".join("-" * w for w in widths)
+    print(line)
+    print("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
+    print(line)
+    for row in rows:
+        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)))
+    print(line)
+    counted = sum(1 for r in rows if r[1] != "(benchmark)" or "FAILED" in r[5])
+    print(f"{missed} goal(s) missed or failed out of {counted}")
+    return 1 if missed else 0
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", help=f"benchmarks to run (default all: {', '.join(BENCHMARKS)})")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--table", action="store_true", help="only print the table")
+    parser.add_argument("--results", type=Path, default=RESULTS, help=argparse.SUPPRESS)
+    arguments = parser.parse_args(argv)
+    unknown = [n for n in arguments.names if n not in BENCHMARKS]
+    if unknown:
+        print(f"unknown benchmark(s) {unknown}; known: {', '.join(BENCHMARKS)}", file=sys.stderr)
+        return 2
+    names = arguments.names or list(BENCHMARKS)
+    failures: dict[str, str] = {}
+    if not arguments.table:
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        for name in names:
+            full, quick, bound_s = BENCHMARKS[name]
+            extra = quick if arguments.quick else full
+            (RESULTS / f"{name}.json").unlink(missing_ok=True)
+            print(f"== bench/{name}.py {' '.join(extra)}  (load {os.getloadavg()[0]:.2f})", flush=True)
+            started = time.monotonic()
+            try:
+                completed = subprocess.run(
+                    [sys.executable, str(BENCH / f"{name}.py"), *extra],
+                    timeout=bound_s,
+                    check=False,
+                )
+            except subprocess.TimeoutExpired:
+                failures[name] = f"ran past {bound_s:.0f} s"
+                continue
+            print(f"   ({time.monotonic() - started:.0f} s, exit {completed.returncode})", flush=True)
+            if not (RESULTS / f"{name}.json").exists():
+                failures[name] = f"exit {completed.returncode}, wrote no bench/results/{name}.json"
+            elif completed.returncode not in (0, 1, 3):
+                # 1 and 3: a benchmark that measured but missed a goal; the table shows which.
+                failures[name] = f"exit {completed.returncode}"
+    return table(names, failures, arguments.results)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
