@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "bench" / "results" / "attach_overhead.json"
 GOAL = 0.005
 SIZE = dict(vocab=16384, width=512, layers=12, heads=8)  # 54.6M parameters
 SEQUENCE = 128
@@ -136,9 +135,15 @@ def driver(args: argparse.Namespace) -> int:
         "note": "replay at the defaults: one hidden layer every 2 steps, 1 row of the batch (CAP-8); "
                 "a cycle replays every recipe once in 2 x layers steps",
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    sys.path.insert(0, str(REPO / "bench"))
+    from _goals import at_most, print_goals, write_results
+
+    goals = [at_most("attach overhead at defaults (>= 50M GPT)", 100 * result["overhead_median"], 100 * GOAL, "%",
+                     f"median over {args.rounds} interleaved A/B rounds; min {100 * result['overhead_min']:.2f} %, "
+                     f"max {100 * result['overhead_max']:.2f} %")]
+    write_results("attach_overhead", result, goals)
     print(json.dumps({k: v for k, v in result.items() if k not in ("off_step_s", "on_step_s")}, indent=2))
+    print_goals(goals)
     return 0 if result["met"] else 1
 
 

@@ -17,10 +17,12 @@ from pathlib import Path
 
 from scout.observer.launch import _environment
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _goals import at_most, print_goals, spread, write_results  # noqa: E402
+
 STARTS = 7
 START_GOAL_S = 1.0
 RSS_GOAL_MIB = 50.0
-RESULTS = Path(__file__).resolve().parent / "results" / "observer_process.json"
 
 
 def one_start() -> tuple[float, float]:
@@ -46,18 +48,15 @@ def one_start() -> tuple[float, float]:
 def main() -> int:
     runs = [one_start() for _ in range(STARTS)]
     starts, rss = [r[0] for r in runs], [r[1] for r in runs]
-    result = {
-        "starts": STARTS,
-        "start_s": {"median": statistics.median(starts), "min": min(starts), "max": max(starts)},
-        "rss_mib": {"median": statistics.median(rss), "min": min(rss), "max": max(rss)},
-        "goals": {"start_s": START_GOAL_S, "rss_mib": RSS_GOAL_MIB},
-        "met": {"start": statistics.median(starts) < START_GOAL_S, "rss": statistics.median(rss) < RSS_GOAL_MIB},
-        "load_average": os.getloadavg(),
-    }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
-    return 0 if all(result["met"].values()) else 1
+    goals = [
+        at_most("observer process start", statistics.median(starts), START_GOAL_S, "s",
+                "spawn to its address line, median of the starts"),
+        at_most("observer process resident memory", statistics.median(rss), RSS_GOAL_MIB, "MiB",
+                "VmRSS while it waits for the rendezvous, median"),
+    ]
+    write_results("observer_process", {"start_s": spread(starts), "rss_mib": spread(rss)}, goals)
+    print_goals(goals)
+    return 0 if all(goal.met for goal in goals) else 1
 
 
 if __name__ == "__main__":

@@ -38,6 +38,8 @@ BENCHMARKS: dict[str, tuple[list[str], list[str], float]] = {
     "observer": ([], [], 900),
     "overhead": ([], [], 1800),
     "gate_model_check": ([], [], 1800),
+    "observer_process": ([], [], 300),
+    "attach_overhead": ([], ["--rounds", "1", "--steps", "6", "--batch", "2"], 3600),
 }
 
 
