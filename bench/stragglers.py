@@ -9,7 +9,8 @@ does a confirmation flap? Goals (/work/shared/TARGETS.md, "straggler"): 1.5x wit
    every recipe class at every step and closes a loop-timer check at every step, with the
    device fault's dispatch mode active at factor 1 (as in every run below): every peer's
    replay times per recipe per check (STRAG-1: CPU time here) and every rank's loop time per
-   step (LOOP-1) are recorded.
+   step (LOOP-1) are recorded. A shorter run times replay on the wall clock instead, for
+   comparison (``healthy_evidence_by_clock``: the spread of healthy peers' evidence).
 2. **Simulated checks, with the real test.** The pure core (``check_evidence``, the verdict,
    the sequential test) is driven by checks drawn from a noise model: ``measured`` resamples
    the measured checks (peers shuffled; for loops, the median over a default-cadence window of
@@ -18,9 +19,10 @@ does a confirmation flap? Goals (/work/shared/TARGETS.md, "straggler"): 1.5x wit
    dedicated accelerator; ``shared``: 5%, 2% spikes; ``noisy``: 10%, 5% spikes). One peer of
    four is slowed by the factor. Per row: checks to the first confirmation (median, p90, max;
    trials that never confirm count as ``--checks-max + 1``), false confirmations per 10,000
-   healthy checks (any peer), and flapping -- recoveries while a straggler persists, and the
-   share of trials where a straggler that stops is reported recovered exactly once and never
-   confirmed again.
+   healthy checks (any peer), and flapping -- recoveries while a straggler persists, and, of
+   the trials where a straggler slow for 10 checks was confirmed, the share where it is
+   reported recovered exactly once after it stops and never confirmed again. Loop rows with
+   2- and 10-step windows show what a shorter loop cadence costs.
 3. **Real runs.** The same job at the default cadence (``ReplayConfig()`` and ``LoopConfig()``:
    a check every 50 steps): healthy; rank 1 slowed 1.2x, 1.5x and 2x in every operation
    (``faults.SlowOps``); rank 2's loop slowed 1.5x (``faults.SlowLoop``). Per run: the check at
@@ -100,7 +102,9 @@ class Block(nn.Module):
         self.qkv = nn.Linear(WIDTH, 3 * WIDTH)
         self.projection = nn.Linear(WIDTH, WIDTH)
         self.norm_mlp = nn.LayerNorm(WIDTH)
-        self.mlp = nn.Sequential(nn.Linear(WIDTH, 2 * WIDTH), nn.GELU(), nn.Linear(2 * WIDTH, WIDTH))
+        self.mlp = nn.Sequential(
+            nn.Linear(WIDTH, 2 * WIDTH), nn.GELU(), nn.Linear(2 * WIDTH, WIDTH)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, length, _ = x.shape
@@ -137,7 +141,12 @@ def _job(rank: int, options: dict[str, Any]) -> dict[str, Any]:
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
     peers = TorchPeerGroup(timeout_s=COLLECTIVE_TIMEOUT_S)
     every = options.get("check_every")
-    replay_config = ReplayConfig() if every is None else ReplayConfig(intervals=Intervals(every, every, every, every))
+    clock = options.get("timing_clock", "auto")
+    replay_config = ReplayConfig(timing_clock=clock)
+    if every is not None:
+        replay_config = ReplayConfig(
+            intervals=Intervals(every, every, every, every), timing_clock=clock
+        )
     loop_config = LoopConfig() if every is None else LoopConfig(check_every_steps=every)
     replayer = Replayer(ddp, optimizer, peers, replay_config, RecipeModules.discover(ddp))
     loop = LoopTimer(peers, loop_config)
@@ -175,14 +184,23 @@ def _job(rank: int, options: dict[str, Any]) -> dict[str, Any]:
             report = replayer.after_optimizer_step()
             if report.peer_compute_ms:
                 device_checks.append(
-                    {k: [None if v is MISSING else v for v in t] for k, t in report.peer_compute_ms.items()}
+                    {
+                        k: [None if v is MISSING else v for v in t]
+                        for k, t in report.peer_compute_ms.items()
+                    }
                 )
             found = list(report.straggler_events)
             if check is not None:
                 loop_checks.append(list(check.loop_ms))
                 found += list(check.events)
             events += [
-                {"kind": e.kind.value, "reason": e.reason, "rank": e.rank, "step": e.step, "ratio": e.performance_ratio}
+                {
+                    "kind": e.kind.value,
+                    "reason": e.reason,
+                    "rank": e.rank,
+                    "step": e.step,
+                    "ratio": e.performance_ratio,
+                }
                 for e in found
             ]
     finally:
@@ -218,7 +236,8 @@ def run_job(options: dict[str, Any]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as scratch:
         store = os.path.join(scratch, "store")
         processes = [
-            context.Process(target=_rank_main, args=(r, store, options, results)) for r in range(WORLD)
+            context.Process(target=_rank_main, args=(r, store, options, results))
+            for r in range(WORLD)
         ]
         for process in processes:
             process.start()
@@ -263,7 +282,9 @@ def measured_device(checks: list[dict[str, list[Any]]]) -> Draw:
     return draw
 
 
-def parametric_device(sigma: float, spike: float, base_ms: dict[str, float], repetitions: int = 3) -> Draw:
+def parametric_device(
+    sigma: float, spike: float, base_ms: dict[str, float], repetitions: int = 3
+) -> Draw:
     """Every timed repetition log-normal (sigma), a spike of 1.5-3x with probability
     ``spike``; the check's time is the median of the repetitions (STRAG-1)."""
 
@@ -307,7 +328,9 @@ class Simulator:
     def __init__(self, draw: Draw, floor_ms: float, timing: Any, config: SequentialConfig) -> None:
         self.draw, self.floor_ms, self.timing, self.config = draw, floor_ms, timing, config
 
-    def run(self, rng: random.Random, factor_at: Callable[[int], float], checks: int) -> list[tuple[int, str, int]]:
+    def run(
+        self, rng: random.Random, factor_at: Callable[[int], float], checks: int
+    ) -> list[tuple[int, str, int]]:
         state = confirmation_start(WORLD, self.config)
         changes = []
         for check in range(1, checks + 1):
@@ -319,6 +342,23 @@ class Simulator:
         return changes
 
 
+def evidence_noise(checks: list[dict[str, list[Any]]], floor_ms: float) -> dict[str, float]:
+    """Healthy peers' per-check evidence (log ratio to the centre, STRAG-2): its standard
+    deviation and 99th percentile over every peer and check."""
+    values: list[float] = []
+    for check in checks:
+        if not all(v is not None for t in check.values() for v in t):
+            continue
+        verdicts = {name: classify_timing(t) for name, t in check.items()}
+        values += [e for e in check_evidence(check, verdicts, floor_ms, WORLD) if e is not None]
+    ordered = sorted(values)
+    return {
+        "values": len(values),
+        "sd": statistics.pstdev(values),
+        "p99": ordered[int(0.99 * (len(ordered) - 1))],
+    }
+
+
 def _summary(values: Sequence[int]) -> dict[str, float]:
     ordered = sorted(values)
     return {
@@ -328,7 +368,9 @@ def _summary(values: Sequence[int]) -> dict[str, float]:
     }
 
 
-def power_row(sim: Simulator, factor: float, trials: int, checks_max: int, seed: int) -> dict[str, Any]:
+def power_row(
+    sim: Simulator, factor: float, trials: int, checks_max: int, seed: int
+) -> dict[str, Any]:
     rng = random.Random(seed)
     firsts, wrong, flaps = [], 0, 0
     for _ in range(trials):
@@ -347,23 +389,40 @@ def power_row(sim: Simulator, factor: float, trials: int, checks_max: int, seed:
 def false_confirmations(sim: Simulator, checks: int, seed: int) -> dict[str, Any]:
     changes = sim.run(random.Random(seed), lambda check: 1.0, checks)
     confirmed = sum(1 for _, kind, _ in changes if kind == "Confirmed")
-    return {"healthy_checks": checks, "confirmations": confirmed, "per_10000_checks": confirmed * 10000 / checks}
+    return {
+        "healthy_checks": checks,
+        "confirmations": confirmed,
+        "per_10000_checks": confirmed * 10000 / checks,
+    }
 
 
-def stop_row(sim: Simulator, factor: float, trials: int, slow_checks: int, after_checks: int, seed: int) -> dict[str, Any]:
-    """A straggler slow for ``slow_checks`` checks, then healthy: exactly one confirmation and
-    exactly one recovery after it stops is the clean outcome."""
+def stop_row(
+    sim: Simulator, factor: float, trials: int, slow_checks: int, after_checks: int, seed: int
+) -> dict[str, Any]:
+    """A straggler slow for ``slow_checks`` checks, then healthy. Among the trials where it
+    was confirmed while slow, the clean outcome is exactly one recovery, after it stopped, and
+    no second confirmation (nor any other peer confirmed): anything else is flapping."""
     rng = random.Random(seed)
-    clean, latencies = 0, []
+    confirmed, clean, latencies = 0, 0, []
     for _ in range(trials):
-        changes = sim.run(rng, lambda check: factor if check <= slow_checks else 1.0, slow_checks + after_checks)
+        changes = sim.run(
+            rng, lambda check: factor if check <= slow_checks else 1.0, slow_checks + after_checks
+        )
         mine = [(c, kind) for c, kind, peer in changes if peer == SLOW_PEER]
         others = [c for c, _, peer in changes if peer != SLOW_PEER]
-        if [kind for _, kind in mine] == ["Confirmed", "Recovered"] and mine[1][0] > slow_checks and not others:
+        if not mine or mine[0][0] > slow_checks:
+            continue
+        confirmed += 1
+        if (
+            [kind for _, kind in mine] == ["Confirmed", "Recovered"]
+            and mine[1][0] > slow_checks
+            and not others
+        ):
             clean += 1
             latencies.append(mine[1][0] - slow_checks)
     row: dict[str, Any] = {"factor": factor, "trials": trials, "slow_checks": slow_checks}
-    row["clean_share"] = clean / trials
+    row["confirmed_while_slow_share"] = confirmed / trials
+    row["clean_share_of_confirmed"] = clean / confirmed if confirmed else None
     row["checks_to_recover"] = _summary(latencies) if latencies else None
     return row
 
@@ -378,7 +437,9 @@ def _first_checks(events: list[dict[str, Any]], cadence: int) -> dict[str, dict[
     out: dict[str, dict[str, Any]] = {}
     for event in events:
         entry = out.setdefault(event["kind"], {})
-        entry.setdefault(event["reason"], []).append({"rank": event["rank"], "check": event["step"] // cadence, "ratio": event["ratio"]})
+        entry.setdefault(event["reason"], []).append(
+            {"rank": event["rank"], "check": event["step"] // cadence, "ratio": event["ratio"]}
+        )
     return out
 
 
@@ -412,7 +473,9 @@ def real_runs(steps: dict[str, int], cadence: int | None) -> list[dict[str, Any]
 
 def _real_first(rows: list[dict[str, Any]], scenario: str, kind: str, rank: int) -> int | None:
     row = next(r for r in rows if r["scenario"] == scenario)
-    hits = [e["check"] for e in row["events"].get(kind, {}).get(f"{kind}-slow", []) if e["rank"] == rank]
+    hits = [
+        e["check"] for e in row["events"].get(kind, {}).get(f"{kind}-slow", []) if e["rank"] == rank
+    ]
     return min(hits) if hits else None
 
 
@@ -442,7 +505,10 @@ def main() -> int:
         noise = json.loads(args.noise_from.read_text())
         print(f"== noise from {args.noise_from}", flush=True)
     else:
-        print(f"== measuring noise: a healthy 4-rank run, a check at every step, {noise_steps} steps", flush=True)
+        print(
+            f"== measuring noise: a healthy 4-rank run, a check at every step, {noise_steps} steps",
+            flush=True,
+        )
         noise = run_job({"steps": noise_steps, "check_every": 1})
         NOISE.parent.mkdir(parents=True, exist_ok=True)
         NOISE.write_text(json.dumps(noise))
@@ -452,8 +518,19 @@ def main() -> int:
         name: statistics.median(v for c in device_checks for v in c.get(name, []) if v is not None)
         for name in device_checks[0]
     }
-    print(f"  {len(device_checks)} replay checks, {len(loop_steps)} loop steps ({time.perf_counter() - started:.0f} s)")
+    print(
+        f"  {len(device_checks)} replay checks, {len(loop_steps)} loop steps ({time.perf_counter() - started:.0f} s)"
+    )
 
+    clock_comparison = {"cpu (auto)": evidence_noise(device_checks, replay_config.device_floor_ms)}
+    if args.noise_from is None:
+        wall_steps = max(60, noise_steps // 3)
+        print(f"== the same, replay timed on the wall clock, {wall_steps} steps", flush=True)
+        wall = run_job({"steps": wall_steps, "check_every": 1, "timing_clock": "wall"})
+        clock_comparison["wall"] = evidence_noise(
+            wall["device_checks"][3:], replay_config.device_floor_ms
+        )
+    print(f"  healthy evidence by clock: {clock_comparison}", flush=True)
     device_models: dict[str, Draw] = {
         "measured": measured_device(device_checks),
         "quiet": parametric_device(0.02, 0.0, base_ms),
@@ -472,8 +549,38 @@ def main() -> int:
             "stop": stop_row(sim, 1.5, trials, 10, 30, seed=29),
         }
         simulated.append(entry)
-        print(f"  sim device/{name}: " + ", ".join(f"{r['factor']}x median {r['checks_to_confirm']['median']}" for r in rows) + f"; false/10k {entry['false']['per_10000_checks']}", flush=True)
-    loop_sim = Simulator(measured_loop(loop_steps, window), loop_config.timing.absolute_floor_ms, loop_config.timing, loop_config.straggler)
+        print(
+            f"  sim device/{name}: "
+            + ", ".join(f"{r['factor']}x median {r['checks_to_confirm']['median']}" for r in rows)
+            + f"; false/10k {entry['false']['per_10000_checks']}",
+            flush=True,
+        )
+    for short in (2, 10):  # shorter windows than the default: context for choosing a cadence
+        short_sim = Simulator(
+            measured_loop(loop_steps, short),
+            loop_config.timing.absolute_floor_ms,
+            loop_config.timing,
+            loop_config.straggler,
+        )
+        simulated.append(
+            {
+                "kind": "loop",
+                "noise": f"measured, {short}-step windows",
+                "window_steps": short,
+                "power": [power_row(short_sim, 1.5, trials, args.checks_max, seed=31)],
+                "false": false_confirmations(short_sim, healthy_checks, seed=37),
+            }
+        )
+        print(
+            f"  sim loop/{short}-step windows: 1.5x median {simulated[-1]['power'][0]['checks_to_confirm']['median']}; false/10k {simulated[-1]['false']['per_10000_checks']}",
+            flush=True,
+        )
+    loop_sim = Simulator(
+        measured_loop(loop_steps, window),
+        loop_config.timing.absolute_floor_ms,
+        loop_config.timing,
+        loop_config.straggler,
+    )
     loop_rows = [power_row(loop_sim, f, trials, args.checks_max, seed=31) for f in (1.2, 1.5, 2.0)]
     simulated.append(
         {
@@ -485,19 +592,31 @@ def main() -> int:
             "stop": stop_row(loop_sim, 1.5, trials, 10, 30, seed=41),
         }
     )
-    print("  sim loop/measured: " + ", ".join(f"{r['factor']}x median {r['checks_to_confirm']['median']}" for r in loop_rows), flush=True)
+    print(
+        "  sim loop/measured: "
+        + ", ".join(f"{r['factor']}x median {r['checks_to_confirm']['median']}" for r in loop_rows),
+        flush=True,
+    )
 
     real: list[dict[str, Any]] = []
     cadence = 10 if quick else None
     if not args.no_real:
         every = cadence or replay_config.intervals.hidden_steps
-        steps = {"healthy": 12 * every, "device 1.2x": 24 * every, "device 1.5x": 10 * every, "device 2x": 10 * every, "loop 1.5x": 10 * every}
+        steps = {
+            "healthy": 12 * every,
+            "device 1.2x": 24 * every,
+            "device 1.5x": 10 * every,
+            "device 2x": 10 * every,
+            "loop 1.5x": 10 * every,
+        }
         print(f"== real runs, a check every {every} steps", flush=True)
         real = real_runs(steps, cadence)
 
     def sim_median(kind: str, factor: float) -> float:
         entry = next(e for e in simulated if e["kind"] == kind and e["noise"] == "measured")
-        return next(r for r in entry["power"] if r["factor"] == factor)["checks_to_confirm"]["median"]
+        return next(r for r in entry["power"] if r["factor"] == factor)["checks_to_confirm"][
+            "median"
+        ]
 
     measured = [e for e in simulated if e["noise"] == "measured"]
     goals: dict[str, Any] = {}
@@ -506,7 +625,11 @@ def main() -> int:
         label = f"{kind}_{factor}x_within_{limit}_checks"
         median = sim_median(kind, factor)
         scenario = f"{kind} {factor:g}x"
-        first = _real_first(real, scenario, kind, SLOW_PEER if kind == "device" else 2) if real else None
+        first = (
+            _real_first(real, scenario, kind, SLOW_PEER if kind == "device" else 2)
+            if real
+            else None
+        )
         goals[label] = {
             "simulated_median_checks": median,
             "real_first_check": first,
@@ -516,7 +639,11 @@ def main() -> int:
     if real:
         healthy = next(r for r in real if r["scenario"] == "healthy")
         real_false = sum(
-            1 for kind in healthy["events"].values() for reason, hits in kind.items() if not reason.startswith("recovered") for _ in hits
+            1
+            for kind in healthy["events"].values()
+            for reason, hits in kind.items()
+            if not reason.startswith("recovered")
+            for _ in hits
         )
     false_rates = {e["kind"]: e["false"]["per_10000_checks"] for e in measured}
     goals["zero_false_confirmations"] = {
@@ -527,24 +654,45 @@ def main() -> int:
     flapping = {
         e["kind"]: {
             "recoveries_while_slow": sum(r["recoveries_while_slow"] for r in e["power"]),
-            "stop_clean_share": e["stop"]["clean_share"],
+            "stop_clean_share": e["stop"]["clean_share_of_confirmed"],
         }
         for e in measured
     }
     goals["no_flapping"] = {
         **flapping,
-        "met": all(v["recoveries_while_slow"] == 0 and v["stop_clean_share"] == 1.0 for v in flapping.values()),
+        "met": all(
+            v["recoveries_while_slow"] == 0 and v["stop_clean_share"] == 1.0
+            for v in flapping.values()
+        ),
     }
     output = {
         "benchmark": "stragglers",
-        "host": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__},
+        "host": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+        },
         "quick": quick,
-        "test": {k: getattr(config, k) for k in ("slow_ratio", "confirm_evidence", "clip_ratio", "fast_ratio", "recovery_ratio", "recovery_evidence", "noise_spread", "noise_checks")},
+        "test": {
+            k: getattr(config, k)
+            for k in (
+                "slow_ratio",
+                "confirm_evidence",
+                "clip_ratio",
+                "fast_ratio",
+                "recovery_ratio",
+                "recovery_evidence",
+                "noise_spread",
+                "noise_checks",
+            )
+        },
         "noise": {
             "steps": noise_steps,
             "device_checks": len(device_checks),
             "loop_steps": len(loop_steps),
             "median_replay_ms": base_ms,
+            "healthy_evidence_by_clock": clock_comparison,
         },
         "simulated": simulated,
         "real": real,
@@ -553,7 +701,9 @@ def main() -> int:
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(output, indent=2))
     for label, goal in goals.items():
-        print(f"  {label}: {'met' if goal['met'] else 'NOT met'} {json.dumps({k: v for k, v in goal.items() if k != 'met'})}")
+        print(
+            f"  {label}: {'met' if goal['met'] else 'NOT met'} {json.dumps({k: v for k, v in goal.items() if k != 'met'})}"
+        )
     print(f"wrote {RESULTS}")
     return 0
 

@@ -144,7 +144,9 @@ class LoopTimer:
         )
         self._lock = threading.Lock()
         # LOOP-1: the training thread's run-queue delay (seconds, cumulative).
-        self._run_queue_delay = run_queue_delay_s if run_queue_delay_s is not None else RunQueueDelay()
+        self._run_queue_delay = (
+            run_queue_delay_s if run_queue_delay_s is not None else RunQueueDelay()
+        )
         self._delay_at_start_s = 0.0
         self._body_started_ns: int | None = None
         self._wait_ns = 0  # the longest collective of the current body

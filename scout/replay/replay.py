@@ -334,7 +334,7 @@ class _Local:
     status: ReplayStatus
     digest: int
     evidence: dict[EvidenceKind, int] = attrs.Factory(dict)
-    compute_s: float = 0.0  # STRAG-1a: median of the timed repetitions
+    compute_s: float = 0.0  # STRAG-1: median of the timed repetitions
     repetitions_s: tuple[float, ...] = ()  # every timed repetition
 
 
@@ -754,8 +754,9 @@ class Replayer:
         self._guarded(local, lambda: self._replay_module(local, module, record))
 
     def add_compute_hook(self, hook: Callable[[float], None]) -> RemovableHandle:
-        """Call ``hook(elapsed_s)`` at the end of every replay compute, inside its timed span,
-        with the time measured so far (opt-in, for faults: FAULT-3's ``slow_compute``)."""
+        """Call ``hook(elapsed_s)`` at the end of every timed replay repetition, inside its
+        timed span, with the time measured so far on the replay clock (STRAG-1; opt-in, for
+        faults: FAULT-3's ``slow_compute``)."""
         handle = RemovableHandle(self._compute_hooks)
         self._compute_hooks[handle.id] = hook
         return handle
@@ -763,7 +764,7 @@ class Replayer:
     def _timed(
         self, device: torch.device, run: Callable[[], _Result]
     ) -> tuple[_Result, float, tuple[float, ...]]:
-        """STRAG-1a: ``timing_warmup_runs`` untimed runs, then ``timing_repetitions`` timed ones
+        """STRAG-1: ``timing_warmup_runs`` untimed runs, then ``timing_repetitions`` timed ones
         (device synchronised around each); returns the first run's result (the evidence), the
         median of the timed runs (the check's compute time, s) and every timed run (s).
 

@@ -19,7 +19,8 @@ Kinds (STRAG-21), each with its own reason code:
   -- its training loop is slow (host-side work, a slow data path; LOOP-1..LOOP-4). A device
   straggler slows its loop too; ``loop-slow`` without ``device-slow`` points at the host side.
 
-A recovery has the reason ``recovered-<kind>-slow``.
+A recovery has the reason ``recovered-<kind>-slow``; a slow link or host named by live
+cross-group localization (STRAG-20), ``localized-<kind>-slow``.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ from scout.core.straggler import (
     ConfirmationState,
     Confirmed,
     GroupTiming,
+    Localization,
+    LocalizationStatus,
     Recovered,
     SequentialConfig,
     confirmation_start,
@@ -52,6 +55,7 @@ __all__ = [
     "StragglerTracker",
     "TrailEntry",
     "group_timings",
+    "localization_record_arguments",
     "straggler_record_arguments",
 ]
 
@@ -64,7 +68,9 @@ class StragglerKind(str, enum.Enum):
 
 #: STRAG-21: stable reason codes (dashboards key on these).
 REASONS: Final = {
-    (kind, change): (f"{kind.value}-slow" if change == "confirmed" else f"recovered-{kind.value}-slow")
+    (kind, change): (
+        f"{kind.value}-slow" if change == "confirmed" else f"recovered-{kind.value}-slow"
+    )
     for kind in StragglerKind
     for change in ("confirmed", "recovered")
 }
@@ -250,3 +256,33 @@ def group_timings(report: Any, ranks: Sequence[int], family: str) -> dict[str, G
             members, family, statistics.median(report.communication_ms)
         )
     return timings
+
+
+def localization_record_arguments(
+    found: Localization, kind: StragglerKind, step: int, groups: Sequence[GroupTiming] = ()
+) -> dict[str, Any] | None:
+    """STRAG-21: the arguments of ``scout.reports.make_record`` for a LOCALIZED result of
+    ``localize_live`` over one kind's group timings (reason ``localized-<kind>-slow``; the
+    ranks are the named rank, or every rank of the named host); None for any other result,
+    which names nobody."""
+    if found.status is not LocalizationStatus.LOCALIZED:
+        return None
+    ranks = [found.rank] if found.rank is not None else list(found.host_ranks)
+    evidence: dict[str, Any] = {
+        "straggler": StragglerKind(kind).value,
+        "localized": "rank" if found.rank is not None else "host",
+        "candidates": list(found.candidates),
+        "groups": [
+            {"family": g.family, "members": sorted(g.members), "centre_ms": g.centre_ms}
+            for g in groups
+        ],
+    }
+    return {
+        "kind": "straggler",
+        "source": "replay",
+        "reason": f"localized-{StragglerKind(kind).value}-slow",
+        "ranks": ranks,
+        "hosts": [found.host] if found.host is not None else [],
+        "step": step,
+        "evidence": evidence,
+    }

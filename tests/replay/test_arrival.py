@@ -67,7 +67,9 @@ def _step(timer: LoopTimer, clock: Clock, step: int, body_ms: float, wait_ms: fl
 def test_LOOP_1_LOOP_2_a_check_sends_the_median_loop_time_in_one_fixed_size_row() -> None:
     clock, peers = Clock(), LoopPeers()
     timer = _timer(peers, clock, check_every_steps=4, warmup_steps=1)
-    results = [_step(timer, clock, step, 30.0, wait) for step, wait in enumerate((9, 10, 20, 12), 1)]
+    results = [
+        _step(timer, clock, step, 30.0, wait) for step, wait in enumerate((9, 10, 20, 12), 1)
+    ]
     assert results[:3] == [None, None, None]
     (row,) = peers.rows
     assert len(row) == LOOP_ROW_LENGTH
@@ -156,3 +158,12 @@ def test_LOOP_4_configuration_errors_name_the_value() -> None:
     with pytest.raises(TypeError, match="straggler must be a SequentialConfig"):
         LoopConfig(straggler=1.5)  # type: ignore[arg-type]
     assert LoopConfig(straggler=SequentialConfig(slow_ratio=1.2)).straggler.slow_ratio == 1.2
+
+
+def test_LOOP_2_a_group_of_one_never_exchanges() -> None:
+    clock, peers = Clock(), LoopPeers()
+    peers.size, peers.ranks = 1, (0,)
+    timer = _timer(peers, clock, check_every_steps=1, warmup_steps=0)
+    check = _step(timer, clock, 1, 40.0, 20.0)
+    assert peers.rows == [] and check is not None
+    assert check.reason == "singleton" and check.evidence == (None,)

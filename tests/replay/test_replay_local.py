@@ -333,7 +333,7 @@ def test_FAULT_3_slow_compute_multiplies_each_measured_replay_compute_by_its_fac
     repetitions = replayer.config.timing_repetitions
     assert len(report.compute_ms) == 4 and len(seen) == 4 * repetitions  # timed runs only
     # Recipes replay in a fixed order; each timed repetition includes the sleep of 2x its own,
-    # so the median of the repetitions does too (STRAG-1a).
+    # so the median of the repetitions does too (STRAG-1).
     for index, ms in enumerate(report.compute_ms.values()):
         runs = seen[index * repetitions : (index + 1) * repetitions]
         assert ms >= 3.0 * min(runs) * 1e3

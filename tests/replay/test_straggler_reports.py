@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from scout.core.straggler import LocalizationStatus, SequentialConfig, localize_live
+from scout.core.straggler import GroupTiming, LocalizationStatus, SequentialConfig, localize_live
 from scout.replay import faults
 from scout.replay.replay import ReplayConfig
 from scout.replay.stragglers import (
@@ -19,6 +19,7 @@ from scout.replay.stragglers import (
     StragglerKind,
     StragglerTracker,
     group_timings,
+    localization_record_arguments,
     straggler_record_arguments,
 )
 from scout.reports import make_record
@@ -50,7 +51,9 @@ def test_STRAG_21_reason_codes_are_stable() -> None:
 
 
 def test_STRAG_21_confirmation_and_recovery_become_scout_report_records() -> None:
-    tracker = StragglerTracker(StragglerKind.DEVICE, (4, 5, 6, 7), SequentialConfig(), trail_checks=5)
+    tracker = StragglerTracker(
+        StragglerKind.DEVICE, (4, 5, 6, 7), SequentialConfig(), trail_checks=5
+    )
     events = []
     for step in range(2, 60, 2):
         slow = step <= 20
@@ -144,3 +147,22 @@ class ScriptedPeersReport:
 
     peer_compute_ms: dict[str, tuple[float, ...]] = {}
     communication_ms: tuple[float, ...] = ()
+
+
+def test_STRAG_20_STRAG_21_a_localized_host_becomes_a_report() -> None:
+    groups = [GroupTiming(frozenset(range(j, 15, 5)), "replicas", 10.0) for j in range(5)]
+    groups[0] = GroupTiming(groups[0].members, "replicas", 15.0)
+    groups[1] = GroupTiming(groups[1].members, "replicas", 15.0)
+    hosts = {r: f"h{r}" for r in range(15)}
+    hosts[0] = hosts[6] = "A"
+    found = localize_live(groups, hosts)
+    arguments = localization_record_arguments(found, StragglerKind.COMMUNICATION, 100, groups)
+    assert arguments is not None
+    record = make_record(**arguments, job_id="job", generation=1)
+    _check_schema(record)
+    assert (record["reason"], record["ranks"], record["hosts"]) == (
+        "localized-communication-slow", [0, 6], ["A"],
+    )  # fmt: skip
+    assert record["evidence"]["localized"] == "host" and len(record["evidence"]["groups"]) == 5
+    healthy = localize_live([GroupTiming(g.members, "replicas", 10.0) for g in groups], hosts)
+    assert localization_record_arguments(healthy, StragglerKind.DEVICE, 100) is None
