@@ -166,3 +166,36 @@ def test_STRAG_20_STRAG_21_a_localized_host_becomes_a_report() -> None:
     assert record["evidence"]["localized"] == "host" and len(record["evidence"]["groups"]) == 5
     healthy = localize_live([GroupTiming(g.members, "replicas", 10.0) for g in groups], hosts)
     assert localization_record_arguments(healthy, StragglerKind.DEVICE, 100) is None
+
+
+def test_FAULT_5_FAULT_6_slow_ops_compute_longer_and_slow_loops_wait() -> None:
+    import torch
+
+    a = torch.randn(96, 96)
+
+    def work() -> float:
+        started = time.thread_time()
+        for _ in range(200):
+            torch.mm(a, a)
+        return time.thread_time() - started
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # CPU time of this thread is then all of the work
+    try:
+        with faults.SlowOps(1.0) as same:  # the mode's own cost, as on a healthy rank
+            work()
+            plain = min(work() for _ in range(3))
+        with faults.SlowOps(2.0) as slow:
+            slowed = min(work() for _ in range(3))
+    finally:
+        torch.set_num_threads(threads)
+    assert same.operations >= 800 and slow.operations >= 600
+    assert 1.6 * plain <= slowed <= 2.6 * plain, (plain, slowed)
+    loop = faults.SlowLoop(1.5)
+    with loop:
+        faults.compute_for(0.02)
+    assert 0.009 <= loop.waited_s <= 0.05
+    with pytest.raises(ValueError, match="factor must be finite and >= 1"):
+        faults.SlowOps(0.5)
+    with pytest.raises(TypeError, match="factor must be a number"):
+        faults.SlowLoop("2")  # type: ignore[arg-type]
