@@ -28,7 +28,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Final
@@ -62,9 +62,11 @@ from scout.observer import instrument
 from scout.observer.launch import ObserverHandle, start_observer
 from scout.observer.progress import ProgressPublisher, RecordIdentity, reclaim_stale_records
 from scout.observer.rendezvous import DirectoryRendezvous, StoreRendezvous, shared_secret
+from scout.replay.arrival import LoopConfig, LoopTimer
 from scout.replay.collectives import TorchPeerGroup
 from scout.replay.job_checks import GateFeed, JobChecks
 from scout.replay.replay import RecipeModules, ReplayConfig, Replayer, StepReport
+from scout.replay.stragglers import StragglerEvent, straggler_record_arguments
 
 __all__ = ["FaultDetected", "Job", "attach"]
 
@@ -197,7 +199,8 @@ class Job:
         # never a hang report.
         self.publisher.begin_stage(Stage.CHECKPOINT_READ)
         instrument.instrument(self.publisher)
-        self._ddp_buckets = publish_ddp_buckets(model, self.publisher)
+        self._bucket_listener: list[Callable[[int, int], None]] = []
+        self._ddp_buckets = publish_ddp_buckets(model, self.publisher, self._bucket_listener)
         instrument.instrument_module(model)
 
         if peers is None and any(type(p).__name__ == "DTensor" for p in model.parameters()):
@@ -214,6 +217,7 @@ class Job:
             self._start_observer()
 
         self.replayer: Replayer | None = None
+        self.loop: LoopTimer | None = None
         self.checks: JobChecks | None = None
         self.writer: GateWriter | None = None
         self.cycle_steps = 0
@@ -223,10 +227,20 @@ class Job:
             k = config.replay_interval_steps
             intervals = Intervals(embedding_steps=k * layers, hidden_steps=k, output_steps=k * layers,
                                   optimizer_steps=k * layers)
+            # STRAG-1: with straggler_repetitions = 0 the run that gives the SDC evidence is also the
+            # one timed (no extra replay); n > 0 times n repetitions after it.
+            repetitions = config.straggler_repetitions
             replay_config = ReplayConfig(intervals=intervals, max_capture_bytes=config.max_capture_bytes,
-                                         replay_rows=config.replay_rows)
+                                         replay_rows=config.replay_rows, timing_warmup_runs=1 if repetitions else 0,
+                                         timing_repetitions=max(1, repetitions))
             self.replayer = Replayer(model, optimizer, self.peers, replay_config, modules)
             self.cycle_steps = self.replayer.schedule.cycle_length_steps()
+            # Loop stragglers (LOOP-1..4): arrival at the step's collectives, timed by the
+            # instrumentation and DDP's bucket hook, checked every loop_check_steps.
+            self.loop = LoopTimer(self.peers, LoopConfig(check_every_steps=config.loop_check_steps))
+            instrument.add_collective_listener(self.loop.collective)
+            if self._ddp_buckets:
+                self._bucket_listener.append(self.loop.collective)
             # Expert replay and the canary (spec/moe.md, spec/canary.md): None unless configured.
             self.checks = JobChecks.build(
                 model, rank=self.rank, exchange=self._exchange, dense_partition=self.partition,
@@ -382,6 +396,8 @@ class Job:
             self._report("restart", "restored" if restored else "started", step=step, evidence=evidence)
         self.publisher.end_stage()  # start-up (or the restore) is over
         self.publisher.begin_step(step + 1)
+        if self.loop is not None:
+            self.loop.begin_step()
 
     # -- the step -----------------------------------------------------------------------------
 
@@ -398,13 +414,17 @@ class Job:
         clock = time.perf_counter
         if self.replayer is not None:
             started = clock()
+            # The loop body of this step ends here (LOOP-1): a check step's loop check is
+            # collective, and comes before replay's exchanges on every rank.
+            loop_check = self.loop.end_step(step) if self.loop is not None else None
             report = self.replayer.after_optimizer_step()
             judged = clock()
             self.costs.add("replay_s", judged - started)
             self.costs.add("replay_compute_s", sum(report.compute_ms.values()) / 1e3)
             self.costs.add("replay_collectives_s", report.collective_ms / 1e3)
-            if report.results or report.stragglers or report.communication_stragglers:
-                self._judge(step, report)
+            loop_events = loop_check.events if loop_check is not None else ()
+            if report.results or report.straggler_events or loop_events:
+                self._judge(step, report, tuple(loop_events))
             if self.checks is not None:
                 self._feed(self.checks.after_step(step))
             checkpointed = clock()
@@ -413,27 +433,28 @@ class Job:
                 self._cycle_end(step)
                 self.costs.add("cycle_end_s", clock() - checkpointed)
         instrument.mark_step(step + 1)
+        if self.loop is not None:
+            self.loop.begin_step()
         if self._fault is not None:
             fault, self._fault = self._fault, None
             raise fault
 
-    def _judge(self, step: int, report: StepReport) -> None:
+    def _judge(self, step: int, report: StepReport, loop_events: tuple[StragglerEvent, ...] = ()) -> None:
         """Job-wide results of this step's checks: to the gate (rank 0), to reports, and the
         SDC policy -- decided alike on every rank from the same gathered results."""
-        mine = (self.group_index, self.peers.position, report.results,
-                [(type(e).__name__, e.peer, "device") for e in report.stragglers]
-                + [(type(e).__name__, e.peer, "communication") for e in report.communication_stragglers])
+        mine = (self.group_index, self.peers.position, report.results, (*report.straggler_events, *loop_events),
+                dict(report.performance_ratios))
         if len(self.partition) > 1:
             gathered: list[Any] = [None] * self.world_size
             dist.all_gather_object(gathered, mine, group=self._control)
         else:
             gathered = [(0, 0, *mine[2:])]  # one group: every rank decided the same from the same rows
         by_group: dict[int, tuple[RecipeResult, ...]] = {}
-        stragglers: list[tuple[str, int, str]] = []
-        for group_index, position, results, events in gathered:
+        stragglers: list[tuple[StragglerEvent, Any]] = []
+        for group_index, position, results, events, ratios in gathered:
             if position == 0:
                 by_group[group_index] = tuple(results)
-                stragglers += [(name, self.partition[group_index][peer], kind) for name, peer, kind in events]
+                stragglers += [(event, ratios.get(event.kind.value)) for event in events]
         sdc: list[tuple[str, RecipeResult, int]] = []
         for group_index, results in sorted(by_group.items()):
             for result in results:
@@ -447,9 +468,10 @@ class Job:
                 self._apply(recipe_verdicts(self.writer.state.context.config, recipe,
                                             self.writer.state.context.cycle, step, per_group))
         if self.rank == 0:
-            for name, rank, kind in stragglers:
-                reason = f"{kind}-slow" if name == "Confirmed" else f"recovered-{kind}"
-                self._report("straggler", reason, ranks=[rank], step=step, evidence={"kind": kind})
+            for event, ratios in stragglers:
+                self._append(reports.make_record(
+                    **straggler_record_arguments(event, hosts=dict(enumerate(self.hosts)), group_ratios=ratios),
+                    job_id=self.identity.job_id, generation=self.identity.generation, reporter_rank=self.rank))
             for group, result, group_index in sdc:
                 ranks = [self.partition[group_index][p] for p in result.outliers]
                 self._report("sdc", "replay-mismatch", ranks=ranks, step=step, evidence={
@@ -528,11 +550,14 @@ class Job:
                                      generation=self.identity.generation, ranks=ranks,
                                      hosts=[self.hosts[r] for r in ranks], step=step, evidence=evidence,
                                      reporter_rank=self.rank)
+        self._append(record)
+
+    def _append(self, record: dict[str, Any]) -> None:
         try:
             reports.append_record(self.reports_path, record)
         except OSError as error:
             logger.warning("scout: could not append to %s: %s", self.reports_path, error)
-        if kind in ("sdc", "straggler", "unchecked") or (kind == "checkpoint" and reason == "quarantined"):
+        if record["kind"] in ("sdc", "straggler", "unchecked") or record["reason"] == "quarantined":
             logger.warning("%s", reports.record_line(record))
 
     # -- the user's other hooks -----------------------------------------------------------

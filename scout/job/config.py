@@ -99,6 +99,12 @@ class Config:
     #: Replay only the first rows of each captured batch (CAP-8): a replay then costs about
     #: ``replay_rows / batch`` of the live call. 0 replays the whole batch.
     replay_rows: int = attrs.field(default=1, validator=_count("replay_rows", 0, 1_000_000))
+    #: Steps between two checks of loop stragglers (LOOP-3): each compares the ranks' time in
+    #: the training loop outside collectives over the steps since the last check.
+    loop_check_steps: int = attrs.field(default=50, validator=_count("loop_check_steps", 1, 1_000_000))
+    #: Timed repetitions of each replay for straggler timing (STRAG-1), after the run that gives
+    #: the SDC evidence; 0 times that run itself. Each repetition costs one more replay.
+    straggler_repetitions: int = attrs.field(default=0, validator=_count("straggler_repetitions", 0, 16))
     #: A checkpoint (DCP) at every this many cycle boundaries; it is verified one cycle later.
     checkpoint_every_cycles: int = attrs.field(default=5, validator=_count("checkpoint_every_cycles", 1, 1_000_000))
     #: What an attributed SDC does: ``report`` writes the report; ``restart`` also stops every

@@ -13,6 +13,8 @@ same coordinate, and the late peer is behind it.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -28,9 +30,13 @@ __all__ = ["publish_ddp_buckets"]
 logger = logging.getLogger("scout")
 
 
-def publish_ddp_buckets(model: Any, publisher: ProgressPublisher) -> bool:
+def publish_ddp_buckets(
+    model: Any, publisher: ProgressPublisher, listeners: Sequence[Callable[[int, int], None]] = ()
+) -> bool:
     """Register the publishing communication hook on a DDP model; False (and a warning) when the
-    model is not DDP or already has a communication hook of its own."""
+    model is not DDP or already has a communication hook of its own. ``listeners`` (read at each
+    call, so they may be added later) get each bucket's launch and completion times in
+    monotonic ns (loop stragglers, LOOP-1)."""
     if not isinstance(model, DistributedDataParallel):
         return False
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -46,8 +52,22 @@ def publish_ddp_buckets(model: Any, publisher: ProgressPublisher) -> bool:
             publisher.enter_async_collective(fingerprint(call))
         except Exception:  # diagnostics never break the training step
             logger.debug("scout: could not publish a DDP bucket", exc_info=True)
+        entry_ns = time.monotonic_ns()
         with instrument.already_published():
-            return default_hooks.allreduce_hook(state, bucket)
+            future = default_hooks.allreduce_hook(state, bucket)
+        if not listeners:
+            return future
+
+        def completed(done: Any) -> Any:
+            exit_ns = time.monotonic_ns()
+            for listener in tuple(listeners):
+                try:
+                    listener(entry_ns, exit_ns)
+                except Exception:  # diagnostics never break the training step
+                    logger.debug("scout: a bucket listener failed", exc_info=True)
+            return done.value()
+
+        return future.then(completed)
 
     # DDP checks the hook's annotations as objects (this module's are strings).
     hook.__annotations__ = {"state": object, "bucket": dist.GradBucket,  # type: ignore[attr-defined]

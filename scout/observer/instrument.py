@@ -31,6 +31,7 @@ import contextlib
 import functools
 import hashlib
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Final
 
@@ -39,6 +40,7 @@ from scout.observer.progress import ProgressPublisher, Stage
 
 __all__ = [
     "COLLECTIVES",
+    "add_collective_listener",
     "already_published",
     "InstrumentationError",
     "check_at_each_step",
@@ -191,6 +193,8 @@ class _Instrumentation:
         # outermost call publishes, so entry and exit stay paired.
         self.depth = 0
         self._fallback: dict[str, int] = {}
+        # Called with (entry_ns, exit_ns) of every published collective (loop stragglers).
+        self.collective_listeners: list[Callable[[int, int], None]] = []
 
     def owns_thread(self) -> bool:
         return self.enabled and threading.get_ident() == self.thread_id
@@ -217,11 +221,15 @@ class _Instrumentation:
                 return original(*args, **kwargs)
             self.safely(self.publisher.enter_collective, self.fingerprint_of(op, args, kwargs))
             self.depth += 1
+            entry_ns = time.monotonic_ns()
             try:
                 return original(*args, **kwargs)
             finally:
+                exit_ns = time.monotonic_ns()
                 self.depth -= 1
                 self.safely(self.publisher.exit_collective)
+                for listener in self.collective_listeners:
+                    self.safely(listener, entry_ns, exit_ns)
 
         wrapper.__scout_instrumented__ = True  # type: ignore[attr-defined]
         return wrapper
@@ -306,6 +314,11 @@ def already_published() -> Iterator[None]:
         yield
     finally:
         active.depth -= 1
+
+
+def add_collective_listener(listener: Callable[[int, int], None]) -> None:
+    """Call ``listener(entry_ns, exit_ns)`` after every collective the wrappers publish."""
+    _active("add_collective_listener").collective_listeners.append(listener)
 
 
 def mark_step(step: int) -> None:

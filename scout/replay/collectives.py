@@ -11,18 +11,20 @@ transport contract guarantee 3), and that must not take the job's data-parallel 
 Creating a group is itself a collective over the whole world (``torch.distributed.new_group``).
 
 Communication timing (spec/replay.md STRAG-1, COMM-1..COMM-3). Every collective call is timed in
-two parts on the monotonic clock: *entry* -- from the call until the operation is handed to the
-backend (staging the tensors, this peer's own side of the communication path, and any injected
-delay) -- and *wait* -- from then until it returns, most of which is waiting for the peer that
-arrives last. The replayer exchanges both and votes on each peer's own communication time
-(entry plus the part of the wait every peer shares), so the peer that the others wait for is
-named, not the peers that waited.
+two parts on the monotonic clock: *entry* -- from the call, after the tensors are staged, until
+the operation is handed to the backend (this peer's own side of the communication path, and any
+injected delay) -- and *wait* -- from then until it returns, most of which is waiting for the
+peer that arrives last. The replayer exchanges both, per call, and votes on each peer's own
+communication time (entry plus the part of the wait every peer shares), so the peer that the
+others wait for is named, not the peers that waited.
 """
 
 from __future__ import annotations
 
 import datetime
 import itertools
+import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -38,6 +40,7 @@ __all__ = [
     "CollectiveTimes",
     "EntryHookHandle",
     "PeerGroup",
+    "RunQueueDelay",
     "TorchPeerGroup",
     "TransportPeerGroup",
 ]
@@ -68,11 +71,14 @@ class PeerGroup(Protocol):
 
 @attrs.frozen
 class CollectiveTimes:
-    """Seconds this peer spent inside collectives since the timer was last taken."""
+    """Seconds this peer spent inside collectives since the timer was last taken: the sums,
+    and each collective's ``(entry_s, wait_s)`` in call order (the first
+    ``CollectiveTimer.PER_CALL_MAX`` of them)."""
 
     entry_s: float = 0.0  # call -> handed to the backend: this peer's own side
     wait_s: float = 0.0  # handed to the backend -> returned: mostly waiting for peers
     count: int = 0  # collective calls
+    calls: tuple[tuple[float, float], ...] = ()
 
     @property
     def total_s(self) -> float:
@@ -90,20 +96,68 @@ class EntryHookHandle:
         self._hooks.pop(self._key, None)
 
 
+class RunQueueDelay:
+    """Seconds the calling thread has spent runnable but waiting for a CPU, from Linux's
+    ``/proc/self/task/<tid>/schedstat``; always 0 where that is not available. One file
+    descriptor per calling thread is kept open (at most ``THREADS_MAX``), so a reading is one
+    ``pread``."""
+
+    THREADS_MAX = 8
+
+    def __init__(self) -> None:
+        self._files: dict[int, int | None] = {}
+
+    def __call__(self) -> float:
+        tid = threading.get_native_id()
+        fd = self._files.get(tid, -1)
+        if fd == -1:
+            fd = None
+            if len(self._files) < self.THREADS_MAX:
+                try:
+                    fd = os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY)
+                except OSError:
+                    fd = None
+                self._files[tid] = fd
+        if fd is None:
+            return 0.0
+        try:
+            return int(os.pread(fd, 64, 0).split()[1]) / 1e9
+        except (OSError, IndexError, ValueError):
+            return 0.0
+
+    def close(self) -> None:
+        for fd in self._files.values():
+            if fd is not None:
+                os.close(fd)
+        self._files.clear()
+
+    def __del__(self) -> None:
+        self.close()
+
+
 class CollectiveTimer:
     """Accumulates the time a peer spends inside collectives, apart from replay compute
     (STRAG-1), split into entry and wait (COMM-1), on the monotonic clock.
 
-    Entry hooks run at the start of every collective, inside its entry part: the fault
-    injector ``scout.replay.faults.slow_communication`` delays a peer's collectives there.
+    The entry part leaves out the time the host kept this thread waiting for a CPU (Linux
+    run-queue delay): a descheduled thread is contention on the host, not this peer's side of
+    the communication path. Entry hooks run at the start of every collective, inside its
+    entry part: the fault injector ``scout.replay.faults.slow_communication`` delays a peer's
+    collectives there (it sleeps, which is not run-queue delay).
     """
 
     _keys = itertools.count()
+    #: Per-call times kept between two ``take()`` calls (a check makes at most five).
+    PER_CALL_MAX = 8
 
     def __init__(self) -> None:
         self._entry_s = 0.0
         self._wait_s = 0.0
         self._count = 0
+        self._calls: list[tuple[float, float]] = []
+        self._entry_of_call = 0.0
+        self._delay_at_entry = 0.0
+        self._run_queue_delay = RunQueueDelay()
         self._hooks: dict[int, Callable[[str], None]] = {}
 
     def add_entry_hook(self, hook: Callable[[str], None]) -> EntryHookHandle:
@@ -114,6 +168,7 @@ class CollectiveTimer:
 
     def enter(self, operation: str) -> float:
         """Start of a collective call; returns its start time."""
+        self._delay_at_entry = self._run_queue_delay()
         started = time.monotonic()
         for hook in tuple(self._hooks.values()):
             hook(operation)
@@ -122,20 +177,26 @@ class CollectiveTimer:
     def posted(self, started: float) -> float:
         """The operation was handed to the backend; returns that time."""
         now = time.monotonic()
-        self._entry_s += now - started
+        delayed = self._run_queue_delay() - self._delay_at_entry
+        self._entry_of_call = max(0.0, now - started - delayed)
+        self._entry_s += self._entry_of_call
         self._count += 1
         return now
 
     def returned(self, posted: float) -> None:
-        self._wait_s += time.monotonic() - posted
+        wait_s = time.monotonic() - posted
+        self._wait_s += wait_s
+        if len(self._calls) < self.PER_CALL_MAX:
+            self._calls.append((self._entry_of_call, wait_s))
 
     def peek(self) -> CollectiveTimes:
-        return CollectiveTimes(self._entry_s, self._wait_s, self._count)
+        return CollectiveTimes(self._entry_s, self._wait_s, self._count, tuple(self._calls))
 
     def take(self) -> CollectiveTimes:
         """The times so far, and start again from zero."""
         times = self.peek()
         self._entry_s, self._wait_s, self._count = 0.0, 0.0, 0
+        self._calls = []
         return times
 
 
@@ -257,9 +318,9 @@ class TorchPeerGroup:
 
     def all_gather_int64(self, row: Sequence[int]) -> list[list[int]]:
         operation = f"replay all_gather of {len(row)} int64"
-        started = self.timer.enter(operation)
         mine = torch.tensor(list(row), dtype=torch.int64, device=self.device)
         gathered = [torch.empty_like(mine) for _ in self._ranks]
+        started = self.timer.enter(operation)
         work = dist.all_gather(gathered, mine, group=self._group, async_op=True)
         assert work is not None
         self._wait(work, operation, self.timer.posted(started))
@@ -270,10 +331,11 @@ class TorchPeerGroup:
         tensor); every peer's tensors must have the same byte sizes (READY-1 checked that)."""
         if not 0 <= source_position < self.size:
             raise ValueError(f"source_position {source_position} outside 0..{self.size - 1}")
-        started = self.timer.enter(f"replay broadcast of {len(tensors)} tensors")
+        # COMM-1: staging the bytes is this peer's compute, not its side of the path.
         packed = _pack(tensors, self.device)
+        started = self.timer.enter(f"replay broadcast of {len(tensors)} tensors")
         if packed is None:
-            self.timer.posted(started)
+            self.timer.returned(self.timer.posted(started))
             return
         work = dist.broadcast(
             packed, src=self._ranks[source_position], group=self._group, async_op=True
@@ -322,8 +384,8 @@ class TransportPeerGroup:
 
     def all_gather_int64(self, row: Sequence[int]) -> list[list[int]]:
         # The transport's call blocks: its entry ends where the transport is called.
-        started = self.timer.enter(f"replay all_gather of {len(row)} int64")
         mine = torch.tensor(list(row), dtype=torch.int64, device=self.device)
+        started = self.timer.enter(f"replay all_gather of {len(row)} int64")
         posted = self.timer.posted(started)
         try:
             gathered = self._transport.all_gather_tensor(mine, timeout_s=self.timeout_s)
@@ -334,10 +396,11 @@ class TransportPeerGroup:
     def broadcast_(self, tensors: Sequence[torch.Tensor], source_position: int) -> None:
         if not 0 <= source_position < self.size:
             raise ValueError(f"source_position {source_position} outside 0..{self.size - 1}")
-        started = self.timer.enter(f"replay broadcast of {len(tensors)} tensors")
         packed = _pack(tensors, self.device)
+        started = self.timer.enter(f"replay broadcast of {len(tensors)} tensors")
         posted = self.timer.posted(started)
         if packed is None:
+            self.timer.returned(posted)
             return
         try:
             self._transport.broadcast_tensor(

@@ -6,30 +6,45 @@ Nothing here is active unless called. Each injector returns a handle with ``remo
   and replayed alike: the model of a faulty arithmetic unit (FAULT-1).
 * :func:`flip_tensor_bit_` -- flip one bit of a parameter, gradient or optimizer-state tensor
   once, in place: the model of a memory upset (FAULT-2).
-* :func:`slow_module` -- a module that takes ``delay_s`` longer on every call (FAULT-3).
+* :func:`slow_module` -- a module that computes ``delay_s`` longer on every call (FAULT-3).
 * :func:`slow_compute` -- a replayer whose every replay compute takes ``factor`` times as
   long as it measured: a proportional compute straggler (FAULT-3).
+* :class:`SlowOps` -- every tensor operation of this process computes ``factor`` times as
+  long, forward, backward, optimizer and replay alike: a slow device (FAULT-5).
+* :class:`SlowLoop` -- the training loop of this process waits ``factor - 1`` times the
+  duration of a block of it, outside any module: a slow host side, e.g. a slow data path
+  (FAULT-6).
 * :func:`slow_communication` -- a peer whose every replay collective enters ``delay_s`` late,
   on its own side of the communication path (FAULT-4).
 * :func:`faulty_kernel` -- every call of one torch function (by name, e.g. ``gelu``) has one
   bit of its output flipped, wherever it runs -- training, replay and canary alike: a kernel
   that miscomputes after a library or driver change. Injected on every rank it is common mode,
-  which no vote can see (FAULT-5, CANARY-*).
+  which no vote can see (FAULT-7, CANARY-*).
+
+A compute slowdown *computes*: it spins on the thread's CPU clock, so it costs CPU time like
+real work and is seen by replay's CPU-time clock on CPU devices (STRAG-1). A loop slowdown
+*waits* (it sleeps), like a rank blocked on I/O.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 import time
+from types import TracebackType
 from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.hooks import RemovableHandle
 
-from scout.replay.collectives import EntryHookHandle
+from scout.replay.collectives import EntryHookHandle, RunQueueDelay
 
 __all__ = [
+    "SlowLoop",
+    "SlowOps",
+    "compute_for",
     "faulty_kernel",
     "flip_output_bit",
     "flip_tensor_bit_",
@@ -95,32 +110,138 @@ def flip_output_bit(module: nn.Module, *, element: int = 0, bit: int = 20) -> Re
     return module.register_forward_hook(hook)
 
 
+def compute_for(cpu_s: float) -> None:
+    """Burn ``cpu_s`` seconds of this thread's CPU time (a slower device's extra work)."""
+    if cpu_s <= 0:
+        return
+    clock = time.thread_time
+    end = clock() + cpu_s
+    while clock() < end:
+        pass
+
+
 def slow_module(module: nn.Module, delay_s: float) -> RemovableHandle:
-    """Every call of ``module`` first sleeps ``delay_s`` (a compute straggler)."""
+    """Every call of ``module`` first computes for ``delay_s`` of CPU time (a compute
+    straggler)."""
     if not delay_s >= 0:
         raise ValueError(f"delay_s must be >= 0, got {delay_s}")
 
     def hook(_module: nn.Module, _args: Any) -> None:
-        time.sleep(delay_s)
+        compute_for(delay_s)
 
     return module.register_forward_pre_hook(hook)
 
 
 def slow_compute(replayer: Any, factor: float) -> RemovableHandle:
     """Every replay compute of ``replayer`` (this peer only) takes ``factor`` times its own
-    measured duration: after the work it sleeps ``(factor - 1)`` times the time measured, inside
-    the timed span (FAULT-3, proportional). ``factor`` 1 changes nothing."""
-    if not (factor >= 1 and math.isfinite(factor)):
-        raise ValueError(f"factor must be finite and >= 1, got {factor}")
+    measured duration: after the work it computes for ``(factor - 1)`` times the time measured
+    (on the replay clock), inside the timed span (FAULT-3, proportional). ``factor`` 1 changes
+    nothing."""
+    _check_factor(factor)
     add = getattr(replayer, "add_compute_hook", None)
     if add is None:
         raise TypeError(f"slow_compute needs a Replayer, got {type(replayer).__name__}")
 
     def hook(elapsed_s: float) -> None:
-        time.sleep((factor - 1.0) * elapsed_s)
+        compute_for((factor - 1.0) * elapsed_s)
 
     handle: RemovableHandle = add(hook)
     return handle
+
+
+def _check_factor(factor: float) -> float:
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)):
+        raise TypeError(f"factor must be a number, got {type(factor).__name__}")
+    if not (factor >= 1 and math.isfinite(factor)):
+        raise ValueError(f"factor must be finite and >= 1, got {factor}")
+    return float(factor)
+
+
+#: Operator namespaces SlowOps leaves alone: collectives (a slow device does not make its
+#: peers' messages slower) and profiler bookkeeping.
+_UNSLOWED_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional", "profiler"})
+
+
+class SlowOps(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """FAULT-5: a slow CPU device. While active (``with SlowOps(1.5):``, or ``enter()`` ...
+    ``exit()`` around a whole training loop), this process's thread computes ``factor``
+    times as long -- forward, backward, optimizer, replay: after each tensor operation it
+    dispatches, the thread computes for ``(factor - 1)`` times the CPU time it used since the
+    previous one ended (the operation, and the Python between operations, as on a slower
+    core). Collective operators are not slowed, nor is time spent blocked, nor a stretch of
+    more than ``gap_max_s`` of CPU without any operation (its extra time would be paid late,
+    inside whatever the next operation belongs to -- a collective's entry, say). ``operations``
+    counts the operations seen."""
+
+    def __init__(self, factor: float, *, gap_max_s: float = 200e-6) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.factor = _check_factor(factor)
+        if not gap_max_s >= 0:
+            raise ValueError(f"gap_max_s must be >= 0, got {gap_max_s}")
+        self.gap_max_s = gap_max_s
+        self.operations = 0
+        self._local = threading.local()  # per thread: CPU time when its last operation ended
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        result = func(*args, **(kwargs or {}))
+        if func.namespace in _UNSLOWED_NAMESPACES:
+            return result
+        clock = time.thread_time
+        now = clock()
+        last = getattr(self._local, "last", None)
+        if last is not None and self.factor > 1.0 and now - last <= self.gap_max_s:
+            compute_for((self.factor - 1.0) * (now - last))
+        self._local.last = clock()
+        self.operations += 1
+        return result
+
+    def enter(self) -> SlowOps:
+        """Activate the mode on this thread until :meth:`exit` (for loops that cannot be
+        wrapped in ``with``)."""
+        self.__enter__()  # type: ignore[no-untyped-call]
+        return self
+
+    def exit(self) -> None:
+        self.__exit__(None, None, None)  # type: ignore[no-untyped-call]
+
+
+class SlowLoop:
+    """FAULT-6: a block of the training loop (``with slow_loop:``) is followed by a wait of
+    ``factor - 1`` times its duration -- host-side time outside any module and any tensor
+    operation, like a data path that delivers batches slowly. The duration does not count
+    time the host kept the thread waiting for a CPU (run-queue delay, where Linux reports
+    it), as the loop timer does not (LOOP-1). ``waited_s`` sums the waits."""
+
+    def __init__(self, factor: float) -> None:
+        self.factor = _check_factor(factor)
+        self.waited_s = 0.0
+        self._started: tuple[float, float] | None = None
+        self._run_queue_delay = RunQueueDelay()
+
+    def __enter__(self) -> SlowLoop:
+        self._started = (time.perf_counter(), self._run_queue_delay())
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        started, self._started = self._started, None
+        if started is None or kind is not None:
+            return
+        wall_s = time.perf_counter() - started[0]
+        own_s = max(0.0, wall_s - (self._run_queue_delay() - started[1]))
+        wait_s = (self.factor - 1.0) * own_s
+        time.sleep(wait_s)
+        self.waited_s += wait_s
 
 
 def slow_communication(peers: Any, delay_s: float) -> EntryHookHandle:
@@ -168,7 +289,7 @@ class FaultyKernelHandle:
 
 
 def faulty_kernel(name: str, *, element: int = 0, bit: int = 20) -> FaultyKernelHandle:
-    """FAULT-5: from now on, in this process, every call of the torch function ``name`` (e.g.
+    """FAULT-7: from now on, in this process, every call of the torch function ``name`` (e.g.
     ``"gelu"``) returns its output with one bit flipped (gradients pass through)."""
     mode = _FaultyKernel(name, element, bit)
     mode.__enter__()  # type: ignore[no-untyped-call]

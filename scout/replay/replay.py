@@ -32,11 +32,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
+import statistics
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import attrs
 import torch
@@ -61,12 +63,11 @@ from scout.core.recipes import (
     decide_readiness,
 )
 from scout.core.straggler import (
-    ConfirmationState,
+    DEFAULT_SEQUENTIAL_CONFIG,
     Confirmed,
     Recovered,
-    confirmation_start,
-    confirmation_step,
-    round_from_verdict,
+    SequentialConfig,
+    check_evidence,
 )
 from scout.core.verdict import (
     DEFAULT_TIMING_CONFIG,
@@ -82,12 +83,14 @@ from scout.replay.collectives import PeerGroup
 from scout.replay.optimizer import OptimizerCapture, OptimizerSnapshot
 from scout.replay.rng import installed_rng_state
 from scout.replay.signature import structured_signature
+from scout.replay.stragglers import StragglerEvent, StragglerKind, StragglerTracker
 from scout.replay.tree import map_tensors, tensor_leaves
 from scout.transport.base import DeadlineExceeded, TransportError
 
 __all__ = ["RecipeModules", "ReplayConfig", "Replayer", "StepReport", "deterministic_algorithms"]
 
 logger = logging.getLogger("scout.replay")
+_Result = TypeVar("_Result")
 
 MODULE_EVIDENCE: tuple[EvidenceKind, ...] = (
     EvidenceKind.PARAMETERS,
@@ -107,12 +110,16 @@ _EVIDENCE_ORDER = tuple(EvidenceKind)
 # Fixed-size rows (READY-3, EVID-1): one slot per recipe class, whatever is due locally.
 _READINESS_SLOT = 3  # due flag, status, description digest
 _EVIDENCE_SLOT = 2 + len(_EVIDENCE_ORDER)  # status, compute microseconds, evidence...
-_COMMUNICATION_SLOT = 2  # COMM-1: entry and wait microseconds of the check's collectives so far
+# COMM-1: entry and wait microseconds of each of the check's collectives so far (a check makes
+# at most one readiness exchange and one broadcast per recipe class); -1 pads absent calls.
+_COMMUNICATION_CALLS = 1 + len(CLASS_ORDER)
+_COMMUNICATION_SLOT = 2 * _COMMUNICATION_CALLS
 READINESS_ROW_LENGTH = 1 + _READINESS_SLOT * len(CLASS_ORDER)
 EVIDENCE_ROW_LENGTH = _EVIDENCE_SLOT * len(CLASS_ORDER) + _COMMUNICATION_SLOT
 #: COMM-2: a peer's own time inside collectives is small; scheduler noise on a shared host is
 #: of the order of a millisecond, so communication rounds use a higher absolute floor.
 DEFAULT_COMMUNICATION_TIMING: Final = TimingConfig(absolute_floor_ms=5.0)
+TIMING_CLOCKS: Final = ("auto", "cpu", "wall")
 
 
 @attrs.frozen
@@ -127,7 +134,19 @@ class ReplayConfig:
     history_limit: int = 4096  # results kept for coverage queries
     timing: TimingConfig = DEFAULT_TIMING_CONFIG
     communication_timing: TimingConfig = DEFAULT_COMMUNICATION_TIMING  # COMM-2
-    straggler_rounds: int = 3  # STRAG-2: consecutive slow decided rounds to confirm
+    # STRAG-1: untimed warm-up runs, then timed repetitions of each replay; the check's compute
+    # time is the median of the repetitions (the first run gives the evidence either way), on
+    # the clock ``timing_clock`` picks: "auto" (CPU time on a CPU, device-synchronised wall
+    # time on an accelerator), "cpu" or "wall".
+    timing_warmup_runs: int = 1
+    timing_repetitions: int = 3
+    timing_clock: str = "auto"
+    straggler: SequentialConfig = DEFAULT_SEQUENTIAL_CONFIG  # STRAG-4: the sequential test
+    # STRAG-2: added to every compute time and centre of a log ratio: differences well below
+    # it (the clocks' jitter) carry almost no evidence. Communication evidence uses
+    # communication_timing's absolute floor.
+    device_floor_ms: float = 0.1
+    straggler_trail_checks: int = 16  # STRAG-21: checks of evidence a report carries
     replay_rows: int = 0  # CAP-8: replay the first rows of the captured batch (0: all of it)
 
     def __attrs_post_init__(self) -> None:
@@ -145,8 +164,27 @@ class ReplayConfig:
             )
         if self.history_limit < 1:
             raise ValueError(f"history_limit must be >= 1, got {self.history_limit}")
-        if self.straggler_rounds < 1:
-            raise ValueError(f"straggler_rounds must be >= 1, got {self.straggler_rounds}")
+        if self.timing_warmup_runs < 0:
+            raise ValueError(f"timing_warmup_runs must be >= 0, got {self.timing_warmup_runs}")
+        if self.timing_repetitions < 1:
+            raise ValueError(
+                f"timing_repetitions must be >= 1 (the replay that gives the evidence), got "
+                f"{self.timing_repetitions}"
+            )
+        if self.timing_clock not in TIMING_CLOCKS:
+            raise ValueError(
+                f"timing_clock must be one of {', '.join(TIMING_CLOCKS)}, got {self.timing_clock!r}"
+            )
+        if not isinstance(self.straggler, SequentialConfig):
+            raise TypeError(
+                f"straggler must be a SequentialConfig, got {type(self.straggler).__name__}"
+            )
+        if not (math.isfinite(self.device_floor_ms) and self.device_floor_ms >= 0):
+            raise ValueError(f"device_floor_ms must be a finite number >= 0, got {self.device_floor_ms}")
+        if self.straggler_trail_checks < 1:
+            raise ValueError(
+                f"straggler_trail_checks must be >= 1, got {self.straggler_trail_checks}"
+            )
 
 
 _HIDDEN_PATHS = ("layers", "model.layers", "transformer.h", "transformer.layers", "blocks", "h")
@@ -239,14 +277,27 @@ class StepReport:
     collective_ms: float  # this peer's time inside replay collectives this step (entry + wait)
     capture_bytes: int  # bytes held by captures when the check began
     errors: tuple[str, ...] = ()
-    stragglers: tuple[Confirmed | Recovered, ...] = ()  # STRAG-4 reports of this step (compute)
-    confirmed_stragglers: frozenset[int] = frozenset()  # peer positions confirmed now (compute)
+    # STRAG-4: the device (replay compute) sequential test's reports of this step, as the
+    # machine's effects, and the peer positions confirmed now.
+    stragglers: tuple[Confirmed | Recovered, ...] = ()
+    confirmed_stragglers: frozenset[int] = frozenset()
     # COMM-1..COMM-3: every peer's own communication time (ms, by position) in the collectives
-    # before the evidence exchange, its timing verdict, and the confirmation machine's reports.
+    # before the evidence exchange, its timing verdict, and the communication test's reports.
     communication_ms: tuple[float, ...] = ()
     communication: Verdict | None = None
     communication_stragglers: tuple[Confirmed | Recovered, ...] = ()
     confirmed_communication_stragglers: frozenset[int] = frozenset()
+    # STRAG-1: every peer's compute time per recipe (ms, by position, from the evidence rows;
+    # MISSING where its replay did not complete) and this peer's timed repetitions (ms).
+    peer_compute_ms: dict[str, tuple[Any, ...]] = attrs.Factory(dict)
+    repetitions_ms: dict[str, tuple[float, ...]] = attrs.Factory(dict)
+    # STRAG-2: each peer's log time ratio to the centre this check, by kind ("device",
+    # "communication"); None where the check said nothing about it.
+    evidence: dict[str, tuple[float | None, ...]] = attrs.Factory(dict)
+    # STRAG-21: confirmations and recoveries of this step with what their reports need, and
+    # every peer's performance ratio (median over its trail) by kind.
+    straggler_events: tuple[StragglerEvent, ...] = ()
+    performance_ratios: dict[str, tuple[float | None, ...]] = attrs.Factory(dict)
 
 
 class NondeterministicReplay(RuntimeError):
@@ -284,7 +335,26 @@ class _Local:
     status: ReplayStatus
     digest: int
     evidence: dict[EvidenceKind, int] = attrs.Factory(dict)
-    compute_s: float = 0.0
+    compute_s: float = 0.0  # STRAG-1: median of the timed repetitions
+    repetitions_s: tuple[float, ...] = ()  # every timed repetition
+
+
+@attrs.frozen
+class _Exchanged:
+    """What one check's exchanges and replays produced (recipe ids as strings)."""
+
+    results: tuple[RecipeResult, ...]
+    timing: dict[str, Verdict]  # timing verdict over the peers' compute times, per recipe
+    compute_ms: dict[str, float]  # this peer's compute time per recipe
+    communication_ms: tuple[float, ...]  # COMM-2: every peer's own communication time
+    peer_compute_ms: dict[str, tuple[Any, ...]]  # every peer's compute time per recipe (or MISSING)
+    repetitions_ms: dict[str, tuple[float, ...]]  # this peer's timed repetitions per recipe
+
+
+def _effects(
+    events: Sequence[StragglerEvent], kind: StragglerKind
+) -> tuple[Confirmed | Recovered, ...]:
+    return tuple(event.effect for event in events if event.kind is kind)
 
 
 def _synchronize(device: torch.device) -> None:
@@ -348,11 +418,18 @@ class Replayer:
         self.results: deque[RecipeResult] = deque(maxlen=self.config.history_limit)
         self.disabled_reason: str | None = None
         self._schedule_digest = structured_signature(self.schedule.describe())
-        self.stragglers: ConfirmationState = confirmation_start(
-            peers.size, self.config.straggler_rounds
+        # STRAG-4, COMM-2: one sequential test per kind of evidence over this group.
+        self.stragglers = StragglerTracker(
+            StragglerKind.DEVICE,
+            peers.ranks,
+            self.config.straggler,
+            self.config.straggler_trail_checks,
         )
-        self.communication_stragglers: ConfirmationState = confirmation_start(
-            peers.size, self.config.straggler_rounds
+        self.communication_stragglers = StragglerTracker(
+            StragglerKind.COMMUNICATION,
+            peers.ranks,
+            self.config.straggler,
+            self.config.straggler_trail_checks,
         )
         if (
             self.config.deterministic
@@ -480,7 +557,9 @@ class Replayer:
             timer.take()
         locals_ = [self._prepare(d) for d in due]
         try:
-            results, timing, compute_ms, communication_ms = self._exchange_and_replay(step, locals_)
+            exchanged = self._exchange_and_replay(step, locals_)
+            results, timing, compute_ms = exchanged.results, exchanged.timing, exchanged.compute_ms
+            communication_ms = exchanged.communication_ms
         except TransportError as exc:  # a deadline, or a group the binding marked unusable
             kind = "deadline" if isinstance(exc, DeadlineExceeded) else "transport failure"
             self.disabled_reason = f"{kind} at step {step}: {exc}"
@@ -489,19 +568,27 @@ class Replayer:
             return StepReport(step, results, {}, {}, 0.0, capture_bytes, (str(exc),))
         collective_ms = timer.take().total_s * 1e3 if timer is not None else 0.0
         self.results.extend(results)
-        reports: list[Confirmed | Recovered] = []
-        for name in sorted(timing, key=lambda n: RecipeId.parse(n)):
-            self.stragglers, effects = confirmation_step(
-                self.stragglers, round_from_verdict(timing[name])
-            )
-            reports += effects
+        # STRAG-2..STRAG-4: one check of evidence per kind; each single comparison is the
+        # timing verdict already taken (per recipe; over the communication times).
+        device_evidence = check_evidence(
+            exchanged.peer_compute_ms,
+            timing,
+            self.config.device_floor_ms,
+            self.peers.size,
+        )
+        events = list(self.stragglers.observe(step, device_evidence))
+        evidence = {StragglerKind.DEVICE.value: device_evidence}
         communication: Verdict | None = None
-        communication_reports: tuple[Confirmed | Recovered, ...] = ()
-        if communication_ms:  # COMM-2: one round per check that exchanged evidence
+        if communication_ms:  # COMM-2: one check per step that exchanged evidence
             communication = classify_timing(communication_ms, self.config.communication_timing)
-            self.communication_stragglers, communication_reports = confirmation_step(
-                self.communication_stragglers, round_from_verdict(communication)
+            communication_evidence = check_evidence(
+                {"communication": communication_ms},
+                {"communication": communication},
+                self.config.communication_timing.absolute_floor_ms,
+                self.peers.size,
             )
+            evidence[StragglerKind.COMMUNICATION.value] = communication_evidence
+            events += self.communication_stragglers.observe(step, communication_evidence)
         return StepReport(
             step,
             results,
@@ -509,12 +596,20 @@ class Replayer:
             compute_ms,
             collective_ms,
             capture_bytes,
-            stragglers=tuple(reports),
+            stragglers=_effects(events, StragglerKind.DEVICE),
             confirmed_stragglers=self.stragglers.confirmed,
             communication_ms=communication_ms,
             communication=communication,
-            communication_stragglers=communication_reports,
+            communication_stragglers=_effects(events, StragglerKind.COMMUNICATION),
             confirmed_communication_stragglers=self.communication_stragglers.confirmed,
+            peer_compute_ms=exchanged.peer_compute_ms,
+            repetitions_ms=exchanged.repetitions_ms,
+            evidence=evidence,
+            straggler_events=tuple(events),
+            performance_ratios={
+                StragglerKind.DEVICE.value: self.stragglers.performance_ratios(),
+                StragglerKind.COMMUNICATION.value: self.communication_stragglers.performance_ratios(),
+            },
         )
 
     def _prepare(self, due: DueRecipe) -> _Local:
@@ -540,9 +635,7 @@ class Replayer:
         digest = structured_signature(("scout-replay-readiness", 1, due.step, description))
         return _Local(due, record, status, digest)
 
-    def _exchange_and_replay(
-        self, step: int, locals_: list[_Local]
-    ) -> tuple[tuple[RecipeResult, ...], dict[str, Verdict], dict[str, float], tuple[float, ...]]:
+    def _exchange_and_replay(self, step: int, locals_: list[_Local]) -> _Exchanged:
         by_class = {local.due.recipe.recipe_class: local for local in locals_}
         if self.peers.size == 1:
             rows = [self._readiness_row(by_class)]
@@ -572,6 +665,11 @@ class Replayer:
             self._replay(local)
         timing: dict[str, Verdict] = {}
         compute_ms = {str(local.due.recipe): local.compute_s * 1e3 for local in proceeding}
+        repetitions_ms = {
+            str(local.due.recipe): tuple(t * 1e3 for t in local.repetitions_s)
+            for local in proceeding
+        }
+        peer_compute_ms: dict[str, tuple[Any, ...]] = {}
         communication_ms: tuple[float, ...] = ()
         if proceeding:
             mine = self._evidence_row(proceeding)
@@ -592,11 +690,17 @@ class Replayer:
                     for kind in kinds
                 }
                 results[recipe_class] = combine_evidence(local.due.recipe, step, statuses, evidence)
-                timing[str(local.due.recipe)] = classify_timing(
-                    [row[slot + 1] / 1e3 for row in evidence_rows], self.config.timing
+                # STRAG-3: a peer whose replay did not complete has no compute time.
+                times_ms = tuple(
+                    row[slot + 1] / 1e3 if row[slot] == int(ReplayStatus.OK) else MISSING
+                    for row in evidence_rows
                 )
+                peer_compute_ms[str(local.due.recipe)] = times_ms
+                timing[str(local.due.recipe)] = classify_timing(times_ms, self.config.timing)
         ordered = tuple(results[c] for c in CLASS_ORDER if c in results)
-        return ordered, timing, compute_ms, communication_ms
+        return _Exchanged(
+            ordered, timing, compute_ms, communication_ms, peer_compute_ms, repetitions_ms
+        )
 
     def _readiness_row(self, by_class: dict[RecipeClass, _Local]) -> list[int]:
         row = [self._schedule_digest]
@@ -615,8 +719,10 @@ class Replayer:
                 row[slot + 2 + _EVIDENCE_ORDER.index(kind)] = value
         timer = getattr(self.peers, "timer", None)
         if timer is not None:  # COMM-1: the readiness exchange and broadcasts of this check
-            so_far = timer.peek()
-            row[-_COMMUNICATION_SLOT:] = [round(so_far.entry_s * 1e6), round(so_far.wait_s * 1e6)]
+            calls = [-1] * _COMMUNICATION_SLOT
+            for index, (entry_s, wait_s) in enumerate(timer.peek().calls[:_COMMUNICATION_CALLS]):
+                calls[2 * index : 2 * index + 2] = [round(entry_s * 1e6), round(wait_s * 1e6)]
+            row[-_COMMUNICATION_SLOT:] = calls
         return row
 
     # ----------------------------------------------------------------------------------------
@@ -640,10 +746,15 @@ class Replayer:
 
             def run_optimizer() -> dict[EvidenceKind, int]:
                 inputs = record.local_evidence()
-                started = time.perf_counter()
-                with deterministic_algorithms(self.config.deterministic):
-                    updated = optimizer.replay(record)
-                local.compute_s = self._measured(started)
+
+                def run() -> int:
+                    with deterministic_algorithms(self.config.deterministic):
+                        return optimizer.replay(record)
+
+                device = (
+                    record.segments[0].parameter.device if record.segments else torch.device("cpu")
+                )
+                updated, local.compute_s, local.repetitions_s = self._timed(device, run)
                 return {EvidenceKind.INPUT: inputs, EvidenceKind.UPDATED: updated}
 
             self._guarded(local, run_optimizer)
@@ -656,19 +767,57 @@ class Replayer:
         self._guarded(local, lambda: self._replay_module(local, module, record))
 
     def add_compute_hook(self, hook: Callable[[float], None]) -> RemovableHandle:
-        """Call ``hook(elapsed_s)`` at the end of every replay compute, inside its timed span,
-        with the time measured so far (opt-in, for faults: FAULT-3's ``slow_compute``)."""
+        """Call ``hook(elapsed_s)`` at the end of every timed replay repetition, inside its
+        timed span, with the time measured so far on the replay clock (STRAG-1; opt-in, for
+        faults: FAULT-3's ``slow_compute``)."""
         handle = RemovableHandle(self._compute_hooks)
         self._compute_hooks[handle.id] = hook
         return handle
 
-    def _measured(self, started: float) -> float:
-        """STRAG-1: this peer's replay compute time since ``started``, compute hooks included."""
+    def _timed(
+        self, device: torch.device, run: Callable[[], _Result]
+    ) -> tuple[_Result, float, tuple[float, ...]]:
+        """STRAG-1: ``timing_warmup_runs`` untimed runs, then ``timing_repetitions`` timed ones
+        (device synchronised around each); returns the first run's result (the evidence), the
+        median of the timed runs (the check's compute time, s) and every timed run (s).
+
+        The first run is a warm-up (caches, allocator, lazy initialisation) whose time says
+        more about the host than about the device; the median of the repetitions ignores one
+        run in three that a descheduled thread or a page fault lengthened."""
+        warmup, repetitions = self.config.timing_warmup_runs, self.config.timing_repetitions
+        first: _Result | None = None
+        times: list[float] = []
+        for index in range(warmup + repetitions):
+            clock = self._clock(device)
+            _synchronize(device)
+            started = clock()
+            result = run()
+            _synchronize(device)
+            if index >= warmup:
+                times.append(self._measured(clock, started))
+            if index == 0:
+                first = result
+        assert first is not None  # repetitions >= 1 (ReplayConfig)
+        return first, statistics.median(times), tuple(times)
+
+    def _clock(self, device: torch.device) -> Callable[[], float]:
+        """STRAG-1: the clock of replay compute times. ``auto``: on a CPU the replaying
+        thread's CPU time -- the CPU is the device, and time the host gave its core to another
+        process is host contention, not device speed; on an accelerator the wall clock
+        between device synchronisations."""
+        mode = self.config.timing_clock
+        if mode == "cpu" or (mode == "auto" and device.type == "cpu"):
+            return time.thread_time
+        return time.perf_counter
+
+    def _measured(self, clock: Callable[[], float], started: float) -> float:
+        """STRAG-1: this peer's replay compute time since ``started`` on ``clock``, compute
+        hooks included (they run inside the timed span, on the same clock)."""
         if self._compute_hooks:
-            elapsed = time.perf_counter() - started
+            elapsed = clock() - started
             for hook in tuple(self._compute_hooks.values()):
                 hook(elapsed)
-        return time.perf_counter() - started
+        return clock() - started
 
     def _guarded(self, local: _Local, work: Any) -> None:
         if local.status is not ReplayStatus.OK:
@@ -722,27 +871,32 @@ class Replayer:
         buffers = {name: b.detach().clone() for name, b in own_buffers.items()}
         trainable = [(n, p) for n, p in parameters.items() if p.requires_grad]
         device = next(iter(parameters.values())).device if parameters else torch.device("cpu")
-        _synchronize(device)
-        started = time.perf_counter()
-        with (
-            self._capture.suspended(),
-            installed_rng_state(capture.rng),
-            deterministic_algorithms(self.config.deterministic),
-            capture.autocast.context(),
-            torch.enable_grad(),
-        ):
-            substitutes = {prefix + name: t for name, t in {**parameters, **buffers}.items()}
-            output = functional_call(target, substitutes, tuple(args), kwargs, strict=bool(prefix))
-            outputs = [o for o in tensor_leaves(output) if o.requires_grad]
-            targets = grad_inputs + [p for _, p in trainable]
-            gradients: Sequence[torch.Tensor | None] = ()
-            if outputs and targets:
-                cotangents = [self._cotangent(o, index) for index, o in enumerate(outputs)]
-                gradients = torch.autograd.grad(
-                    outputs, targets, cotangents, allow_unused=True, materialize_grads=False
+        substitutes = {prefix + name: t for name, t in {**parameters, **buffers}.items()}
+        targets = grad_inputs + [p for _, p in trainable]
+
+        def run() -> tuple[Any, Sequence[torch.Tensor | None]]:
+            # One forward and backward on the isolated copies; every run installs the captured
+            # RNG state, so the warm-up and the repetitions draw the same dropout masks.
+            with (
+                self._capture.suspended(),
+                installed_rng_state(capture.rng),
+                deterministic_algorithms(self.config.deterministic),
+                capture.autocast.context(),
+                torch.enable_grad(),
+            ):
+                output = functional_call(
+                    target, substitutes, tuple(args), kwargs, strict=bool(prefix)
                 )
-        _synchronize(device)
-        local.compute_s = self._measured(started)
+                outputs = [o for o in tensor_leaves(output) if o.requires_grad]
+                gradients: Sequence[torch.Tensor | None] = ()
+                if outputs and targets:
+                    cotangents = [self._cotangent(o, index) for index, o in enumerate(outputs)]
+                    gradients = torch.autograd.grad(
+                        outputs, targets, cotangents, allow_unused=True, materialize_grads=False
+                    )
+            return output, gradients
+
+        (output, gradients), local.compute_s, local.repetitions_s = self._timed(device, run)
         gradients = list(gradients) or [None] * len(targets)
         evidence[EvidenceKind.OUTPUT] = structured_signature(
             map_tensors(lambda t: t.detach(), output)
@@ -790,15 +944,31 @@ def _module_state_signature(module: nn.Module) -> int:
     )
 
 
-def own_communication_ms(entry_wait_us: Sequence[Sequence[int]]) -> tuple[float, ...]:
-    """COMM-2: each peer's own communication time in ms from its ``(entry_us, wait_us)``.
+def own_communication_ms(calls_us: Sequence[Sequence[int]]) -> tuple[float, ...]:
+    """COMM-2: each peer's own communication time in ms for one check.
 
-    The peers of one collective return at about the same moment, so a peer's wait beyond the
-    shortest wait in the group is time spent waiting for a later peer, not communicating:
-    own = entry + min(wait). A peer whose side of the path is slow has a long entry and the
-    shortest wait; the peers waiting for it have a long wait, not a long entry.
+    ``calls_us[p]`` is peer ``p``'s ``entry_us, wait_us`` of each collective of the check, in
+    call order, flattened (``-1`` pads absent calls). The peers of one collective return at
+    about the same moment, so a peer's wait beyond the shortest wait in the group is time
+    spent waiting for a later peer, not communicating: per call, own = entry + min(wait). A
+    peer whose side of the path is slow has a long entry and the shortest wait; the peers
+    waiting for it have a long wait, not a long entry. A peer's value for the check is its
+    smallest own time over the calls every peer made: a slow side of the path slows every
+    call, a descheduled thread one of them.
     """
-    if not entry_wait_us:
+    if not calls_us:
         return ()
-    shared_us = min(wait for _, wait in entry_wait_us)
-    return tuple((entry + shared_us) / 1e3 for entry, _ in entry_wait_us)
+    pairs = [list(zip(row[0::2], row[1::2], strict=True)) for row in calls_us]
+    common = min(
+        next((i for i, (entry, _) in enumerate(row) if entry < 0), len(row)) for row in pairs
+    )
+    if common == 0:
+        return ()
+    own = []
+    for row in pairs:
+        per_call = []
+        for index in range(common):
+            shared_us = min(peer[index][1] for peer in pairs)
+            per_call.append((row[index][0] + shared_us) / 1e3)
+        own.append(min(per_call))
+    return tuple(own)

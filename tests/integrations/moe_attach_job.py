@@ -5,7 +5,7 @@ tests/integrations/test_moe_attach.py. Usage:
         --checkpoint-dir C [--common-mode-step S]
 
 scout is configured by SCOUT_* environment variables (moe_catalog, canary, ...). With
-``--common-mode-step S`` every rank's gelu miscomputes one bit from step S on (FAULT-5).
+``--common-mode-step S`` every rank's gelu miscomputes one bit from step S on (FAULT-7).
 """
 
 from __future__ import annotations

@@ -110,7 +110,7 @@ class _Stack(torch.nn.Module):
 def canary_common_mode(rank: int, world: int, *, fault_step: int = 5, cycles: int = 4,
                        with_canary: bool = True) -> dict[str, Any]:
     """Data parallel over the world; replay votes among all ranks. From ``fault_step`` on,
-    every rank's gelu miscomputes one bit (FAULT-5): common mode. Rank 0 runs the gate with the
+    every rank's gelu miscomputes one bit (FAULT-7): common mode. Rank 0 runs the gate with the
     canary in its catalog (or without, ``with_canary=False``: what the vote alone certifies)."""
     torch.manual_seed(7)
     model = _Stack()

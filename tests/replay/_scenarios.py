@@ -7,6 +7,7 @@ dropout, output head) trained with DDP over gloo on CPU. Faults are injected wit
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from typing import Any
@@ -122,10 +123,11 @@ def train(
     intervals_override: dict[str, Any] | None = None,
     slow_rank: dict[str, Any] | None = None,
     slow_communication: dict[str, Any] | None = None,
-    slow_factor: dict[str, Any] | None = None,
     batch: int = BATCH,
     binding: bool = False,
     check_isolation: bool = False,
+    replay_options: dict[str, Any] | None = None,
+    record_timings: bool = False,
 ) -> dict[str, Any]:
     """Train ``steps`` steps with replay; inject the requested faults on their ranks."""
     torch.manual_seed(0)
@@ -137,6 +139,7 @@ def train(
     config = ReplayConfig(
         intervals=Intervals(**(intervals or {})),
         max_capture_bytes=1 if rank == tiny_capture_rank else 256 * 2**20,
+        **(replay_options or {}),
     )
     peers: Any
     if binding:  # the project's torch binding, over a process group of replay's own
@@ -157,8 +160,6 @@ def train(
             faults.slow_module(layer, slow_rank["delay_s"])
     if slow_communication and rank == slow_communication["rank"]:
         faults.slow_communication(peers, slow_communication["delay_s"])
-    if slow_factor and rank == slow_factor["rank"]:
-        faults.slow_compute(replayer, slow_factor["factor"])
     results: list[dict[str, Any]] = []
     stragglers: list[list[Any]] = []
     confirmed: list[list[int]] = []
@@ -168,6 +169,7 @@ def train(
     capture_bytes = []
     errors: list[str] = []
     communication: list[dict[str, Any]] = []
+    timings: list[dict[str, Any]] = []
     for step in range(1, steps + 1):
         length = SEQUENCE
         if short_batch and rank == short_batch["rank"] and step == short_batch["step"]:
@@ -187,6 +189,13 @@ def train(
         collective_ms.append(report.collective_ms)
         capture_bytes.append(report.capture_bytes)
         errors += list(report.errors)
+        if record_timings:
+            timings.append(
+                {
+                    "peers": {k: list(v) for k, v in report.peer_compute_ms.items()},
+                    "repetitions": {k: list(v) for k, v in report.repetitions_ms.items()},
+                }
+            )
         stragglers.append([[type(e).__name__, e.peer] for e in report.stragglers])
         confirmed.append(sorted(report.confirmed_stragglers))
         verdict = report.communication
@@ -218,6 +227,7 @@ def train(
         "stragglers": stragglers,
         "confirmed_stragglers": confirmed,
         "communication": communication,
+        "timings": timings,
         "disabled_reason": replayer.disabled_reason,
         "coverage_pending": [str(r) for r in coverage.pending],
         "final_loss": float(loss.detach()),
@@ -298,4 +308,128 @@ def train_hsdp(
         "isolation_ok": isolation_ok,
         "disabled_reason": replayer.disabled_reason,
         "final_loss": float(loss.detach()),
+    }
+
+
+def _event_dict(event: Any) -> dict[str, Any]:
+    return {
+        "kind": event.kind.value,
+        "change": event.change,
+        "reason": event.reason,
+        "step": event.step,
+        "peer": event.peer,
+        "rank": event.rank,
+        "ratio": event.performance_ratio,
+        "checks": event.checks,
+    }
+
+
+def _active(fault: dict[str, Any] | None, rank: int, step: int) -> bool:
+    return (
+        fault is not None
+        and rank == fault["rank"]
+        and fault.get("from_step", 1) <= step < fault.get("until_step", 1 << 30)
+    )
+
+
+def train_stragglers(
+    rank: int,
+    world: int,
+    *,
+    steps: int,
+    check_every: int = 2,
+    loop_check_every: int | None = None,
+    device_slow: dict[str, Any] | None = None,
+    loop_slow: dict[str, Any] | None = None,
+    batch: int = 16,
+    width: int = WIDTH,
+    record: bool = True,
+) -> dict[str, Any]:
+    """DDP training with replay and the loop timer (LOOP-1..LOOP-4), checks every
+    ``check_every`` steps. ``device_slow``: {"rank", "factor", "from_step", "until_step"}: every
+    tensor operation of that rank computes ``factor`` times as long (FAULT-5) in those steps;
+    every rank runs the same dispatch mode (factor 1 when healthy), so its own cost is the same
+    everywhere. ``loop_slow``: the same keys; that rank's loop body is followed by a wait of
+    ``factor - 1`` times its duration (FAULT-6)."""
+    import time
+
+    from scout.replay.arrival import LoopConfig, LoopTimer
+
+    torch.manual_seed(0)
+    model = TinyLM()
+    ddp = DistributedDataParallel(model)
+    optimizer = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
+    every = {"embedding_steps": 0, "hidden_steps": check_every, "output_steps": 0}
+    config = ReplayConfig(intervals=Intervals(optimizer_steps=check_every, **every))
+    peers = TorchPeerGroup(timeout_s=60.0)
+    replayer = Replayer(ddp, optimizer, peers, config, RecipeModules.discover(ddp))
+    loop = LoopTimer(peers, LoopConfig(check_every_steps=loop_check_every or check_every))
+
+    def hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP checks the annotations
+        entry = time.monotonic_ns()
+        tensor = bucket.buffer().div_(world)
+        future = dist.all_reduce(tensor, async_op=True).get_future()
+
+        def done(completed: Any) -> Any:
+            loop.collective(entry, time.monotonic_ns())
+            return completed.value()[0]
+
+        return future.then(done)
+
+    ddp.register_comm_hook(None, hook)
+    slow_ops = faults.SlowOps(1.0).enter()
+    slow_loop = faults.SlowLoop(loop_slow["factor"] if loop_slow else 1.0)
+    checks: list[dict[str, Any]] = []
+    events: list[dict[str, Any]] = []
+    body_cpu_ms: list[float] = []
+    try:
+        for step in range(1, steps + 1):
+            slow_ops.factor = device_slow["factor"] if _active(device_slow, rank, step) else 1.0
+            loop.begin_step()
+            cpu_started = time.thread_time()
+            with contextlib.ExitStack() as stack:
+                if _active(loop_slow, rank, step):
+                    stack.enter_context(slow_loop)
+                tokens = _batch(rank, step, SEQUENCE, batch)
+                logits = ddp(tokens[:, :-1])
+                loss = F.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+            body_cpu_ms.append((time.thread_time() - cpu_started) * 1e3)
+            loop_check = loop.end_step(step)
+            report = replayer.after_optimizer_step()
+            found = list(report.straggler_events)
+            if loop_check is not None:
+                found += list(loop_check.events)
+            events += [_event_dict(e) for e in found]
+            if record and (report.evidence or loop_check is not None):
+                checks.append(
+                    {
+                        "step": step,
+                        "device": list(report.evidence.get("device", ())),
+                        "communication": list(report.evidence.get("communication", ())),
+                        "loop": list(loop_check.evidence) if loop_check else [],
+                        "loop_ms": list(loop_check.loop_ms) if loop_check else [],
+                        "compute_ms": {k: list(v) for k, v in report.peer_compute_ms.items()},
+                        "confirmed": {
+                            "device": sorted(report.confirmed_stragglers),
+                            "communication": sorted(report.confirmed_communication_stragglers),
+                            "loop": sorted(loop_check.confirmed) if loop_check else [],
+                        },
+                    }
+                )
+    finally:
+        slow_ops.exit()
+    replayer.close()
+    dist.barrier()
+    return {
+        "checks": checks,
+        "events": events,
+        "body_cpu_ms": body_cpu_ms,
+        "errors": [],
+        "results": [],
+        "disabled_reason": replayer.disabled_reason,
+        "loop_disabled_reason": loop.disabled_reason,
+        "operations": slow_ops.operations,
     }

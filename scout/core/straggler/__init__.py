@@ -1,35 +1,48 @@
-"""Stragglers: the per-peer confirmation machine (table ``spec/straggler.toml``; values in
-:mod:`.model`, actions in :mod:`.machine`), confirmation over a group's timing rounds
+"""Stragglers: the per-peer sequential test (table ``spec/straggler.toml``; values in
+:mod:`.model`, actions in :mod:`.machine`), evidence and confirmation over a group's checks
 (:mod:`.confirmation`) and cross-group localization (:mod:`.localize`)."""
 
 from scout.core.straggler.confirmation import (
+    DEFAULT_SEQUENTIAL_CONFIG,
     ConfirmationState,
-    Round,
+    SequentialConfig,
+    check_evidence,
     confirmation_start,
     confirmation_step,
-    round_from_verdict,
+    log_ratio,
     straggler_machine,
 )
 from scout.core.straggler.localize import (
     GroupObservation,
+    GroupTiming,
     Localization,
     LocalizationStatus,
+    family_observations,
     localize,
+    localize_hosts,
+    localize_live,
 )
-from scout.core.straggler.model import Confirmed, Recovered, StragglerState
+from scout.core.straggler.model import Confirmed, Recovered, StragglerState, TestBounds
 
 __all__ = [
+    "DEFAULT_SEQUENTIAL_CONFIG",
     "ConfirmationState",
     "Confirmed",
     "GroupObservation",
+    "GroupTiming",
     "Localization",
     "LocalizationStatus",
     "Recovered",
-    "Round",
+    "SequentialConfig",
     "StragglerState",
+    "TestBounds",
+    "check_evidence",
     "confirmation_start",
     "confirmation_step",
+    "family_observations",
     "localize",
-    "round_from_verdict",
+    "localize_hosts",
+    "localize_live",
+    "log_ratio",
     "straggler_machine",
 ]

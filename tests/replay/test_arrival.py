@@ -1,0 +1,169 @@
+"""Loop stragglers from arrival at the step's collectives (spec/replay.md LOOP-1..LOOP-4), in
+one process: a scripted peer group and a scripted clock. The 4-process runs are in
+test_replay_distributed.py."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import pytest
+
+from scout.core.straggler import SequentialConfig
+from scout.replay.arrival import LOOP_ROW_LENGTH, LoopConfig, LoopTimer
+from scout.transport.base import DeadlineExceeded
+
+Rows = list[list[int]]
+MS = 1_000_000  # ns
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now_ns = 0
+
+    def __call__(self) -> int:
+        return self.now_ns
+
+
+class LoopPeers:
+    """Four peers: this process is position 0; the others' rows are ``others(row)``."""
+
+    def __init__(self, others: list[list[int]] | None = None, fail: bool = False) -> None:
+        self.size = 4
+        self.position = 0
+        self.ranks = (10, 11, 12, 13)
+        self.others = others
+        self.fail = fail
+        self.rows: list[Sequence[int]] = []
+
+    def all_gather_int64(self, row: Sequence[int]) -> Rows:
+        self.rows.append(list(row))
+        if self.fail:
+            raise DeadlineExceeded("replay all_gather", 1.0, ())
+        others = self.others or [list(row)] * 3
+        return [list(row), *[list(o) for o in others]]
+
+    def broadcast_(self, tensors: object, source_position: int) -> None:
+        raise AssertionError("the loop timer only gathers")
+
+
+def _timer(peers: LoopPeers, clock: Clock, **config: int) -> LoopTimer:
+    """A loop timer on the scripted clock, with no run-queue delay (LOOP-1)."""
+    return LoopTimer(peers, LoopConfig(**config), clock_ns=clock, run_queue_delay_s=lambda: 0.0)
+
+
+def _step(timer: LoopTimer, clock: Clock, step: int, body_ms: float, wait_ms: float) -> object:
+    """A loop body of ``body_ms`` whose longest collective waited ``wait_ms``."""
+    timer.begin_step()
+    start = clock.now_ns
+    clock.now_ns += round((body_ms - wait_ms) * MS)
+    entry = clock.now_ns
+    clock.now_ns += round(wait_ms * MS)
+    timer.collective(entry, clock.now_ns)
+    timer.collective(start, start + MS)  # a shorter one: only the longest counts
+    return timer.end_step(step)
+
+
+def test_LOOP_1_LOOP_2_a_check_sends_the_median_loop_time_in_one_fixed_size_row() -> None:
+    clock, peers = Clock(), LoopPeers()
+    timer = _timer(peers, clock, check_every_steps=4, warmup_steps=1)
+    results = [
+        _step(timer, clock, step, 30.0, wait) for step, wait in enumerate((9, 10, 20, 12), 1)
+    ]
+    assert results[:3] == [None, None, None]
+    (row,) = peers.rows
+    assert len(row) == LOOP_ROW_LENGTH
+    # Step 1 is warm-up; loop = body - longest wait: 20, 10, 18 ms -> median 18 ms.
+    assert row == [4, 3, 18_000, 30_000, 12_000]
+    check = results[3]
+    assert check is not None and check.loop_ms == (18.0,) * 4 and check.period_ms == (30.0,) * 4
+    assert check.evidence == (0.0,) * 4 and not check.events and check.reason is None
+
+
+def _loop_rows(step: int, loop_ms: Sequence[float]) -> list[list[int]]:
+    return [[step, 5, round(ms * 1000), 40_000, 10_000] for ms in loop_ms]
+
+
+def test_LOOP_3_the_rank_the_others_wait_for_is_confirmed_loop_slow_and_recovers_once() -> None:
+    clock, peers = Clock(), LoopPeers()
+    timer = _timer(peers, clock, check_every_steps=1, warmup_steps=0)
+    events = []
+    for step in range(1, 25):
+        slow = step <= 8
+        # This rank (position 0) does 20 ms of loop work; peer 2 does 30 ms while it is slow.
+        peers.others = _loop_rows(step, (20.2, 30.0 if slow else 20.1, 19.9))
+        check = _step(timer, clock, step, 40.0, 20.0)
+        assert check is not None
+        events += [(e.step, e.rank, e.reason) for e in check.events]
+    # 1.5x is beyond the clip: 4 checks confirm (STRAG-12); 7 checks on par recover it.
+    assert events == [(4, 12, "loop-slow"), (15, 12, "recovered-loop-slow")]
+    assert check.performance_ratios[2] == pytest.approx(1.0, abs=0.02)
+
+
+def test_LOOP_3_a_check_with_a_missing_or_misaligned_peer_says_nothing() -> None:
+    clock = Clock()
+    peers = LoopPeers(others=[[2, 0, 0, 0, 0], [2, 5, 30_000, 1, 1], [2, 5, 20_000, 1, 1]])
+    timer = _timer(peers, clock, check_every_steps=2, warmup_steps=0)
+    _step(timer, clock, 1, 40.0, 20.0)
+    check = _step(timer, clock, 2, 40.0, 20.0)
+    assert check is not None and check.loop_ms[1] is None
+    assert check.evidence == (None,) * 4 and check.reason == "missing-evidence"
+    peers.others = [[3, 5, 20_000, 1, 1]] * 3  # peers at another step (a desync elsewhere)
+    _step(timer, clock, 3, 40.0, 20.0)
+    check = _step(timer, clock, 4, 40.0, 20.0)
+    assert check is not None and check.evidence == (None,) * 4
+    assert check.reason is not None and check.reason.startswith("steps differ")
+
+
+def test_LOOP_2_a_deadline_disables_the_checks_and_never_raises() -> None:
+    clock, peers = Clock(), LoopPeers(fail=True)
+    timer = _timer(peers, clock, check_every_steps=1, warmup_steps=0)
+    check = _step(timer, clock, 1, 40.0, 20.0)
+    assert check is not None and check.evidence == (None,) * 4
+    assert timer.disabled_reason is not None and "deadline" in timer.disabled_reason
+    gathers = len(peers.rows)
+    check = _step(timer, clock, 2, 40.0, 20.0)  # no further collective on a broken group
+    assert len(peers.rows) == gathers and check is not None
+    assert check.reason is not None and check.reason.startswith("disabled")
+
+
+def test_LOOP_1_collectives_from_other_threads_and_outside_a_body() -> None:
+    clock, peers = Clock(), LoopPeers()
+    timer = _timer(peers, clock, check_every_steps=2, warmup_steps=0)
+    timer.begin_step()
+    clock.now_ns += 50 * MS
+    threads = [
+        threading.Thread(target=timer.collective, args=(0, wait * MS)) for wait in (5, 30, 10)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=10)
+    timer.end_step(1)
+    timer.collective(0, 45 * MS)  # between end_step and the next begin_step: a bookkeeping
+    clock.now_ns += 5 * MS  # collective of scout itself, not loop work -- ignored
+    timer.begin_step()
+    clock.now_ns += 50 * MS
+    timer.end_step(2)
+    assert peers.rows[0][2] == 35_000  # median of (50 - 30, 50 - 0) ms
+    with pytest.raises(ValueError, match="cannot return before it is entered"):
+        timer.collective(10, 5)
+    with pytest.raises(ValueError, match="steps must increase: step 2 after step 2"):
+        timer.end_step(2)
+
+
+def test_LOOP_4_configuration_errors_name_the_value() -> None:
+    with pytest.raises(ValueError, match="check_every_steps must be an int >= 1, got 0"):
+        LoopConfig(check_every_steps=0)
+    with pytest.raises(TypeError, match="straggler must be a SequentialConfig"):
+        LoopConfig(straggler=1.5)  # type: ignore[arg-type]
+    assert LoopConfig(straggler=SequentialConfig(slow_ratio=1.2)).straggler.slow_ratio == 1.2
+
+
+def test_LOOP_2_a_group_of_one_never_exchanges() -> None:
+    clock, peers = Clock(), LoopPeers()
+    peers.size, peers.ranks = 1, (0,)
+    timer = _timer(peers, clock, check_every_steps=1, warmup_steps=0)
+    check = _step(timer, clock, 1, 40.0, 20.0)
+    assert peers.rows == [] and check is not None
+    assert check.reason == "singleton" and check.evidence == (None,)
