@@ -100,9 +100,12 @@ class Faults:
 
         class Slow(TorchFunctionMode):
             def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-                started = time.perf_counter()
+                started = time.thread_time()
                 result = func(*args, **(kwargs or {}))
-                time.sleep((factor - 1.0) * (time.perf_counter() - started))
+                # A slow device computes longer: spin on this thread's CPU clock, not sleep.
+                until = time.thread_time() + (factor - 1.0) * (time.thread_time() - started)
+                while time.thread_time() < until:
+                    pass
                 return result
 
         Slow().__enter__()  # for the life of the process: every op of this rank

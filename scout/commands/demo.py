@@ -8,7 +8,8 @@ in life, and reads each run directory as a user would (``scout report``):
 2. **sdc** -- rank 1's second block computes one wrong bit from step 57 on; replay attributes it,
    ``on_sdc=restart`` stops every rank, torchrun restarts the job, ``restore()`` resumes from the
    recovery-verified checkpoint older than the corruption, and the job finishes;
-3. **straggler** -- every torch operation of rank 3 runs slower; replay confirms it.
+3. **straggler** -- every torch operation of rank 3 computes 1.5 times as long (a slow device);
+   replay's sequential test confirms it.
 
 It exits 0 only if every fault was localized as injected. ``scout demo --verdicts`` runs the
 consensus verdict over the worked examples of ``spec/examples/verdict.txt`` instead.
@@ -36,7 +37,7 @@ EXAMPLE = Path(scout.__file__).resolve().parents[1] / "examples" / "train_gpt.py
 SCENARIOS: tuple[tuple[str, str, int, int, dict[str, str]], ...] = (
     ("hang", "hang-before-backward:2:20:9", 24, 0, {"stall_threshold_s": "3", "recheck_interval_s": "2"}),
     ("sdc", "sdc:1:57", 100, 1, {"on_sdc": "restart"}),
-    ("straggler", "slow:3:3", 60, 0, {}),
+    ("straggler", "slow:3:1.5", 60, 0, {}),
 )
 
 
