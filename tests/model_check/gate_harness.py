@@ -388,6 +388,35 @@ def _lift_step(
     return lifted
 
 
+def restart_keeps_older_unverified(
+    previous: Canonical, event: object, state: Canonical, effects: tuple[object, ...]
+) -> bool:
+    """A restart to a checkpoint that keeps an older unverified checkpoint CAPTURED: the case
+    that tells GATE-18's "newer than the restore point" from "every unverified checkpoint". An
+    exploration that never reaches it cannot catch a restart superseding too much."""
+    if not (isinstance(event, Restart) and event.step is not None):
+        return False
+    now = {entry.id: entry.trust for entry in state.raw[0].context.checkpoints}
+    return any(
+        entry.trust in (Trust.CAPTURED, Trust.CANDIDATE)
+        and entry.id.step < event.step
+        and now[entry.id] is Trust.CAPTURED
+        for entry in previous.raw[0].context.checkpoints
+    )
+
+
+#: Coverage witnesses of the exploration itself (not of the machine): explorations with two or
+#: more captures per run pass these as ``extra_properties``.
+SEVERAL_CHECKPOINTS_WITNESSES = (
+    Property.sometimes(
+        "restart-keeps-older-unverified",
+        "Some restart to a checkpoint keeps an older unverified checkpoint CAPTURED.",
+        restart_keeps_older_unverified,
+        scope="step",
+    ),
+)
+
+
 def checked_environment(
     vectors_of: Callable[[tuple[str, ...]], tuple[VerdictVector, ...]],
     *,
