@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -50,7 +51,7 @@ def load_targets() -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     return data.get("defaults", {}), data["targets"]
 
 
-def mutmut_table(defaults: dict[str, Any], target: dict[str, Any]) -> str:
+def mutmut_table(defaults: dict[str, Any], target: dict[str, Any], debug: bool = False) -> str:
     def toml_list(items: list[str]) -> str:
         return "[" + ", ".join(json.dumps(item) for item in items) + "]"
 
@@ -68,12 +69,28 @@ def mutmut_table(defaults: dict[str, Any], target: dict[str, Any]) -> str:
             "use_git_change_detection = false",
             # Tests read the spec tables and examples next to the package (spec/).
             'also_copy = ["spec"]',
+            f"debug = {'true' if debug else 'false'}",
             "",
         ]
     )
 
 
-def prepare(name: str, defaults: dict[str, Any], target: dict[str, Any], fresh: bool) -> Path:
+def register_after_definition(path: Path, decorators: list[str]) -> None:
+    """In the working copy only: turn ``@DECORATOR`` + ``def name(`` into a plain ``def`` and a
+    ``DECORATOR(name)`` call after it. mutmut does not mutate decorated functions; the gate's
+    guards, effects and predicates are all registered by decorator, and a registration call
+    after the definition registers the same function under the same name."""
+    if not decorators:
+        return
+    text = path.read_text(encoding="utf-8")
+    pattern = re.compile(r"^@(" + "|".join(re.escape(d) for d in decorators) + r")\n(def (\w+)\()", re.M)
+    registered = [(match.group(1), match.group(3)) for match in pattern.finditer(text)]
+    text = pattern.sub(r"\2", text)
+    lines = [f"{decorator}({name})" for decorator, name in registered]
+    path.write_text(text + "\n\n# Registered after definition (tests/mutation/mutate.py).\n" + "\n".join(lines) + "\n", encoding="utf-8")
+
+
+def prepare(name: str, defaults: dict[str, Any], target: dict[str, Any], fresh: bool, debug: bool) -> Path:
     work = WORK / name
     if fresh and work.exists():
         shutil.rmtree(work)
@@ -86,8 +103,11 @@ def prepare(name: str, defaults: dict[str, Any], target: dict[str, Any], fresh: 
             shutil.copytree(source, destination, ignore=IGNORED)
         else:
             shutil.copy2(source, destination)
+    for pattern in target["mutate"]:
+        for path in sorted(work.glob(pattern)):
+            register_after_definition(path, target.get("register_after", []))
     pyproject = work / "pyproject.toml"
-    pyproject.write_text(pyproject.read_text(encoding="utf-8") + mutmut_table(defaults, target), encoding="utf-8")
+    pyproject.write_text(pyproject.read_text(encoding="utf-8") + mutmut_table(defaults, target, debug), encoding="utf-8")
     return work
 
 
@@ -110,7 +130,7 @@ def statuses(work: Path) -> dict[str, str]:
 
 
 def run_target(name: str, defaults: dict[str, Any], target: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
-    work = prepare(name, defaults, target, args.fresh)
+    work = prepare(name, defaults, target, args.fresh, args.debug)
     environment = dict(os.environ, OMP_NUM_THREADS="1", PYTHONHASHSEED="0")
     # The editable install points at the repository; the mutated copy must win on sys.path.
     environment["PYTHONPATH"] = os.pathsep.join([str(work / "mutants"), str(work)])
@@ -160,6 +180,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--only", action="append", default=[], help="a mutant-name glob within the target (repeatable)")
     parser.add_argument("--fresh", action="store_true")
     parser.add_argument("--list", action="store_true")
+    parser.add_argument("--debug", action="store_true", help="mutmut's debug output (every pytest run)")
     parser.add_argument("--timeout-s", type=float, default=6 * 3600, help="wall-clock bound per target")
     args = parser.parse_args(argv)
     defaults, targets = load_targets()
