@@ -328,3 +328,56 @@ def test_GATE_1_to_21_full_matrix_every_vector_two_captures(recipes_count: int, 
     assert not result.truncated and result.labels_unfired == ()
     assert set(result.witnesses) == witnesses_expected(2)
     print(f"R={recipes_count} G={groups_count}: {result.summary()} in {time.perf_counter() - started:.1f} s")
+
+
+# ------------------------------------------------------------------------------------------
+# The witnesses show what they claim: each `sometimes` trace, replayed, ends in a step that an
+# independent check (written here, not the machine's predicate) recognises. A weakened witness
+# predicate would be satisfied first by a shorter trace that is not the case it names.
+# ------------------------------------------------------------------------------------------
+
+
+def _last_step(trace):
+    """Replay a witness trace from the start; the last step's states, event and effects."""
+    system = CheckedGate()
+    current = initial(make_config(1, 1))
+    previous, effects = current, ()
+    for event in trace.events:
+        firing = system.fire(current, event)
+        previous, current, effects = current, firing.state, firing.effects
+    return previous.raw[0], trace.events[-1], current.raw[0], effects
+
+
+def _changes(effects):
+    return [(e.before, e.after) for e in effects if isinstance(e, TrustChange)]
+
+
+WITNESS_CHECKS = {
+    "GATE-11": lambda p, e, s, f: (gate_actions.Trust.CANDIDATE, gate_actions.Trust.RECOVERY_VERIFIED) in _changes(f),
+    "GATE-12": lambda p, e, s, f: (gate_actions.Trust.CANDIDATE, gate_actions.Trust.QUARANTINED) in _changes(f),
+    "GATE-13": lambda p, e, s, f: (
+        type(e).__name__ == "CycleBoundary"
+        and p.control is gate_actions.GateState.UNCLEAN
+        and (gate_actions.Trust.CANDIDATE, gate_actions.Trust.CAPTURED) in _changes(f)
+    ),
+    "GATE-14": lambda p, e, s, f: (
+        type(e).__name__ == "Restart"
+        and any(after is gate_actions.Trust.SUPERSEDED for _before, after in _changes(f))
+        and all(
+            c.checkpoint.step > e.step
+            for c in f
+            if isinstance(c, TrustChange) and c.after is gate_actions.Trust.SUPERSEDED and e.step is not None
+        )
+    ),
+    "GATE-15": lambda p, e, s, f: (
+        s.control is gate_actions.GateState.TAINTED
+        and any(entry.trust is gate_actions.Trust.RECOVERY_VERIFIED for entry in s.context.checkpoints)
+    ),
+}
+
+
+@pytest.mark.parametrize("witness", sorted(WITNESS_CHECKS))
+def test_GATE_11_to_15_each_witness_trace_shows_its_case(witness: str) -> None:
+    result = run(1, 1)
+    previous, event, state, effects = _last_step(result.witnesses[witness])
+    assert WITNESS_CHECKS[witness](previous, event, state, effects), result.witnesses[witness]

@@ -1,0 +1,70 @@
+"""The gate model's certification check, ``is_complete_and_clean`` (GATE-1, GATE-8), on records
+the machine never builds: the check is the invariants' ground truth, so each of its refusals is
+tested directly (the explorations only ever hand it well-formed cycles)."""
+
+from __future__ import annotations
+
+import pytest
+
+from scout.gate.model import (
+    CycleRecord,
+    GateConfig,
+    GroupVerdict,
+    Outcome,
+    Recipe,
+    Replay,
+    is_complete_and_clean,
+)
+
+CONFIG = GateConfig("job", (Recipe("embedding", ("dp0",)), "hidden"), ("dp0", "dp1"))
+
+
+def agree(*groups: str) -> tuple[GroupVerdict, ...]:
+    return tuple(GroupVerdict(group, Outcome.AGREE) for group in groups)
+
+
+GOOD = CycleRecord(
+    3, 100, 200, (Replay("embedding", 100, agree("dp0")), Replay("hidden", 150, agree("dp0", "dp1")))
+)
+
+
+def with_replays(*replays: Replay, start: int = 100, end: int = 200) -> CycleRecord:
+    return CycleRecord(3, start, end, replays)
+
+
+def test_GATE_8_a_complete_clean_cycle_certifies() -> None:
+    assert is_complete_and_clean(CONFIG, GOOD)
+    # Replays on the boundaries themselves are inside the cycle.
+    edges = with_replays(Replay("embedding", 100, agree("dp0")), Replay("hidden", 200, agree("dp0", "dp1")))
+    assert is_complete_and_clean(CONFIG, edges)
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        pytest.param(with_replays(*GOOD.replays, start=200, end=200), id="empty-cycle"),
+        pytest.param(with_replays(*GOOD.replays, start=201, end=200), id="backwards-cycle"),
+        pytest.param(with_replays(GOOD.replays[1]), id="a-recipe-not-replayed"),
+        pytest.param(with_replays(GOOD.replays[0], Replay("hidden", 99, agree("dp0", "dp1"))), id="replay-before-start"),
+        pytest.param(with_replays(GOOD.replays[0], Replay("hidden", 201, agree("dp0", "dp1"))), id="replay-after-end"),
+        pytest.param(with_replays(GOOD.replays[0], Replay("hidden", 150, agree("dp0"))), id="a-group-left-out"),
+        pytest.param(with_replays(Replay("embedding", 100, agree("dp0", "dp1")), GOOD.replays[1]), id="a-group-it-does-not-apply-to"),
+        pytest.param(
+            with_replays(
+                GOOD.replays[0],
+                Replay("hidden", 150, (GroupVerdict("dp0", Outcome.AGREE), GroupVerdict("dp1", Outcome.INCONCLUSIVE, (), "no-majority"))),
+            ),
+            id="an-inconclusive-group",
+        ),
+        pytest.param(
+            with_replays(
+                GOOD.replays[0],
+                Replay("hidden", 150, agree("dp0", "dp1")),
+                Replay("hidden", 160, (GroupVerdict("dp0", Outcome.ATTRIBUTED, (1,)), GroupVerdict("dp1", Outcome.AGREE))),
+            ),
+            id="a-later-attributed-replay",
+        ),
+    ],
+)
+def test_GATE_1_GATE_8_what_does_not_certify(record: CycleRecord) -> None:
+    assert not is_complete_and_clean(CONFIG, record)
