@@ -41,11 +41,13 @@ from scout.gate.model import (
     CycleBoundary,
     CycleRecord,
     GateConfig,
+    GateState,
     GroupVerdict,
     Outcome,
     RecipeVerdicts,
     Replay,
     Restart,
+    ResultClass,
     Trust,
     TrustChange,
 )
@@ -412,6 +414,52 @@ SEVERAL_CHECKPOINTS_WITNESSES = (
         "restart-keeps-older-unverified",
         "Some restart to a checkpoint keeps an older unverified checkpoint CAPTURED.",
         restart_keeps_older_unverified,
+        scope="step",
+    ),
+)
+
+
+def reasons_name_their_cause(
+    previous: Canonical, event: object, state: Canonical, effects: tuple[object, ...]
+) -> bool:
+    """The reason of every trust transition is the entry's recorded reason and names its cause:
+    the cycles of a nomination, the SDC of a quarantine, and what an unclean cycle lacked."""
+    before, after = previous.raw[0].context, state.raw[0].context
+    open_cycle = previous.raw[0].control in (GateState.CHECKING, GateState.UNCLEAN)
+    unchecked = isinstance(event, RecipeVerdicts) and event.result_class is ResultClass.UNCHECKED
+    # The cycle remembers which recipes it could not check: the withheld promotion names them.
+    if open_cycle and unchecked and event.recipe not in after.unchecked:
+        return False
+    entries = {entry.id: entry for entry in after.checkpoints}
+    for change in effects:
+        if not isinstance(change, TrustChange):
+            continue
+        entry = entries[change.checkpoint]
+        if change.reason != entry.reason:
+            return False
+        if change.after is Trust.CANDIDATE:
+            if entry.before is None:
+                return False
+            cycle = entry.before.cycle
+            expected = f"candidate: captured at the end of complete clean cycle {cycle}; verified if cycle {cycle + 1} completes clean"
+            if change.reason != expected:
+                return False
+        if change.after is Trust.QUARANTINED and (after.sdc is None or after.sdc.describe() not in change.reason):
+            return False
+        if change.before is Trust.CANDIDATE and change.after is Trust.CAPTURED and isinstance(event, CycleBoundary):
+            missing = [recipe for recipe in before.config.recipe_ids if recipe not in before.covered]
+            if missing and f"no result for {', '.join(missing)}" not in change.reason:
+                return False
+            if before.unchecked and f"unchecked results for {', '.join(before.unchecked)}" not in change.reason:
+                return False
+    return True
+
+
+REASON_CHECKS = (
+    Property.always(
+        "reasons-name-their-cause",
+        "Every trust transition's reason is the entry's and names the cycles, SDC or gaps behind it.",
+        reasons_name_their_cause,
         scope="step",
     ),
 )

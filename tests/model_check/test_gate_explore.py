@@ -34,6 +34,7 @@ from scout.gate.model import (
 )
 from scout.gate.step import GateSystem, gate_machine
 from tests.model_check.gate_harness import (
+    REASON_CHECKS,
     SEVERAL_CHECKPOINTS_WITNESSES,
     CheckedGate,
     checked_environment,
@@ -381,3 +382,18 @@ def test_GATE_11_to_15_each_witness_trace_shows_its_case(witness: str) -> None:
     result = run(1, 1)
     previous, event, state, effects = _last_step(result.witnesses[witness])
     assert WITNESS_CHECKS[witness](previous, event, state, effects), result.witnesses[witness]
+
+
+def test_GATE_20_every_trust_transition_gives_the_reason_behind_it() -> None:
+    """Reasons are what people read in the manifest log and reports: the nomination names its
+    cycles, a quarantine its SDC, a withheld promotion what the cycle lacked."""
+    result = explore(
+        CheckedGate(),
+        [initial(make_config(2, 1))],
+        checked_environment(class_vectors, captures_max=2),
+        depth_max=200,
+        states_max=2_000_000,
+        require_exhaustive=True,
+        extra_properties=REASON_CHECKS,
+    )
+    assert not result.truncated

@@ -42,7 +42,10 @@ def test_GATE_8_a_complete_clean_cycle_certifies() -> None:
 @pytest.mark.parametrize(
     "record",
     [
-        pytest.param(with_replays(*GOOD.replays, start=200, end=200), id="empty-cycle"),
+        pytest.param(
+            with_replays(Replay("embedding", 200, agree("dp0")), Replay("hidden", 200, agree("dp0", "dp1")), start=200, end=200),
+            id="empty-cycle",
+        ),
         pytest.param(with_replays(*GOOD.replays, start=201, end=200), id="backwards-cycle"),
         pytest.param(with_replays(GOOD.replays[1]), id="a-recipe-not-replayed"),
         pytest.param(with_replays(GOOD.replays[0], Replay("hidden", 99, agree("dp0", "dp1"))), id="replay-before-start"),
