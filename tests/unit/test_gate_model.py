@@ -71,3 +71,18 @@ def test_GATE_8_a_complete_clean_cycle_certifies() -> None:
 )
 def test_GATE_1_GATE_8_what_does_not_certify(record: CycleRecord) -> None:
     assert not is_complete_and_clean(CONFIG, record)
+
+
+def test_GATE_16_every_accepted_result_moves_the_step_seen_so_far() -> None:
+    """A result inside an UNCLEAN cycle is a step the job has reached: a capture behind it is
+    refused like any other capture behind a step already seen (every result row updates it)."""
+    config = GateConfig("job", ("embedding", "hidden"), ("dp0",))
+    inconclusive = (GroupVerdict("dp0", Outcome.INCONCLUSIVE, (), "no-majority"),)
+    state, _ = step(initial_state(config), CycleBoundary(100))
+    state, _ = step(state, RecipeVerdicts("embedding", 1, 100, inconclusive))
+    assert state.control is GateState.UNCLEAN
+    state, _ = step(state, RecipeVerdicts("hidden", 1, 150, inconclusive))  # still UNCLEAN
+    with pytest.raises(GateInputError, match="behind step 150"):
+        check_event(state, CheckpointCaptured(120))
+    with pytest.raises(GateInputError, match="behind step 150"):
+        check_event(state, CycleBoundary(120))
