@@ -1,20 +1,26 @@
 """The gate model's certification check, ``is_complete_and_clean`` (GATE-1, GATE-8), on records
 the machine never builds: the check is the invariants' ground truth, so each of its refusals is
-tested directly (the explorations only ever hand it well-formed cycles)."""
+tested directly (the explorations only ever hand it well-formed cycles). Also the step seen so
+far, which the explorations cannot vary (their results all sit at a cycle's first step)."""
 
 from __future__ import annotations
 
 import pytest
 
 from scout.gate.model import (
+    CheckpointCaptured,
+    CycleBoundary,
     CycleRecord,
     GateConfig,
+    GateState,
     GroupVerdict,
     Outcome,
     Recipe,
+    RecipeVerdicts,
     Replay,
     is_complete_and_clean,
 )
+from scout.gate.step import GateInputError, check_event, initial_state, step
 
 CONFIG = GateConfig("job", (Recipe("embedding", ("dp0",)), "hidden"), ("dp0", "dp1"))
 
