@@ -41,6 +41,8 @@ from scout.gate.model import (
     CycleBoundary,
     CycleRecord,
     GateConfig,
+    GateReport,
+    GateReportKind,
     GateState,
     GroupVerdict,
     Outcome,
@@ -448,9 +450,46 @@ def reasons_name_their_cause(
             return False
         if change.before is Trust.CANDIDATE and change.after is Trust.CAPTURED and isinstance(event, CycleBoundary):
             missing = [recipe for recipe in before.config.recipe_ids if recipe not in before.covered]
-            if missing and f"no result for {', '.join(missing)}" not in change.reason:
+            problems = [f"no result for {', '.join(missing)}"] if missing else []
+            if before.unchecked:
+                problems.append(f"unchecked results for {', '.join(before.unchecked)}")
+            expected = (
+                f"not verified: cycle {before.cycle} after its capture was not complete and clean "
+                f"({'; '.join(problems)})"
+            )
+            if change.reason != expected:
                 return False
-            if before.unchecked and f"unchecked results for {', '.join(before.unchecked)}" not in change.reason:
+        if change.after is Trust.SUPERSEDED and isinstance(event, Restart):
+            where = "initialization" if event.step is None else f"step {event.step}"
+            if f"restarted from {where} (timeline {after.timeline})" not in change.reason:
+                return False
+    return reports_name_their_subject(previous, event, state, effects)
+
+
+def reports_name_their_subject(
+    previous: Canonical, event: object, state: Canonical, effects: tuple[object, ...]
+) -> bool:
+    """An unchecked report carries the result's cycle, step and recipe and says, group by group,
+    what was wrong; a missing-recipe report names the cycle, the boundary step and the recipes."""
+    before = previous.raw[0].context
+    for report in effects:
+        if not (isinstance(report, GateReport) and report.kind is GateReportKind.UNCHECKED):
+            continue
+        if isinstance(event, RecipeVerdicts):
+            if (report.cycle, report.step, report.recipes) != (event.cycle, event.step, (event.recipe,)):
+                return False
+            parts = []
+            for verdict in event.verdicts:
+                if verdict.outcome is Outcome.INCONCLUSIVE:
+                    parts.append(f"group {verdict.group} inconclusive ({verdict.reason or 'no reason given'})")
+                elif verdict.outcome is Outcome.MISSING:
+                    parts.append(f"group {verdict.group} gave no verdict")
+            if f"could not be checked: {'; '.join(parts)}." not in report.detail:
+                return False
+        elif isinstance(event, CycleBoundary):
+            missing = ", ".join(report.recipes)
+            expected = f"cycle {before.cycle} closed at step {event.step} without results for recipe(s) {missing}"
+            if (report.cycle, report.step) != (before.cycle, event.step) or not report.detail.startswith(expected):
                 return False
     return True
 
@@ -458,7 +497,8 @@ def reasons_name_their_cause(
 REASON_CHECKS = (
     Property.always(
         "reasons-name-their-cause",
-        "Every trust transition's reason is the entry's and names the cycles, SDC or gaps behind it.",
+        "Every trust transition's reason is the entry's and names the cycles, SDC, restart or gaps "
+        "behind it; every unchecked report names its cycle, step, recipes and what each group said.",
         reasons_name_their_cause,
         scope="step",
     ),

@@ -85,10 +85,12 @@ def test_GATE_16_every_accepted_result_moves_the_step_seen_so_far() -> None:
     config = GateConfig("job", ("embedding", "hidden"), ("dp0",))
     inconclusive = (GroupVerdict("dp0", Outcome.INCONCLUSIVE, (), "no-majority"),)
     state, _ = step(initial_state(config), CycleBoundary(100))
-    state, _ = step(state, RecipeVerdicts("embedding", 1, 100, inconclusive))
+    state, _ = step(state, RecipeVerdicts("embedding", 1, 130, inconclusive))  # CHECKING -> UNCLEAN
     assert state.control is GateState.UNCLEAN
+    with pytest.raises(GateInputError, match="behind step 130"):
+        check_event(state, CheckpointCaptured(120))
     state, _ = step(state, RecipeVerdicts("hidden", 1, 150, inconclusive))  # still UNCLEAN
     with pytest.raises(GateInputError, match="behind step 150"):
-        check_event(state, CheckpointCaptured(120))
+        check_event(state, CheckpointCaptured(140))
     with pytest.raises(GateInputError, match="behind step 150"):
-        check_event(state, CycleBoundary(120))
+        check_event(state, CycleBoundary(140))
