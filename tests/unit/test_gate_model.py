@@ -12,6 +12,8 @@ from scout.gate.model import (
     CycleBoundary,
     CycleRecord,
     GateConfig,
+    GateReport,
+    GateReportKind,
     GateState,
     GroupVerdict,
     Outcome,
@@ -94,3 +96,13 @@ def test_GATE_16_every_accepted_result_moves_the_step_seen_so_far() -> None:
         check_event(state, CheckpointCaptured(140))
     with pytest.raises(GateInputError, match="behind step 150"):
         check_event(state, CycleBoundary(140))
+
+
+def test_GATE_5_an_inconclusive_group_without_a_reason_code_is_reported_as_such() -> None:
+    config = GateConfig("job", ("hidden",), ("dp0", "dp1"))
+    state, _ = step(initial_state(config), CycleBoundary(100))
+    silent = (GroupVerdict("dp0", Outcome.INCONCLUSIVE), GroupVerdict("dp1", Outcome.MISSING, (), "no-result"))
+    _, effects = step(state, RecipeVerdicts("hidden", 1, 100, silent))
+    (report,) = [e for e in effects if isinstance(e, GateReport)]
+    assert report.kind is GateReportKind.UNCHECKED and report.groups == ("dp0", "dp1")
+    assert "group dp0 inconclusive (no reason given); group dp1 gave no verdict." in report.detail
