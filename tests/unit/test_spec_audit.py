@@ -51,28 +51,24 @@ def invariant_ids() -> dict[str, str]:
     return found
 
 
-def _cites(clause: str, name: str, body: str) -> bool:
-    number_boundary = r"(?![0-9])"
-    underscored = re.escape(clause.replace("-", "_"))
-    if re.search(r"(?<![A-Z0-9])" + underscored + number_boundary, name):
-        return True
-    # test_RECOVERY_1_and_2_...: the second id of an "_and_" pair.
-    prefix, number = clause.split("-")
-    if re.search(rf"{prefix}_[0-9]+_and_{number}{number_boundary}", name):
-        return True
-    return re.search(r"(?<![A-Z0-9])" + re.escape(clause) + number_boundary, body) is not None
+def _cited(name: str, body: str) -> set[str]:
+    """Clause ids a test cites: in its name (``GATE_4``, ``RECOVERY_1_and_2``) or its code."""
+    found = {f"{prefix}-{number}" for prefix, number in re.findall(r"(?<![A-Za-z0-9])([A-Z][A-Z]+)_([0-9]+)(?![0-9])", name)}
+    for prefix, first, second in re.findall(r"([A-Z][A-Z]+)_([0-9]+)_and_([0-9]+)(?![0-9])", name):
+        found |= {f"{prefix}-{first}", f"{prefix}-{second}"}
+    found |= set(re.findall(r"(?<![A-Za-z0-9-])(" + CLAUSE_ID + r")(?![0-9])", body))
+    return found
 
 
 def naming_tests() -> dict[str, list[str]]:
     """Clause id -> tests that name it."""
-    clauses = list(defined_clauses())
-    found: dict[str, list[str]] = {clause: [] for clause in clauses}
+    found: dict[str, list[str]] = {clause: [] for clause in defined_clauses()}
     for path in sorted((REPO / "tests").rglob("test_*.py")):
         text = path.read_text(encoding="utf-8")
         for match in _TEST.finditer(text):
-            name, body = match.group(1), match.group(0)
-            for clause in clauses:
-                if _cites(clause, name, body):
+            name = match.group(1)
+            for clause in _cited(name, match.group(0)):
+                if clause in found:
                     found[clause].append(f"{path.relative_to(REPO).as_posix()}::{name}")
     return found
 
