@@ -162,3 +162,16 @@ def test_VERDICT_3_and_bad_config_errors_say_what_was_wrong() -> None:
 def test_MISSING_reads_as_MISSING() -> None:
     assert repr(MISSING) == "MISSING"
     assert repr([1, MISSING]) == "[1, MISSING]"
+
+
+@pytest.mark.parametrize("n", [128, 1000])
+def test_VERDICT_2_large_int_groups_echo_the_evidence_and_name_the_healthy_value(n: int) -> None:
+    """The all-int fast path fills the same fields as the general path."""
+    healthy = 2**63 + 12345
+    agree = [healthy] * n
+    verdict = classify_exact(agree)
+    assert (verdict.status, verdict.evidence, verdict.healthy_value) == (Status.AGREE, tuple(agree), healthy)
+    attributed = [*agree[:-3], 7, 8, 9]
+    verdict = classify_exact(attributed)
+    assert (verdict.status, verdict.evidence, verdict.healthy_value) == (Status.ATTRIBUTED, tuple(attributed), healthy)
+    assert verdict.outliers == (n - 3, n - 2, n - 1)
