@@ -693,14 +693,117 @@ def unchecked_cycle_blocks_promotion(
 def restart_abandons_newer_checkpoints(
     previous: GateMachineState, event: object, state: GateMachineState, effects: tuple[object, ...]
 ) -> bool:
-    """GATE-14 (witness)."""
-    return isinstance(event, Restart) and any(c.after is Trust.SUPERSEDED for c in _trust_changes(effects))
+    """GATE-14 (witness): something superseded, and only checkpoints newer than the one restored."""
+    if not isinstance(event, Restart):
+        return False
+    superseded = [c.checkpoint.step for c in _trust_changes(effects) if c.after is Trust.SUPERSEDED]
+    return bool(superseded) and (event.step is None or all(step > event.step for step in superseded))
 
 
 @ACTIONS.predicate
 def verified_checkpoint_survives_sdc(state: GateMachineState) -> bool:
     """GATE-15 (witness): after an SDC a verified checkpoint is still there to restore."""
     return state.control is TAINTED and any(e.trust is Trust.RECOVERY_VERIFIED for e in state.context.checkpoints)
+
+
+@ACTIONS.predicate
+def capture_is_classified_at_once(
+    previous: GateMachineState, event: object, state: GateMachineState, effects: tuple[object, ...]
+) -> bool:
+    """GATE-17 (and GATE-1's "a capture at the boundary's step, after the boundary event,
+    belongs to that boundary")."""
+    if not isinstance(event, CheckpointCaptured):
+        return True
+    before, after = previous.context, state.context
+    if len(after.checkpoints) != len(before.checkpoints) + 1 or after.checkpoints[:-1] != before.checkpoints:
+        return False
+    entry = after.checkpoints[-1]
+    if entry.id != CheckpointId(before.timeline, event.step) or entry.certificate is not None:
+        return False
+    if previous.control is TAINTED:
+        return entry.trust is Trust.QUARANTINED and entry.before is None
+    if before.previous_clean is not None and before.cycle_start_step == event.step:
+        return entry.trust is Trust.CANDIDATE and entry.before == before.previous_clean
+    return entry.trust is Trust.CAPTURED and entry.before is None
+
+
+@ACTIONS.predicate
+def restart_supersedes_only_newer_unverified(
+    previous: GateMachineState, event: object, state: GateMachineState, effects: tuple[object, ...]
+) -> bool:
+    """GATE-18: the restart rule of spec/gate.md, entry by entry."""
+    if not isinstance(event, Restart):
+        return True
+    before, after = previous.context, state.context
+    if not (
+        state.control is IDLE
+        and after.timeline == before.timeline + 1
+        and after.sdc is None
+        and after.previous_clean is None
+        and after.cycle_start_step is None
+    ):
+        return False
+    if [entry.id for entry in after.checkpoints] != [entry.id for entry in before.checkpoints]:
+        return False
+    for old, new in zip(before.checkpoints, after.checkpoints, strict=True):
+        if old.trust in UNVERIFIED_RESTORABLE and (event.step is None or old.id.step > event.step):
+            expected = Trust.SUPERSEDED
+        elif old.trust is Trust.CANDIDATE:
+            expected = Trust.CAPTURED
+        else:
+            expected = old.trust
+        if new.trust is not expected:
+            return False
+        if expected is old.trust and new != old:
+            return False  # an untouched entry keeps its record and certificate too
+    return True
+
+
+@ACTIONS.predicate
+def missing_recipes_are_reported_at_the_boundary(
+    previous: GateMachineState, event: object, state: GateMachineState, effects: tuple[object, ...]
+) -> bool:
+    """GATE-19 (GATE-5: "a cycle that closes without a result for some recipe is reported
+    unchecked with the missing recipes")."""
+    if not (isinstance(event, CycleBoundary) and previous.control in OPEN_CLEAN_OR_UNCLEAN):
+        return True
+    context = previous.context
+    missing = tuple(recipe for recipe in context.config.recipe_ids if recipe not in context.covered)
+    if _reports(effects, GateReportKind.SDC):
+        return False
+    reports = _reports(effects, GateReportKind.UNCHECKED)
+    if not missing:
+        return not reports
+    return (
+        len(reports) == 1
+        and reports[0].recipes == missing
+        and reports[0].groups == ()
+        and reports[0].cycle == context.cycle
+        and reports[0].step == event.step
+    )
+
+
+@ACTIONS.predicate
+def every_trust_transition_is_announced(
+    previous: GateMachineState, event: object, state: GateMachineState, effects: tuple[object, ...]
+) -> bool:
+    """GATE-20: the TrustChange effects are exactly the trust-transition log of the step."""
+    old_trust = _trust_by_id(previous)
+    expected = [
+        (entry.id, old_trust.get(entry.id), entry.trust, entry.certificate)
+        for entry in state.context.checkpoints
+        if old_trust.get(entry.id) is not entry.trust
+    ]
+    announced = [(c.checkpoint, c.before, c.after, c.certificate) for c in _trust_changes(effects)]
+    return announced == expected
+
+
+@ACTIONS.predicate
+def only_a_restart_clears_the_taint(
+    previous: GateMachineState, event: object, state: GateMachineState, effects: tuple[object, ...]
+) -> bool:
+    """GATE-21."""
+    return previous.control is not TAINTED or state.control is TAINTED or isinstance(event, Restart)
 
 
 def restorable(context: GateContext) -> tuple[CheckpointEntry, ...]:

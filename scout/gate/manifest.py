@@ -24,8 +24,14 @@ Theory of operation (docs/gate.md, "The manifest on disk"):
   good generation, moves damaged newer files aside (``*.damaged``) and removes stale temporary
   files, so the next generation number is never one a damaged file still holds.
 
-Crash safety is proven with real processes killed by SIGKILL between every pair of steps and at
-random points (``tests/unit/test_manifest_crash.py``).
+What is tested, and what is assumed. A crash of the writing process is tested with real
+processes killed by SIGKILL between every pair of steps and at random points
+(``tests/unit/test_manifest_crash.py``). A crash of the machine (power loss, kernel panic) cannot
+be staged here: what is tested is the order of durability calls a commit makes before it returns
+-- the file fsynced whole, then renamed, then the directory fsynced
+(``tests/unit/test_manifest_durability.py``, which intercepts the calls). That this order
+survives a machine crash is the POSIX contract of fsync and rename, assumed of the file system
+and storage below, not tested.
 """
 
 from __future__ import annotations
@@ -283,7 +289,8 @@ class ManifestWriter:
     """The single writer of one manifest directory.
 
     ``commit(payload)`` makes the payload durable as the next generation and returns its
-    number; when it returns, a crash of this process or of the machine cannot lose it.
+    number; when it returns, a crash of this process cannot lose it, and the file and directory
+    fsyncs a machine crash depends on have returned (module docstring: what is tested).
     ``hook(stage, generation)`` is called after each write step (``WRITE_STAGES``); tests use
     it to pause or kill the writer there. Use as a context manager or call :meth:`close`.
     """

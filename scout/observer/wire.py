@@ -94,6 +94,9 @@ def _report_in(value: Any) -> StallReport:
         kind_value, outcome_value, scope_value = StallKind(kind), Finding(outcome), Scope(scope)
     except ValueError as error:
         raise WireError(str(error)) from None
+    if outcome_value is Finding.UNSETTLED:
+        # A round's internal outcome, never reported: it has no report kind or reason.
+        raise WireError("a delegated report cannot be unsettled")
     key_value = _ints(key, "key")
     round_value = _ints(round_, "round")
     if len(key_value) != 2 or len(round_value) != 2 or not isinstance(evidence, tuple) or not isinstance(reason, str):

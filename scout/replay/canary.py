@@ -128,12 +128,34 @@ class CanaryMonitor:
     def _read_golden(self) -> dict[str, int] | None:
         if self.golden_path is None or not self.golden_path.exists():
             return None
-        data = json.loads(self.golden_path.read_text())
-        environment = data.get("environment")
+        try:
+            data = json.loads(self.golden_path.read_text(encoding="utf-8"))
+            environment, signatures = data["environment"], data["signatures"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"the canary golden {self.golden_path} cannot be read ({exc!r}): move it away to "
+                             "record a new one") from exc
         if environment != self._environment():
             raise ValueError(f"the canary golden {self.golden_path} was recorded in {environment}, this job runs in "
                              f"{self._environment()}: move it away to record a new one")
-        return {str(k): int(v) for k, v in data["signatures"].items()}
+        return {str(k): int(v) for k, v in signatures.items()}
+
+    def _write_golden(self, step: int) -> None:
+        """CANARY-8: durably (file fsync, rename, directory fsync), so a restart after a crash
+        finds the golden of the first check, not a half-written one."""
+        assert self.golden_path is not None
+        scratch = self.golden_path.with_suffix(".tmp")
+        body = json.dumps({"schema": "scout.canary/1", "step": step, "environment": self._environment(),
+                           "signatures": self.golden}, indent=2, sort_keys=True)
+        with open(scratch, "w", encoding="utf-8") as out:
+            out.write(body)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(scratch, self.golden_path)
+        directory = os.open(self.golden_path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
 
     def _environment(self) -> dict[str, str]:
         device = self.canary.device
@@ -153,11 +175,7 @@ class CanaryMonitor:
             self.golden = dict(decision.golden)
             if self.rank == 0 and self.golden_path is not None:
                 self.golden_path.parent.mkdir(parents=True, exist_ok=True)
-                scratch = self.golden_path.with_suffix(".tmp")
-                scratch.write_text(json.dumps({"schema": "scout.canary/1", "step": step,
-                                               "environment": self._environment(), "signatures": self.golden},
-                                              indent=2, sort_keys=True))
-                os.replace(scratch, self.golden_path)
+                self._write_golden(step)
         self.last = decision
         return decision
 

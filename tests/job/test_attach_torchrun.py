@@ -86,6 +86,8 @@ def test_ATTACH_sdc_on_rank_1_restarts_once_from_a_verified_checkpoint_before_it
 
 @pytest.mark.parametrize(("fault", "rank"), [("hang-before-backward", 2), ("hang-in-backward", 0)])
 def test_ATTACH_a_rank_asleep_inside_a_step_is_reported_as_hang_naming_it(tmp_path: Path, fault: str, rank: int) -> None:
+    """INSTR-8: the peers that wait inside backward for the sleeper show the bucket all-reduce its
+    communication hook published at launch; the sleeper, before backward or inside it, is behind."""
     run, records, _ = torchrun(tmp_path, steps=24, fault=f"{fault}:{rank}:20:{THRESHOLD_S + 5}",
                                stall_threshold_s=THRESHOLD_S, recheck_interval_s=2.0)
     assert run.returncode == 0, run.stderr[-3000:]

@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def run_crosshair(
-    target: Path,
+    target: Path | str,
     *,
     max_uninteresting_iterations: int,
     per_condition_timeout_s: int,

@@ -151,15 +151,21 @@ def capture_step(control_index: int, at_cycle_start: bool) -> tuple:
     return state, new, effects
 
 
-def restart_step(control_index: int, restore_verified: bool, with_candidate: bool) -> tuple:
+RESTORE_STEPS = (10, 15, START)  # the verified checkpoint, the CAPTURED one, the candidate
+
+
+def restart_step(control_index: int, restore_index: int, with_candidate: bool) -> tuple:
     """
     pre: 0 <= control_index <= 2
-    pre: restore_verified or control_index != 2
+    pre: 0 <= restore_index <= 2
+    pre: restore_index == 0 or control_index != 2
+    pre: restore_index != 2 or with_candidate
     post: __return__[1].control is GateState.IDLE and __return__[1].context.timeline == 1 and __return__[1].context.sdc is None
     post: all(_trust(__return__[1])[c] is t for c, t in _trust(__return__[0]).items() if t in (Trust.QUARANTINED, Trust.RECOVERY_VERIFIED))
     post: all(t is not Trust.CANDIDATE for t in _trust(__return__[1]).values())
-    post: all(e.trust is not Trust.CAPTURED or e.id.step <= (10 if restore_verified else 15) for e in __return__[1].context.checkpoints)
+    post: all(_trust(__return__[1])[c] is Trust.SUPERSEDED for c, t in _trust(__return__[0]).items() if t in (Trust.CAPTURED, Trust.CANDIDATE) and c.step > RESTORE_STEPS[restore_index])
+    post: all(_trust(__return__[1])[c] is Trust.CAPTURED for c, t in _trust(__return__[0]).items() if t in (Trust.CAPTURED, Trust.CANDIDATE) and c.step <= RESTORE_STEPS[restore_index])
     """
     state = _state(control_index, 0, with_candidate, True)
-    new, effects = MACHINE.step(state, Restart(10 if restore_verified else 15))
+    new, effects = MACHINE.step(state, Restart(RESTORE_STEPS[restore_index]))
     return state, new, effects

@@ -41,11 +41,15 @@ from scout.gate.model import (
     CycleBoundary,
     CycleRecord,
     GateConfig,
+    GateReport,
+    GateReportKind,
+    GateState,
     GroupVerdict,
     Outcome,
     RecipeVerdicts,
     Replay,
     Restart,
+    ResultClass,
     Trust,
     TrustChange,
 )
@@ -386,6 +390,119 @@ def _lift_step(
         return predicate(previous.raw[0], event, state.raw[0], effects)
 
     return lifted
+
+
+def restart_keeps_older_unverified(
+    previous: Canonical, event: object, state: Canonical, effects: tuple[object, ...]
+) -> bool:
+    """A restart to a checkpoint that keeps an older unverified checkpoint CAPTURED: the case
+    that tells GATE-18's "newer than the restore point" from "every unverified checkpoint". An
+    exploration that never reaches it cannot catch a restart superseding too much."""
+    if not (isinstance(event, Restart) and event.step is not None):
+        return False
+    now = {entry.id: entry.trust for entry in state.raw[0].context.checkpoints}
+    return any(
+        entry.trust in (Trust.CAPTURED, Trust.CANDIDATE)
+        and entry.id.step < event.step
+        and now[entry.id] is Trust.CAPTURED
+        for entry in previous.raw[0].context.checkpoints
+    )
+
+
+#: Coverage witnesses of the exploration itself (not of the machine): explorations with two or
+#: more captures per run pass these as ``extra_properties``.
+SEVERAL_CHECKPOINTS_WITNESSES = (
+    Property.sometimes(
+        "restart-keeps-older-unverified",
+        "Some restart to a checkpoint keeps an older unverified checkpoint CAPTURED.",
+        restart_keeps_older_unverified,
+        scope="step",
+    ),
+)
+
+
+def reasons_name_their_cause(
+    previous: Canonical, event: object, state: Canonical, effects: tuple[object, ...]
+) -> bool:
+    """The reason of every trust transition is the entry's recorded reason and names its cause:
+    the cycles of a nomination, the SDC of a quarantine, and what an unclean cycle lacked."""
+    before, after = previous.raw[0].context, state.raw[0].context
+    open_cycle = previous.raw[0].control in (GateState.CHECKING, GateState.UNCLEAN)
+    unchecked = isinstance(event, RecipeVerdicts) and event.result_class is ResultClass.UNCHECKED
+    # The cycle remembers which recipes it could not check: the withheld promotion names them.
+    if open_cycle and unchecked and event.recipe not in after.unchecked:
+        return False
+    entries = {entry.id: entry for entry in after.checkpoints}
+    for change in effects:
+        if not isinstance(change, TrustChange):
+            continue
+        entry = entries[change.checkpoint]
+        if change.reason != entry.reason:
+            return False
+        if change.after is Trust.CANDIDATE:
+            if entry.before is None:
+                return False
+            cycle = entry.before.cycle
+            expected = f"candidate: captured at the end of complete clean cycle {cycle}; verified if cycle {cycle + 1} completes clean"
+            if change.reason != expected:
+                return False
+        if change.after is Trust.QUARANTINED and (after.sdc is None or after.sdc.describe() not in change.reason):
+            return False
+        if change.before is Trust.CANDIDATE and change.after is Trust.CAPTURED and isinstance(event, CycleBoundary):
+            missing = [recipe for recipe in before.config.recipe_ids if recipe not in before.covered]
+            problems = [f"no result for {', '.join(missing)}"] if missing else []
+            if before.unchecked:
+                problems.append(f"unchecked results for {', '.join(before.unchecked)}")
+            expected = (
+                f"not verified: cycle {before.cycle} after its capture was not complete and clean "
+                f"({'; '.join(problems)})"
+            )
+            if change.reason != expected:
+                return False
+        if change.after is Trust.SUPERSEDED and isinstance(event, Restart):
+            where = "initialization" if event.step is None else f"step {event.step}"
+            if f"restarted from {where} (timeline {after.timeline})" not in change.reason:
+                return False
+    return reports_name_their_subject(previous, event, state, effects)
+
+
+def reports_name_their_subject(
+    previous: Canonical, event: object, state: Canonical, effects: tuple[object, ...]
+) -> bool:
+    """An unchecked report carries the result's cycle, step and recipe and says, group by group,
+    what was wrong; a missing-recipe report names the cycle, the boundary step and the recipes."""
+    before = previous.raw[0].context
+    for report in effects:
+        if not (isinstance(report, GateReport) and report.kind is GateReportKind.UNCHECKED):
+            continue
+        if isinstance(event, RecipeVerdicts):
+            if (report.cycle, report.step, report.recipes) != (event.cycle, event.step, (event.recipe,)):
+                return False
+            parts = []
+            for verdict in event.verdicts:
+                if verdict.outcome is Outcome.INCONCLUSIVE:
+                    parts.append(f"group {verdict.group} inconclusive ({verdict.reason or 'no reason given'})")
+                elif verdict.outcome is Outcome.MISSING:
+                    parts.append(f"group {verdict.group} gave no verdict")
+            if f"could not be checked: {'; '.join(parts)}." not in report.detail:
+                return False
+        elif isinstance(event, CycleBoundary):
+            missing = ", ".join(report.recipes)
+            expected = f"cycle {before.cycle} closed at step {event.step} without results for recipe(s) {missing}"
+            if (report.cycle, report.step) != (before.cycle, event.step) or not report.detail.startswith(expected):
+                return False
+    return True
+
+
+REASON_CHECKS = (
+    Property.always(
+        "reasons-name-their-cause",
+        "Every trust transition's reason is the entry's and names the cycles, SDC, restart or gaps "
+        "behind it; every unchecked report names its cycle, step, recipes and what each group said.",
+        reasons_name_their_cause,
+        scope="step",
+    ),
+)
 
 
 def checked_environment(

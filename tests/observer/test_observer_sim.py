@@ -89,8 +89,8 @@ def test_sim_failure_message_names_the_seed(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_the_simulator_runs_the_production_driver(monkeypatch: pytest.MonkeyPatch) -> None:
-    """One driver per machine: the simulated observers run the function object the observer
-    process runs, not a copy (spec/observer.md, "One driver")."""
+    """DRIVER-1: one driver per machine: the simulated observers run the function object the
+    observer process runs, not a copy."""
     from scout.observer import driver, process
     from scout.scenarios import observer as observer_sim
 

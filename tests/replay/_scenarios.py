@@ -128,10 +128,12 @@ def train(
     check_isolation: bool = False,
     replay_options: dict[str, Any] | None = None,
     record_timings: bool = False,
+    dtype: str = "float32",
 ) -> dict[str, Any]:
-    """Train ``steps`` steps with replay; inject the requested faults on their ranks."""
+    """Train ``steps`` steps with replay; inject the requested faults on their ranks. ``dtype``
+    is the model's parameter (and so activation) dtype, e.g. "bfloat16"."""
     torch.manual_seed(0)
-    model = TinyLM()
+    model = TinyLM().to(getattr(torch, dtype))
     ddp = DistributedDataParallel(model)
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
     if intervals_override and rank == intervals_override["rank"]:
@@ -176,7 +178,7 @@ def train(
             length = SEQUENCE // 2
         tokens = _batch(rank, step, length, batch)
         logits = ddp(tokens[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+        loss = F.cross_entropy(logits.float().reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

@@ -110,6 +110,39 @@ def test_FAULT_1_REPLAY_6_bit_flip_in_a_hidden_layer_output_on_rank_2_is_attribu
     assert not by_status(results, "INCONCLUSIVE")
 
 
+# SIG-3 end to end: whichever bit of the faulty unit's output is wrong, replay names the rank.
+# A signature over a lossy copy (say, after a cast to bfloat16) still sees the high mantissa
+# bit of test_FAULT_1_REPLAY_6 above; it loses the low mantissa bits of fp32, which these catch.
+# Bits: low mantissa, the sign, the lowest exponent bit (x2 or /2: finite, the run goes on).
+BIT_CASES = {
+    "float32": {"mantissa-0": 0, "mantissa-1": 1, "mantissa-8": 8, "mantissa-15": 15, "sign": 31, "exponent": 23},
+    "bfloat16": {"mantissa-0": 0, "mantissa-1": 1, "mantissa-3": 3, "sign": 15, "exponent": 7},
+}
+# CI runs bit 0 and the sign bit of both dtypes; ./dev test-all runs every case.
+CI_BITS = {"mantissa-0", "sign"}
+
+
+def _bit_params():
+    for dtype, bits in BIT_CASES.items():
+        for name, bit in bits.items():
+            marks = () if name in CI_BITS else (pytest.mark.slow,)
+            yield pytest.param(dtype, bit, id=f"{dtype}-{name}", marks=marks)
+
+
+@pytest.mark.parametrize(("dtype", "bit"), list(_bit_params()))
+def test_FAULT_1_SIG_3_any_flipped_bit_of_a_hidden_output_is_attributed(tmp_path: Path, dtype: str, bit: int) -> None:
+    hidden_only = {"embedding_steps": 0, "hidden_steps": 1, "output_steps": 0, "optimizer_steps": 0}
+    ranks = run(
+        tmp_path, steps=2, intervals=hidden_only, dtype=dtype, output_flip={"rank": 2, "layer": 1, "bit": bit}
+    )
+    results = ranks[0]["results"]
+    assert [(r["recipe"], r["step"], r["status"]) for r in results] == [
+        ("hidden.0", 1, "AGREE"),
+        ("hidden.1", 2, "ATTRIBUTED"),
+    ], results
+    assert results[1]["outliers"] == [2] and results[1]["sources"] == ["output"]
+
+
 def test_FAULT_1_the_same_attribution_through_the_projects_torch_transport(tmp_path: Path) -> None:
     """TransportPeerGroup over scout.transport.nccl.TorchTransport (gloo on CPU here)."""
     ranks = run(

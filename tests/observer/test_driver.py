@@ -1,0 +1,89 @@
+"""The one observer driver (spec/observer.md DRIVER-2, DRIVER-3), driven op by op with a
+hand-held world: no processes, no simulator, so every delivery is exactly the one the test makes."""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from typing import Any
+
+from scout.core.observer import ObserverConfig, ObserverEffect, Progress, Request, RoundId, StallReport
+from scout.observer import driver, wire
+from scout.observer.driver import ObserverRun, Receive, Transmit, drive
+
+
+class HeldWorld:
+    """An ObserverWorld whose clock the test sets; the trainer sits at one coordinate."""
+
+    def __init__(self) -> None:
+        self.now_s = 0.0
+        self.exit: bool | None = None
+        self.reports: list[StallReport] = []
+
+    def now(self) -> float:
+        return self.now_s
+
+    def trainer_exit(self) -> bool | None:
+        return self.exit
+
+    def read_progress(self) -> Progress | None:
+        return Progress(step=3, op=7)
+
+    def join(self) -> bool | str:
+        return True
+
+    def emit(self, report: StallReport) -> None:
+        self.reports.append(report)
+
+    def fail(self, reason: str) -> None:  # pragma: no cover - a failure ends the test below
+        raise AssertionError(reason)
+
+
+def _until_receive(ops: Any, answer: Any, sent: list[Transmit]) -> Receive:
+    """Answer the pending op with ``answer`` (a Receive's deliveries; None to start) and advance
+    the driver to its next Receive, collecting what it transmits meanwhile."""
+    bound = 1000  # a driver that never waits would be a bug; stop instead of spinning
+    while bound:
+        bound -= 1
+        op = ops.send(answer)
+        if isinstance(op, Receive):
+            return op
+        if isinstance(op, Transmit):
+            sent.append(op)
+        answer = None
+    raise AssertionError("the driver did not wait for datagrams within 1000 ops")
+
+
+def test_DRIVER_3_a_message_is_stepped_only_from_the_position_the_channel_authenticated() -> None:
+    world = HeldWorld()
+    config = ObserverConfig(position=0, group_size=3, stall_threshold_s=10.0)
+    ops = drive(config, world, poll_interval_s=0.05)
+    sent: list[Transmit] = []
+    _until_receive(ops, None, [])  # joined, attached, watching: the first wait for datagrams
+    request = wire.encode_message(Request(RoundId(initiator=1, number=1)))
+
+    # Position 2 relays a request that claims to be position 1's round: refused, unanswered.
+    _until_receive(ops, [(2, request)], sent)
+    assert sent == []
+    # The same bytes from position 1 itself: stepped, and answered to position 1.
+    _until_receive(ops, [(1, request)], sent)
+    assert [t.to for t in sent] == [1]
+    world.exit = True
+    try:
+        _until_receive(ops, [], [])
+    except StopIteration as stop:
+        run: ObserverRun = stop.value
+    else:  # pragma: no cover
+        raise AssertionError("the driver went on after its trainer exited")
+    assert run.impersonated == 1 and run.messages_received == 2 and run.messages_sent == 1
+
+
+def test_DRIVER_2_every_effect_of_the_closed_union_has_a_branch_in_the_driver() -> None:
+    """The dispatch ends in assert_never (mypy proves it total); this names each member, so a
+    member added to ObserverEffect without a branch fails here too, not only under mypy."""
+    members = typing.get_args(ObserverEffect)
+    assert len(members) >= 7
+    source = inspect.getsource(driver.drive)
+    missing = [m.__name__ for m in members if f"isinstance(effect, {m.__name__})" not in source]
+    assert missing == [], f"effects without a branch in scout.observer.driver.drive: {missing}"
+    assert "assert_never(effect)" in source
