@@ -225,7 +225,7 @@ def _verdict_from(value: Any, path: str) -> GroupVerdict:
         )
     except CodecError:
         raise
-    except ValueError as error:
+    except (TypeError, ValueError) as error:
         raise CodecError(f"{path}: {error}") from error
 
 
