@@ -11,7 +11,6 @@ rank"."""
 from __future__ import annotations
 
 import itertools
-import subprocess
 import sys
 from pathlib import Path
 
@@ -51,6 +50,7 @@ from scout.core.straggler.model import (
     StragglerState,
 )
 from scout.core.verdict import classify_timing
+from tests import processes
 
 REPO = Path(__file__).resolve().parents[2]
 PEER_EVENTS: tuple[PeerEvent, ...] = (SLOW_ROUND, CLEAN_ROUND, UNDECIDED_ROUND)
@@ -61,7 +61,7 @@ def test_STRAG_7_table_conforms_and_its_document_is_current() -> None:
     machine = straggler_machine()
     assert conformance_problems(machine) == []
     assert {p.id for p in machine.properties} == TABLE_INVARIANTS
-    result = subprocess.run(
+    result = processes.run(
         [sys.executable, "-m", "scout.cli", "spec", "--check"],
         cwd=REPO,
         capture_output=True,

@@ -27,6 +27,7 @@ import pytest
 
 from scout.gate.manifest import WRITE_STAGES, load_manifest, read_manifest_set
 from scout.gate.recorder import read_gate_reading
+from tests import processes
 from tests.gate_story import CONFIG, story_payloads
 from tests.unit import manifest_writer_child
 
@@ -59,7 +60,7 @@ def run_child(directory: Path, payloads_file: Path, generations: int, kill_at: t
     command = [sys.executable, str(CHILD), str(directory), JOB, str(payloads_file), str(generations)]
     if kill_at is not None:
         command += [str(kill_at[0]), kill_at[1]]
-    return subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+    return processes.run(command, env=_env(), capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
 
 
 def acknowledged(stdout: str) -> list[int]:
