@@ -47,6 +47,7 @@ SCENARIO_MODULES: list[str] = [
     "scout.scenarios.exchange",
     "scout.scenarios.observer",
     "scout.scenarios.gate_campaign",
+    "scout.scenarios.localization",
 ]
 
 DEFAULT_GROUP_SIZE = 8
