@@ -121,8 +121,15 @@ def is_helper(info: ProcessInfo) -> bool:
     return any(marker in info.command for marker in HELPER_MARKERS)
 
 
-def reap_zombies() -> None:
-    """Collect every exited child of this process (orphans re-parented to us included)."""
+def reap_zombies(pids: Sequence[int] | None = None) -> None:
+    """Collect exited children of this process: ``pids`` (orphans re-parented to us, leftovers),
+    or every one at the end of the session. Only named ones during the session: a child that a
+    test's Popen or Process object still owns must be left for it to wait on."""
+    if pids is not None:
+        for pid in pids:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+        return
     while True:
         try:
             pid, _status = os.waitpid(-1, os.WNOHANG)
@@ -142,8 +149,7 @@ def leftovers(before: set[int], grace_s: float = EXIT_GRACE_S) -> list[ProcessIn
     deadline = time.monotonic() + grace_s
     while True:
         current = [info for pid, info in descendants().items() if pid not in before and not is_helper(info)]
-        if any(info.state == "Z" and info.ppid == os.getpid() for info in current):
-            reap_zombies()
+        reap_zombies([info.pid for info in current if info.state == "Z" and info.ppid == os.getpid()])
         alive = [info for info in current if _alive(info)]
         if not alive or time.monotonic() >= deadline:
             return alive
@@ -163,7 +169,7 @@ def kill(processes: Sequence[ProcessInfo]) -> None:
     deadline = time.monotonic() + KILL_WAIT_S
     pids = {info.pid for info in processes}
     while time.monotonic() < deadline:
-        reap_zombies()
+        reap_zombies(sorted(pids))
         remaining = [pid for pid in pids if (info := _info(pid)) is not None and _alive(info)]
         if not remaining:
             return

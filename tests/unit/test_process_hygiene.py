@@ -90,5 +90,5 @@ def test_die_with_parent_kills_a_child_whose_parent_dies() -> None:
     assert parent.returncode == -signal.SIGKILL
     orphan = int(parent.stdout.split()[-1])
     assert wait_until(lambda: orphan not in {p for p, i in processes.descendants().items() if i.state != "Z"})
-    processes.reap_zombies()
+    processes.reap_zombies([orphan])
     assert processes.leftovers(before, grace_s=1.0) == []
