@@ -28,7 +28,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Nothing outlives the run: kill whatever is left below pytest (helpers exit with it)."""
-    left = [info for info in processes.descendants().values() if not processes.is_helper(info)]
+    everything = processes.descendants()
+    left = [info for info in everything.values() if not processes.is_helper(info, everything)]
     if left:
         processes.kill(left)
     processes.reap_zombies()

@@ -117,8 +117,13 @@ def descendants(root: int | None = None) -> dict[int, ProcessInfo]:
     return found
 
 
-def is_helper(info: ProcessInfo) -> bool:
-    return any(marker in info.command for marker in HELPER_MARKERS)
+def is_helper(info: ProcessInfo, processes: dict[int, ProcessInfo] | None = None) -> bool:
+    """multiprocessing's forkserver or resource tracker itself. A process the forkserver forked
+    (a rank) carries the server's command line too; its parent is the server, so it is not one."""
+    if not any(marker in info.command for marker in HELPER_MARKERS):
+        return False
+    parent = (processes or {}).get(info.ppid) or _info(info.ppid)
+    return parent is None or HELPER_MARKERS[0] not in parent.command or HELPER_MARKERS[1] in info.command
 
 
 def reap_zombies(pids: Sequence[int] | None = None) -> None:
@@ -148,7 +153,8 @@ def leftovers(before: set[int], grace_s: float = EXIT_GRACE_S) -> list[ProcessIn
     after ``grace_s`` (zombie children are reaped on the way)."""
     deadline = time.monotonic() + grace_s
     while True:
-        current = [info for pid, info in descendants().items() if pid not in before and not is_helper(info)]
+        everything = descendants()
+        current = [info for pid, info in everything.items() if pid not in before and not is_helper(info, everything)]
         reap_zombies([info.pid for info in current if info.state == "Z" and info.ppid == os.getpid()])
         alive = [info for info in current if _alive(info)]
         if not alive or time.monotonic() >= deadline:
