@@ -92,3 +92,21 @@ def test_die_with_parent_kills_a_child_whose_parent_dies() -> None:
     assert wait_until(lambda: orphan not in {p for p, i in processes.descendants().items() if i.state != "Z"})
     processes.reap_zombies([orphan])
     assert processes.leftovers(before, grace_s=1.0) == []
+
+
+def test_a_rank_forked_by_the_forkserver_is_not_taken_for_the_forkserver() -> None:
+    """Forked ranks carry the forkserver's command line; only the server itself is exempt."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("forkserver")
+    before = set(processes.descendants())
+    rank = context.Process(target=time.sleep, args=(30,), daemon=True)
+    rank.start()
+    try:
+        left = processes.leftovers(before, grace_s=0.2)
+        assert [info.pid for info in left] == [rank.pid]
+        assert "multiprocessing.forkserver" in left[0].command
+    finally:
+        rank.kill()
+        rank.join(10)
+    assert processes.leftovers(before, grace_s=2.0) == []
