@@ -1,8 +1,14 @@
-"""Shared pytest configuration."""
+"""Shared pytest configuration, and process hygiene (tests/processes.py): pytest is a child
+subreaper for the session, and a test that leaves a process behind fails, after its processes
+are killed."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
+
+from tests import processes
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -18,12 +24,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 # to one audit file (scout.reports.append_record honours SCOUT_REPORT_AUDIT_FILE) and validated
 # against the JSON Schema at the end: a report that breaks scout.report/1 fails the session.
 _AUDIT_ENV = "SCOUT_REPORT_AUDIT_FILE"
+_SUBREAPER = pytest.StashKey[bool]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
     import os
     import tempfile
 
+    # Orphans (a rank whose launcher died, an observer whose trainer died) come back to pytest
+    # instead of init, so the fixture below sees them.
+    config.stash[_SUBREAPER] = processes.become_subreaper()
     if _AUDIT_ENV not in os.environ and not hasattr(config, "workerinput"):
         handle, path = tempfile.mkstemp(prefix="scout-report-audit-", suffix=".jsonl")
         os.close(handle)
@@ -32,6 +42,17 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Nothing outlives the run: kill whatever is left below pytest (helpers exit with it); then
+    audit every report the session wrote."""
+    everything = processes.descendants()
+    left = [info for info in everything.values() if not processes.is_helper(info, everything)]
+    if left:
+        processes.kill(left)
+    processes.reap_zombies()
+    _audit_reports(session)
+
+
+def _audit_reports(session: pytest.Session) -> None:
     import json
     import os
 
@@ -55,3 +76,22 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             for problem in problems[:20]:
                 reporter.write_line(f"  invalid report: {problem}", red=True)
         session.exitstatus = 1
+
+
+@pytest.fixture(autouse=True)
+def no_process_left_behind(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail the test that leaves a process running (after a grace period for exits in flight);
+    the processes are killed either way."""
+    if not request.config.stash.get(_SUBREAPER, False):
+        yield
+        return
+    before = set(processes.descendants())
+    yield
+    left = processes.leftovers(before)
+    if left:
+        processes.kill(left)
+        pytest.fail(
+            f"{request.node.nodeid} left {len(left)} process(es) running {processes.EXIT_GRACE_S} s after it "
+            "ended (now killed):\n  " + "\n  ".join(info.describe() for info in left),
+            pytrace=False,
+        )

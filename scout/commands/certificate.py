@@ -3,7 +3,8 @@ checkpoint -- which recipes were replayed in the cycle before and the cycle afte
 which steps, with which verdicts from which peer groups (docs/design.md §2.3; docs/gate.md).
 
 RUN_DIR is a run directory of ``scout.attach`` (its manifest is ``RUN_DIR/gate``); MANIFEST is a
-manifest directory (the newest good generation is read) or one generation file.
+manifest directory (read as every gate reader reads it: every surviving record folded, failing
+closed when the newest generation is lost, spec/gate.md GATE-30, GATE-31) or one generation file.
 STEP picks the verified checkpoint at that step; without it, the newest verified one. ``--json``
 prints the documented certificate object; ``--list`` lists every checkpoint and its trust.
 Exit status: 0 shown, 1 no such verified checkpoint (or its certificate does not hold), 2 the
@@ -19,22 +20,32 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from scout.core.machine import MachineState
 from scout.gate.codec import CERTIFICATE_CLAIM, CodecError, certificate_to_json, state_from_json
-from scout.gate.manifest import (
-    LoadedManifest,
-    ManifestError,
-    ManifestFallbackWarning,
-    decode_manifest,
-    load_manifest,
-)
+from scout.gate.fold import certificate_holds
+from scout.gate.manifest import ManifestError, read_manifest_file
 from scout.gate.model import (
     Certificate,
     CheckpointEntry,
     CycleRecord,
     GateConfig,
+    GateContext,
     Trust,
-    is_complete_and_clean,
 )
+from scout.gate.recorder import inspect_gate
+
+GateMachineState = MachineState[GateContext]
+
+
+def _step(text: str) -> int:
+    """A training step: an int >= 0 (argparse calls this; ValueError becomes one usage line)."""
+    try:
+        value = int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"STEP must be a training step (an int >= 0), got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"STEP must be a training step (an int >= 0), got {value}")
+    return value
 
 
 def register(subparsers: Any) -> None:
@@ -48,33 +59,33 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("manifest", type=Path,
                         help="run directory, manifest directory, or one manifest.<generation>.json file")
-    parser.add_argument("step", type=int, nargs="?", help="training step of the checkpoint (default: newest verified)")
+    parser.add_argument("step", type=_step, nargs="?", help="training step of the checkpoint (default: newest verified)")
     parser.add_argument("--json", action="store_true", help="print the certificate as JSON (schema in docs/gate.md)")
     parser.add_argument("--list", action="store_true", help="list every checkpoint in the manifest and its trust")
     parser.add_argument("--job-id", help="refuse a manifest of another job (default: accept the job it names)")
     parser.set_defaults(func=run)
 
 
-def _load(path: Path, job_id: str | None) -> LoadedManifest | None:
+def _load(path: Path, job_id: str | None) -> tuple[GateMachineState, str] | None:
+    """The gate state and where it was read. A directory is read as every gate reader reads it
+    (folded, failing closed: GATE-30, GATE-31), each warning one stderr line; a single file is
+    that generation alone."""
     if (path / "gate").is_dir():  # a run directory of scout.attach: its manifest is run_dir/gate
         path = path / "gate"
     if path.is_dir():
         with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", ManifestFallbackWarning)
-            loaded = load_manifest(path, job_id)
+            warnings.simplefilter("always")
+            reading = inspect_gate(path, job_id)
         for warning in caught:
             print(f"scout certificate: warning: {warning.message}", file=sys.stderr)
-        return loaded
-    try:
-        data = path.read_bytes()
-    except OSError as error:
-        raise ManifestError(f"{path}: cannot read: {error}") from error
-    try:
-        return decode_manifest(data, path, job_id)
-    except ManifestError:
-        raise
-    except Exception as error:  # the private damage type: report it like the reader does
-        raise ManifestError(f"{path}: not a good manifest generation: {error}") from error
+        if reading is None:
+            return None
+        if reading.fail_closed is not None:
+            print(f"scout certificate: warning: fail-closed reading (GATE-31): {reading.fail_closed}; every "
+                  "unverified checkpoint is shown QUARANTINED", file=sys.stderr)
+        return reading.state, f"{reading.path} (generation {reading.generation})"
+    loaded = read_manifest_file(path, job_id)
+    return state_from_json(loaded.payload.get("gate")), f"{loaded.path} (generation {loaded.generation})"
 
 
 def _record_lines(role: str, record: CycleRecord, groups: tuple[str, ...]) -> list[str]:
@@ -121,27 +132,20 @@ def render_certificate(certificate: Certificate, entry: CheckpointEntry, config:
 
 
 def _holds(certificate: Certificate, entry: CheckpointEntry, config: GateConfig) -> bool:
-    return (
-        certificate.checkpoint == entry.id
-        and is_complete_and_clean(config, certificate.before)
-        and is_complete_and_clean(config, certificate.after)
-        and certificate.before.end_step == entry.id.step == certificate.after.start_step
-    )
+    return certificate_holds(certificate, entry.id, config)
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        loaded = _load(args.manifest, args.job_id)
-        if loaded is None:
+        found = _load(args.manifest, args.job_id)
+        if found is None:
             print(f"scout certificate: {args.manifest} holds no manifest yet", file=sys.stderr)
             return 2
-        gate = loaded.payload.get("gate")
-        state = state_from_json(gate)
     except (ManifestError, CodecError) as error:
         print(f"scout certificate: {error}", file=sys.stderr)
         return 2
+    state, source = found
     context = state.context
-    source = f"{loaded.path} (generation {loaded.generation})"
     if args.list:
         for entry in context.checkpoints:
             print(f"{str(entry.id):<14} {entry.trust.value:<18} {entry.reason}")
@@ -170,7 +174,8 @@ def run(args: argparse.Namespace) -> int:
         return 1
     if args.json:
         document = certificate_to_json(certificate, context.config.job_id)
-        document["manifest"] = {"path": str(loaded.path), "generation": loaded.generation}
+        path, generation = source.rsplit(" (generation ", 1)
+        document["manifest"] = {"path": path, "generation": int(generation.rstrip(")"))}
         print(json.dumps(document, indent=2, sort_keys=True))
     else:
         sys.stdout.write(render_certificate(certificate, entry, context.config, source))

@@ -32,6 +32,20 @@ from scout.transport.sim.faults import describe_ranks
 
 DEFAULT_RANKS = 8
 SEED_BITS = 32  # a seed drawn when none is given: short enough to type back
+SEED_MAX = 2**64 - 1  # seeds are non-negative: random.Random(-s) is the same run as Random(s)
+
+
+def _integer(name: str) -> Any:
+    """An argparse type: a base-10 integer, refused with one line naming the value (ranges are
+    checked in :func:`main`, so that they exit 2 with the same ``scout simulate: error:`` line)."""
+
+    def parse(text: str) -> int:
+        try:
+            return int(text, 10)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
+
+    return parse
 
 
 def register(subparsers: Any) -> None:
@@ -45,25 +59,28 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--list", action="store_true", help="list the scenarios and exit")
     parser.add_argument(
         "--ranks",
-        type=int,
+        type=_integer("--ranks"),
         default=DEFAULT_RANKS,
         help=f"simulated ranks (default {DEFAULT_RANKS})",
     )
     parser.add_argument(
-        "--seed", type=int, default=None, help="seed (default: a random one, printed)"
+        "--seed", type=_integer("--seed"), default=None,
+        help="seed, an integer >= 0 (default: a random one, printed)"
     )
     parser.add_argument(
         "--group-size",
-        type=int,
+        type=_integer("--group-size"),
         default=DEFAULT_GROUP_SIZE,
         help=f"replica group size: peers that compare evidence (default {DEFAULT_GROUP_SIZE})",
     )
     parser.add_argument(
-        "--rounds", type=int, default=DEFAULT_ROUNDS, help=f"rounds (default {DEFAULT_ROUNDS})"
+        "--rounds", type=_integer("--rounds"), default=DEFAULT_ROUNDS,
+        help=f"rounds (default {DEFAULT_ROUNDS})"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument(
-        "--trace", type=int, default=0, metavar="N", help="also print the first N trace records"
+        "--trace", type=_integer("--trace"), default=0, metavar="N",
+        help="also print the first N trace records"
     )
     parser.set_defaults(func=main)
 
@@ -86,6 +103,11 @@ def main(args: argparse.Namespace) -> int:
         return _error(f"--ranks must be >= 1, got {args.ranks}")
     if args.trace < 0:
         return _error(f"--trace must be >= 0, got {args.trace}")
+    if args.rounds < 1:
+        return _error(f"--rounds must be >= 1, got {args.rounds}")
+    if args.seed is not None and not 0 <= args.seed <= SEED_MAX:
+        return _error(f"--seed must be in 0..{SEED_MAX}, got {args.seed} (seeds are non-negative: "
+                      "a negative seed would replay the run of its absolute value)")
     seed = args.seed if args.seed is not None else random.SystemRandom().getrandbits(SEED_BITS)
     try:
         params = ScenarioParams(

@@ -17,7 +17,8 @@ import enum
 import math
 import numbers
 from collections import Counter
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any, Final, Literal
 
 import attrs
@@ -132,9 +133,43 @@ _MAD_TO_SIGMA: Final = 1.4826
 
 
 def _as_list(values: Iterable[Any]) -> list[Any]:
+    """The peer group as a list (VERDICT-8): an ordered sequence, one entry per peer. Strings and
+    bytes (whose characters would become peers), mappings and sets (no peer order) and
+    non-iterables are refused; a 1-D array (numpy, torch: anything with ``ndim`` and
+    ``tolist``) becomes its elements as Python scalars."""
     if isinstance(values, list):
         return values
-    return list(values)
+    if isinstance(values, tuple):
+        return list(values)
+    if isinstance(values, (str, bytes, bytearray, memoryview)):
+        raise TypeError(
+            f"the peer group must be a sequence with one piece of evidence per peer, got a "
+            f"{type(values).__name__} ({values!r:.40}): wrap a single value in a list (VERDICT-8)"
+        )
+    if isinstance(values, (Mapping, AbstractSet)):
+        raise TypeError(
+            f"the peer group must be an ordered sequence (peer i at position i), got a "
+            f"{type(values).__name__}, which has no peer order: pass a list (VERDICT-8)"
+        )
+    ndim = getattr(values, "ndim", None)
+    to_list = getattr(values, "tolist", None)
+    if ndim is not None and callable(to_list):
+        if ndim != 1:
+            raise TypeError(
+                f"the peer group must be one-dimensional (one entry per peer), got a {ndim}-D "
+                f"{type(values).__name__}; pass one value per peer (VERDICT-8)"
+            )
+        converted = to_list()
+        if not isinstance(converted, list):
+            raise TypeError(f"{type(values).__name__}.tolist() gave {type(converted).__name__}, not a list (VERDICT-8)")
+        return converted
+    try:
+        return list(values)
+    except TypeError:
+        raise TypeError(
+            f"the peer group must be an iterable of evidence, one entry per peer, got "
+            f"{type(values).__name__} {values!r:.40} (VERDICT-8)"
+        ) from None
 
 
 def _inconclusive(
@@ -156,11 +191,15 @@ def _inconclusive(
 
 
 def _is_nan(value: Any) -> bool:
-    return isinstance(value, float) and value != value
+    """VERDICT-12: a NaN of any numeric type (Python float, numpy float16/32/64, complex, ...)."""
+    if type(value) is float:
+        return value != value
+    return isinstance(value, numbers.Number) and bool(value != value)
 
 
-def _check_exact_types(values: list[Any]) -> None:
-    """VERDICT-10: hashable, one exact type among present values. Raises TypeError."""
+def _check_exact_types(values: list[Any]) -> type | None:
+    """VERDICT-10, VERDICT-19: hashable, one exact type among present values, compared by value.
+    Returns that type (None when every peer is MISSING). Raises TypeError naming the peer."""
     first_type: type | None = None
     first_position = -1
     for position, value in enumerate(values):
@@ -168,6 +207,7 @@ def _check_exact_types(values: list[Any]) -> None:
             continue
         if first_type is None:
             first_type, first_position = type(value), position
+            _check_value_equality(position, value)
         elif type(value) is not first_type:
             raise TypeError(
                 f"exact evidence must be of one type: peer {first_position} gave "
@@ -185,6 +225,31 @@ def _check_exact_types(values: list[Any]) -> None:
                 f"exact evidence must be hashable: peer {position} gave "
                 f"unhashable {type(value).__name__} {value!r}"
             ) from None
+    return first_type
+
+
+def _check_value_equality(position: int, value: Any) -> None:
+    """VERDICT-19: evidence is compared by value. A type that compares by identity (plain
+    objects) or whose ``==`` is not a truth value (tensors, arrays) would vote silently wrong."""
+    kind = type(value)
+    if kind.__eq__ is object.__eq__:  # type: ignore[comparison-overlap]
+        raise TypeError(
+            f"exact evidence must compare by value: peer {position} gave {kind.__name__}, which "
+            "compares by identity; pass a signature (int), bytes, a str or a tuple (VERDICT-19)"
+        )
+    try:
+        same = value == value
+    except Exception as error:
+        raise TypeError(
+            f"exact evidence must compare by value: peer {position} gave {kind.__name__}, whose == "
+            f"raised {type(error).__name__} (VERDICT-19)"
+        ) from None
+    if not isinstance(same, (bool, np.bool_)):
+        raise TypeError(
+            f"exact evidence must compare by value: peer {position} gave {kind.__module__}."
+            f"{kind.__name__}, whose == gives {type(same).__name__}, not a bool (a tensor or an "
+            "array); pass its signature (int) or .item() for a scalar (VERDICT-19)"
+        )
 
 
 def classify_exact(values: Iterable[Any]) -> Verdict:
@@ -199,19 +264,27 @@ def classify_exact(values: Iterable[Any]) -> Verdict:
     fast = _exact_all_int_fast_path(items)
     if fast is not None:
         return fast
-    _check_exact_types(items)
+    kind = _check_exact_types(items)
     evidence = tuple(items)
     missing = tuple(i for i, v in enumerate(items) if v is MISSING)
-    invalid = tuple(i for i, v in enumerate(items) if _is_nan(v))
+    # Only a numeric type can hold a NaN (VERDICT-12); every present value has this one type.
+    nan_possible = kind is not None and issubclass(kind, numbers.Number)
+    invalid = tuple(i for i, v in enumerate(items) if v is not MISSING and _is_nan(v)) if nan_possible else ()
     if n == 1:
         return _inconclusive(evidence, Reason.SINGLETON, missing, invalid)
-    counts = Counter(v for v in items if v is not MISSING and not _is_nan(v))
+    if invalid:
+        invalid_set = set(invalid)
+        counts = Counter(v for i, v in enumerate(items) if v is not MISSING and i not in invalid_set)
+    else:
+        counts = Counter(v for v in items if v is not MISSING)
     if not counts:
         return _inconclusive(evidence, Reason.NO_EVIDENCE, missing, invalid)
     healthy, count = counts.most_common(1)[0]
     if 2 * count > n:
+        invalid_positions = frozenset(invalid)
         outliers = tuple(
-            i for i, v in enumerate(items) if v is not MISSING and (_is_nan(v) or v != healthy)
+            i for i, v in enumerate(items)
+            if v is not MISSING and (i in invalid_positions or v != healthy)
         )
         if outliers:
             return Verdict(Status.ATTRIBUTED, outliers, evidence, None, missing, invalid, healthy)

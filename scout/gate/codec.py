@@ -38,6 +38,7 @@ __all__ = [
     "config_to_json",
     "state_from_json",
     "state_to_json",
+    "transition_from_json",
     "transition_to_json",
 ]
 
@@ -225,7 +226,7 @@ def _verdict_from(value: Any, path: str) -> GroupVerdict:
         )
     except CodecError:
         raise
-    except ValueError as error:
+    except (TypeError, ValueError) as error:
         raise CodecError(f"{path}: {error}") from error
 
 
@@ -267,6 +268,24 @@ def certificate_from_json(value: Any, path: str = "certificate") -> Certificate:
         _required_record(_get(value, "after", path), f"{path}.after"),
         _int(_get(value, "promoted_at_step", path), f"{path}.promoted_at_step"),
     )
+
+
+def transition_from_json(value: Any, path: str = "transition") -> tuple[int, TrustChange]:
+    """Decode one entry of the trust-transition log (or a trust-log record, which adds a
+    ``certificate`` to promotions): ``(sequence, change)``. Raises :class:`CodecError`."""
+    sequence = _int(_get(value, "sequence", path), f"{path}.sequence")
+    if sequence < 1:
+        raise CodecError(f"{path}.sequence: expected an int >= 1, got {sequence!r}")
+    before = _get(value, "before", path)
+    certificate = value.get("certificate") if isinstance(value, Mapping) else None
+    change = TrustChange(
+        _checkpoint_from(_get(value, "checkpoint", path), f"{path}.checkpoint"),
+        None if before is None else _enum_value(Trust, before, f"{path}.before"),
+        _enum_value(Trust, _get(value, "after", path), f"{path}.after"),
+        _str(_get(value, "reason", path), f"{path}.reason"),
+        None if certificate is None else certificate_from_json(certificate, f"{path}.certificate"),
+    )
+    return sequence, change
 
 
 def _entry_from(value: Any, path: str) -> CheckpointEntry:

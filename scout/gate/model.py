@@ -41,6 +41,7 @@ __all__ = [
     "Replay",
     "Restart",
     "ResultClass",
+    "STEP_MAX",
     "SdcRecord",
     "Trust",
     "TrustChange",
@@ -100,9 +101,20 @@ def _nonempty_name(instance: object, attribute: attrs.Attribute[str], value: str
         raise ValueError(f"{attribute.name} must be a non-empty string without outer spaces, got {value!r}")
 
 
+#: The largest step (and cycle and timeline number) the gate accepts (GATE-35). Checkpoint
+#: directories carry the step in 12 digits (scout.gate.dcp); a step beyond that is a unit or
+#: overflow mistake, and accepting it would wedge the gate, since every later event would be
+#: "behind" it.
+STEP_MAX: Final = 10**12 - 1
+
+
+def _is_counter(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= STEP_MAX
+
+
 def _step_value(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{attribute.name} must be an int >= 0 (a training step), got {value!r}")
+    if not _is_counter(value):
+        raise ValueError(f"{attribute.name} must be an int in 0..{STEP_MAX} (a training step), got {value!r}")
 
 
 @attrs.frozen(order=True, cache_hash=True)
@@ -186,7 +198,9 @@ class GateConfig:
 @attrs.frozen(cache_hash=True)
 class GroupVerdict:
     """One peer group's verdict on one replay. ``outliers`` are peer positions in the group
-    (ATTRIBUTED only); ``reason`` is the Inconclusive reason code (VERDICT-5) or ``no-result``."""
+    (ATTRIBUTED only); ``reason`` is the Inconclusive reason code (VERDICT-5) or ``no-result``.
+    Types are checked here, at the boundary (GATE-35): an outcome given as the string
+    ``"ATTRIBUTED"`` would otherwise read as "not SDC"."""
 
     group: str
     outcome: Outcome
@@ -194,6 +208,24 @@ class GroupVerdict:
     reason: str = ""
 
     def __attrs_post_init__(self) -> None:
+        if not isinstance(self.group, str) or not self.group:
+            raise TypeError(f"GroupVerdict.group must be a non-empty str (a peer group name), got {self.group!r}")
+        if not isinstance(self.outcome, Outcome):
+            raise TypeError(
+                f"group {self.group!r}: outcome must be a scout.gate.model.Outcome member "
+                f"({', '.join(f'Outcome.{o.name}' for o in Outcome)}), got {type(self.outcome).__name__} "
+                f"{self.outcome!r}"
+            )
+        if not isinstance(self.outliers, tuple) or not all(
+            isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in self.outliers
+        ):
+            raise TypeError(f"group {self.group!r}: outliers must be a tuple of peer positions (ints >= 0), "
+                            f"got {self.outliers!r}")
+        if list(self.outliers) != sorted(set(self.outliers)):
+            raise ValueError(f"group {self.group!r}: outliers {list(self.outliers)} must be ascending without repeats "
+                             "(VERDICT-2)")
+        if not isinstance(self.reason, str):
+            raise TypeError(f"group {self.group!r}: reason must be a str, got {self.reason!r}")
         if (self.outcome is Outcome.ATTRIBUTED) != bool(self.outliers):
             raise ValueError(
                 f"group {self.group!r}: outliers {list(self.outliers)} with outcome "
@@ -207,6 +239,9 @@ class GroupVerdict:
 
 
 def _verdicts(value: Iterable[GroupVerdict]) -> tuple[GroupVerdict, ...]:
+    if isinstance(value, (str, bytes, GroupVerdict)) or not isinstance(value, Iterable):
+        raise TypeError(f"verdicts must be a sequence of GroupVerdict, one per applicable group, got "
+                        f"{type(value).__name__} {value!r}")
     return tuple(value)
 
 
@@ -223,7 +258,17 @@ class RecipeVerdicts:
     result_class: ResultClass = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
-        outcomes = [getattr(verdict, "outcome", None) for verdict in self.verdicts]
+        if not isinstance(self.recipe, str) or not self.recipe:
+            raise TypeError(f"RecipeVerdicts.recipe must be a non-empty str (a recipe id), got {self.recipe!r}")
+        for name in ("cycle", "step"):
+            if not _is_counter(getattr(self, name)):
+                raise ValueError(f"result for recipe {self.recipe!r}: {name} must be an int in 0..{STEP_MAX}, "
+                                 f"got {getattr(self, name)!r}")
+        for verdict in self.verdicts:
+            if not isinstance(verdict, GroupVerdict):
+                raise TypeError(f"result for recipe {self.recipe!r}: verdicts must be GroupVerdict values, got "
+                                f"{type(verdict).__name__} {verdict!r}")
+        outcomes = [verdict.outcome for verdict in self.verdicts]
         if Outcome.ATTRIBUTED in outcomes:
             result_class = ResultClass.SDC
         elif all(outcome is Outcome.AGREE for outcome in outcomes):
@@ -238,7 +283,7 @@ class CheckpointCaptured:
     """A checkpoint's bytes are complete on stable storage at ``step``."""
 
     trigger: ClassVar[str] = "capture"
-    step: int
+    step: int = attrs.field(validator=_step_value)
 
 
 @attrs.frozen(cache_hash=True)
@@ -246,7 +291,7 @@ class CycleBoundary:
     """The replay scheduler closes the open cycle at ``step`` and opens the next there."""
 
     trigger: ClassVar[str] = "boundary"
-    step: int
+    step: int = attrs.field(validator=_step_value)
 
 
 @attrs.frozen(cache_hash=True)
@@ -254,7 +299,7 @@ class Restart:
     """The job restarts from the restorable checkpoint at ``step`` (None: from initialization)."""
 
     trigger: ClassVar[str] = "restart"
-    step: int | None
+    step: int | None = attrs.field(validator=attrs.validators.optional(_step_value))
 
 
 GateEvent = RecipeVerdicts | CheckpointCaptured | CycleBoundary | Restart

@@ -113,7 +113,8 @@ RULES: Final = tuple(
 @attrs.frozen
 class RecoveryDecision:
     """Which checkpoint to restore and why. ``checkpoint`` is None exactly when ``choice`` is
-    ``none`` (start from initialization)."""
+    ``none`` (start from initialization). ``notes`` say what else the decision rests on, such as
+    a manifest reading that failed closed (GATE-31)."""
 
     situation: Situation
     choice: Choice
@@ -121,6 +122,7 @@ class RecoveryDecision:
     why: str
     rule: int
     checkpoint: CheckpointId | None = None
+    notes: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -136,6 +138,7 @@ class RecoveryDecision:
             "checkpoint": None
             if self.checkpoint is None
             else {"timeline": self.checkpoint.timeline, "step": self.checkpoint.step},
+            "notes": list(self.notes),
         }
 
 

@@ -17,12 +17,14 @@ from typing import Any
 from scout.core.machine import Firing, Machine, MachineState, Property, packaged_machine
 from scout.gate.model import (
     RESTORABLE,
+    STEP_MAX,
     CheckpointCaptured,
     CycleBoundary,
     GateConfig,
     GateContext,
     GateEvent,
     GroupVerdict,
+    Outcome,
     RecipeVerdicts,
     Restart,
     Trust,
@@ -48,7 +50,7 @@ def initial_state(config: GateConfig) -> GateMachineState:
 
 
 def _is_step(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= STEP_MAX
 
 
 def _check_result(state: GateMachineState, event: RecipeVerdicts) -> None:
@@ -59,8 +61,9 @@ def _check_result(state: GateMachineState, event: RecipeVerdicts) -> None:
             f"unknown recipe id {event.recipe!r}: the catalog of job {config.job_id!r} is "
             f"{list(config.recipe_ids)}; check the scheduler's catalog against the gate's"
         )
-    if not _is_step(event.step) or not (isinstance(event.cycle, int) and not isinstance(event.cycle, bool)):
-        raise GateInputError(f"result for recipe {event.recipe!r}: step {event.step!r} and cycle {event.cycle!r} must be ints >= 0")
+    if not _is_step(event.step) or not _is_step(event.cycle):
+        raise GateInputError(f"result for recipe {event.recipe!r}: step {event.step!r} and cycle {event.cycle!r} "
+                             f"must be ints in 0..{STEP_MAX} (GATE-35)")
     if context.cycle_start_step is None:
         raise GateInputError(
             f"result for recipe {event.recipe!r} in cycle {event.cycle}: no cycle is open (the gate is "
@@ -84,6 +87,10 @@ def _check_result(state: GateMachineState, event: RecipeVerdicts) -> None:
         )
     if not isinstance(event.verdicts, tuple) or not all(isinstance(v, GroupVerdict) for v in event.verdicts):
         raise GateInputError(f"result for recipe {event.recipe!r}: verdicts must be a tuple of GroupVerdict")
+    for verdict in event.verdicts:
+        if not isinstance(verdict.outcome, Outcome):
+            raise GateInputError(f"result for recipe {event.recipe!r}: group {verdict.group!r} has outcome "
+                                 f"{verdict.outcome!r}; outcomes are scout.gate.model.Outcome members (GATE-35)")
     given = tuple(verdict.group for verdict in event.verdicts)
     wanted = config.groups_of(event.recipe)
     if given != wanted:
@@ -97,7 +104,7 @@ def _check_result(state: GateMachineState, event: RecipeVerdicts) -> None:
 def _check_capture(state: GateMachineState, event: CheckpointCaptured) -> None:
     context = state.context
     if not _is_step(event.step):
-        raise GateInputError(f"capture step must be an int >= 0, got {event.step!r}")
+        raise GateInputError(f"capture step must be an int in 0..{STEP_MAX}, got {event.step!r} (GATE-35)")
     if context.last_capture_step is not None and event.step == context.last_capture_step:
         raise GateInputError(
             f"second capture for step {event.step} in timeline {context.timeline}: a step has one "
@@ -118,7 +125,7 @@ def _check_capture(state: GateMachineState, event: CheckpointCaptured) -> None:
 def _check_boundary(state: GateMachineState, event: CycleBoundary) -> None:
     context = state.context
     if not _is_step(event.step):
-        raise GateInputError(f"boundary step must be an int >= 0, got {event.step!r}")
+        raise GateInputError(f"boundary step must be an int in 0..{STEP_MAX}, got {event.step!r} (GATE-35)")
     if event.step < context.last_step:
         raise GateInputError(
             f"cycle boundary at step {event.step} is behind step {context.last_step}, already seen in "
@@ -142,7 +149,7 @@ def _check_restart(state: GateMachineState, event: Restart) -> None:
             )
         return
     if not _is_step(event.step):
-        raise GateInputError(f"restart step must be an int >= 0 or None, got {event.step!r}")
+        raise GateInputError(f"restart step must be an int in 0..{STEP_MAX} or None, got {event.step!r} (GATE-35)")
     matches = [entry for entry in context.checkpoints if entry.id.step == event.step]
     usable = [entry for entry in matches if entry.trust in RESTORABLE]
     if not usable:

@@ -393,6 +393,10 @@ class Job:
                         "checkpoint_every_steps": self.cycle_steps * self.config.checkpoint_every_cycles,
                         "world_size": self.world_size, "hosts": self.hosts,
                         "groups": [list(g) for g in self.partition]}
+            if self.writer is not None and self.writer.recorder.fail_closed is not None:
+                # GATE-31/32: the manifest lost its newest generation; only verified checkpoints
+                # were restorable, and the report says why.
+                evidence["fail_closed"] = self.writer.recorder.fail_closed
             self._report("restart", "restored" if restored else "started", step=step, evidence=evidence)
         self.publisher.end_stage()  # start-up (or the restore) is over
         self.publisher.begin_step(step + 1)

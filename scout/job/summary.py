@@ -17,9 +17,10 @@ from typing import Any, Final
 import attrs
 
 from scout import reports
-from scout.gate.codec import CodecError, state_from_json
-from scout.gate.manifest import ManifestError, load_manifest
+from scout.gate.codec import CodecError
+from scout.gate.manifest import ManifestError
 from scout.gate.model import Trust
+from scout.gate.recorder import inspect_gate
 
 __all__ = ["RunView", "load_run", "summary_json", "summary_text"]
 
@@ -55,11 +56,16 @@ def load_run(run_dir: str | Path) -> RunView:
         try:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                loaded = load_manifest(gate, None)
-            problem = "; ".join(str(w.message) for w in caught) or None
-            if loaded is not None:
-                state = state_from_json(loaded.payload.get("gate"))
-                checkpoints = [(e.id.timeline, e.id.step, e.trust.value, e.reason) for e in state.context.checkpoints]
+                # Read as every gate reader reads it: every surviving record folded, failing
+                # closed when the newest generation is lost (GATE-30, GATE-31).
+                reading = inspect_gate(gate, None)
+            notes = [str(w.message) for w in caught]
+            if reading is not None and reading.fail_closed is not None:
+                notes.append(f"fail-closed reading: {reading.fail_closed}")
+            problem = "; ".join(dict.fromkeys(notes)) or None
+            if reading is not None:
+                checkpoints = [(e.id.timeline, e.id.step, e.trust.value, e.reason)
+                               for e in reading.state.context.checkpoints]
         except (ManifestError, CodecError, OSError) as error:
             problem = str(error)
     world = 0

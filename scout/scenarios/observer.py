@@ -38,7 +38,8 @@ from scout.transport.sim.cluster import SimCluster
 from scout.transport.sim.faults import Crash, Freeze
 from scout.transport.sim.process import ProgramState, SimContext
 
-__all__ = ["OBSERVER_CONFIG", "ObserverRun", "SimJob", "run_job"]
+__all__ = ["OBSERVER_CONFIG", "ObserverRun", "SimJob", "faulty_rank", "run_job", "single_rank_outcome",
+           "unresponsive_latency_max_s"]
 
 # The thresholds of the real-process tests (tests/observer/test_observer_runtime.py FAST).
 OBSERVER_CONFIG: Final[dict[str, Any]] = dict(
@@ -251,12 +252,15 @@ def _rows(job: SimJob, stall_s: float | None) -> list[tuple[Any, ...]]:
     return rows
 
 
-def _common_checks(job: SimJob, faulty_group: int | None) -> list[Check]:
+def _common_checks(job: SimJob, faulty_group: int | None, *, dead_observer: int | None = None,
+                   isolated: int | None = None) -> list[Check]:
     """Every observer stopped after its trainer; observers of healthy groups sent nothing; one
-    report per stuck position (OBS-6)."""
+    report per stuck position (OBS-6). ``dead_observer``: that rank's observer was killed, so it
+    never stops; ``isolated``: that rank's observer was cut off, so its own view does not count
+    towards OBS-6 (it cannot coordinate with its group)."""
     runs = _runs(job)
     checks = []
-    expected = job.cluster.size
+    expected = job.cluster.size - (dead_observer is not None)
     stopped = [r for r in runs if r.stopped_s is not None]
     checks.append(Check("every observer stopped with its trainer", len(stopped) == expected,
                         f"{len(stopped)} of {expected} observers stopped"))
@@ -269,22 +273,27 @@ def _common_checks(job: SimJob, faulty_group: int | None) -> list[Check]:
                         f"{len(noisy)} observers of healthy groups sent messages: {noisy[:10]}"))
     keys = [(tuple(record["evidence"]["group_ranks"]), record["evidence"]["stuck_position"]["step"],
              record["evidence"]["stuck_position"]["op"])
-            for _, record in job.reports]
+            for _, record in job.reports if record["reporter_rank"] != isolated]
     checks.append(Check("OBS-6 one report per stuck position", len(keys) == len(set(keys)),
                         f"{len(keys)} reports, {len(set(keys))} distinct stuck positions"))
     return checks
 
 
 def _fault_checks(job: SimJob, rank: int, outcome: str, scope: str, stall_s: float | None,
-                  latency_max_s: float) -> list[Check]:
+                  latency_max_s: float, isolated: int | None = None) -> list[Check]:
     group = job.groups[job.group_of[rank]]
-    reports = [record for _, record in job.reports]
+    own = [(time_s, record) for time_s, record in job.reports if record["reporter_rank"] == isolated]
+    reports = [record for _, record in job.reports if record["reporter_rank"] != isolated]
     checks = [Check("exactly one report, from the faulty rank's group", len(reports) == 1 and
                     reports[0]["evidence"]["group_ranks"] == list(group.ranks),
                     f"{len(reports)} reports: {[record_line(r) for r in reports][:3]}")]
+    if isolated is not None:
+        checks.append(Check(f"the cut-off observer of rank {isolated} names nobody",
+                            all(record["ranks"] == [] and record["evidence"]["attributed_ranks"] == []
+                                for _, record in own), f"{[record_line(r) for _, r in own][:3]}"))
     if not reports:
         return checks
-    time_s, record = job.reports[0]
+    time_s, record = next((t, r) for t, r in job.reports if r["reporter_rank"] != isolated)
     found = record["evidence"]
     checks.append(Check(f"outcome {outcome}, {scope}-scoped", (found["finding"], found["scope"]) == (outcome, scope),
                         record_line(record)))
@@ -332,11 +341,18 @@ def _outcome(job: SimJob, checks: list[Check], faults: list[str], stall_s: float
                            result=job.cluster.result())
 
 
-def _faulty(params: ScenarioParams, name: str) -> int:
-    # Drawn from the seed, before the run, with a generator of its own (the run's stays as is).
+def faulty_rank(params: ScenarioParams, name: str) -> int:
+    """The rank scenario ``name`` injects its fault into: drawn from the seed, before the run,
+    with a generator of its own (the run's stays as is), so a campaign knows it too."""
     import random
 
     return random.Random(f"{name}:{params.seed}").randrange(params.ranks)
+
+
+def unresponsive_latency_max_s() -> float:
+    """Unresponsive needs confirm_rounds rounds that agree, one recheck interval apart."""
+    config = ObserverConfig(0, 2, **OBSERVER_CONFIG)
+    return DETECTION_LATENCY_MAX_S + config.confirm_rounds * (config.recheck_interval_s + config.round_deadline_s)
 
 
 def _stall_of(job: SimJob, ranks: tuple[int, ...]) -> float | None:
@@ -360,19 +376,36 @@ def observer_healthy(params: ScenarioParams) -> ScenarioOutcome:
     return _outcome(job, checks, [f"ranks {sorted(slow)[:8]}... take {SLOW_STEP_S} s longer every 5th step"], None)
 
 
+def single_rank_outcome(params: ScenarioParams, name: str, rank: int, injected: tuple[Any, ...], outcome: str, *,
+                        behaviour: Callable[[int, int], str] | None = None,
+                        latency_max_s: float = DETECTION_LATENCY_MAX_S, described: list[str] | None = None,
+                        quiet_rank: int | None = None, isolated: int | None = None,
+                        stall_s: float | None = None) -> ScenarioOutcome:
+    """Run a job with one faulty ``rank`` (the sim ``injected`` faults and/or a ``behaviour``)
+    and check that the observers name it with ``outcome``. ``quiet_rank``: that rank's observer
+    is dead; ``isolated``: that rank's observer is cut off (see :func:`_common_checks`)."""
+    job = run_job(params, name, behaviour or (lambda r, step: "normal"), faults=injected)
+    if stall_s is None:
+        first = injected[0] if injected else None
+        stall_s = (first.start_s if isinstance(first, Freeze) else first.at_s if isinstance(first, Crash)
+                   else _stall_of(job, (rank,)))
+        if behaviour is not None:
+            stall_s = _stall_of(job, (rank,))
+    checks = _common_checks(job, job.group_of[rank], dead_observer=quiet_rank, isolated=isolated) + _fault_checks(
+        job, rank, outcome, "rank", stall_s, latency_max_s, isolated)
+    return _outcome(job, checks, described or [repr(f) for f in injected], stall_s)
+
+
 def _single_rank_scenario(params: ScenarioParams, name: str, what: str, outcome: str, *,
                           faults: Callable[[int], tuple[Any, ...]] = lambda rank: (),
                           latency_max_s: float = DETECTION_LATENCY_MAX_S) -> ScenarioOutcome:
-    rank = _faulty(params, name)
+    rank = faulty_rank(params, name)
     injected = faults(rank)
-    job = run_job(params, name, lambda r, step: what if r == rank and step == FAULT_STEP else "normal",
-                  faults=injected)
-    stall_s = _stall_of(job, (rank,)) if not injected else injected[0].start_s if isinstance(injected[0], Freeze) \
-        else injected[0].at_s
-    checks = _common_checks(job, job.group_of[rank]) + _fault_checks(
-        job, rank, outcome, "rank", stall_s, latency_max_s)
-    described = [repr(f) for f in injected] or [f"rank {rank}: {what} at step {FAULT_STEP}"]
-    return _outcome(job, checks, described, stall_s)
+    return single_rank_outcome(
+        params, name, rank, injected, outcome,
+        behaviour=(lambda r, step: what if r == rank and step == FAULT_STEP else "normal") if not injected else None,
+        latency_max_s=latency_max_s,
+        described=[repr(f) for f in injected] or [f"rank {rank}: {what} at step {FAULT_STEP}"])
 
 
 @scenario("observer-behind", summary="one rank sleeps before its step's collective: its peers' observers name it "
@@ -402,28 +435,25 @@ def observer_frozen(params: ScenarioParams) -> ScenarioOutcome:
 @scenario("observer-trainer-dead", summary="one trainer dies mid-step: its observer stops, its peers report it "
           "unresponsive after confirm_rounds rounds", min_ranks=3)
 def observer_trainer_dead(params: ScenarioParams) -> ScenarioOutcome:
-    config = ObserverConfig(0, 2, **OBSERVER_CONFIG)
-    # Unresponsive needs confirm_rounds rounds that agree, one recheck interval apart.
-    latency_max_s = DETECTION_LATENCY_MAX_S + config.confirm_rounds * (config.recheck_interval_s + config.round_deadline_s)
     return _single_rank_scenario(
         params, "observer-trainer-dead", "normal", "unresponsive",
-        faults=lambda rank: (Crash(rank, at_s=FREEZE_AT_S, programs=("trainer",)),), latency_max_s=latency_max_s)
+        faults=lambda rank: (Crash(rank, at_s=FREEZE_AT_S, programs=("trainer",)),),
+        latency_max_s=unresponsive_latency_max_s())
 
 
 @scenario("observer-process-frozen", summary="one rank's whole process is frozen (SIGSTOP), observer included, "
           "as with an observer thread inside an MPI rank: its peers report it unresponsive", min_ranks=3)
 def observer_process_frozen(params: ScenarioParams) -> ScenarioOutcome:
-    config = ObserverConfig(0, 2, **OBSERVER_CONFIG)
-    latency_max_s = DETECTION_LATENCY_MAX_S + config.confirm_rounds * (config.recheck_interval_s + config.round_deadline_s)
     return _single_rank_scenario(
         params, "observer-process-frozen", "normal", "unresponsive",
-        faults=lambda rank: (Freeze(rank, start_s=FREEZE_AT_S, duration_s=HOLD_S),), latency_max_s=latency_max_s)
+        faults=lambda rank: (Freeze(rank, start_s=FREEZE_AT_S, duration_s=HOLD_S),),
+        latency_max_s=unresponsive_latency_max_s())
 
 
 @scenario("observer-group-stall", summary="a whole replica group stalls inside one collective: one group-scoped "
           "report", min_ranks=3)
 def observer_group_stall(params: ScenarioParams) -> ScenarioOutcome:
-    rank = _faulty(params, "observer-group-stall")
+    rank = faulty_rank(params, "observer-group-stall")
     groups = replica_groups(params.ranks, params.group_size)
     members = next(g.ranks for g in groups if rank in g.ranks)
     job = run_job(params, "observer-group-stall",

@@ -52,6 +52,7 @@ SCENARIO_MODULES: list[str] = [
     "scout.scenarios.exchange",
     "scout.scenarios.observer",
     "scout.scenarios.gate_campaign",
+    "scout.scenarios.localization",
 ]
 
 DEFAULT_GROUP_SIZE = 8
@@ -108,8 +109,13 @@ class ScenarioParams:
             raise ValueError(f"ranks must be an int >= 1, got {self.ranks!r}")
         if self.ranks > MAX_RANKS:
             raise ValueError(f"ranks must be <= {MAX_RANKS}, got {self.ranks}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ValueError(f"seed must be an int, got {self.seed!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            # Negative seeds are refused: random.Random(-s) replays the run of seed s.
+            raise ValueError(f"seed must be an int >= 0, got {self.seed!r}")
+        if isinstance(self.group_size, bool) or not isinstance(self.group_size, int):
+            raise ValueError(f"group_size must be an int, got {self.group_size!r}")
+        if isinstance(self.rounds, bool) or not isinstance(self.rounds, int):
+            raise ValueError(f"rounds must be an int, got {self.rounds!r}")
         if self.group_size < 2:
             raise ValueError(
                 f"group_size must be >= 2 (a group of one has no peer to compare with), "

@@ -7,12 +7,12 @@ evidence path on torchrun's agent store. Skipped, with the reason, where there i
 from __future__ import annotations
 
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests import processes
 from tests.gpu import replay_worker
 from tests.transport import binding_cases as cases
 from tests.transport.process_runs import REPO, RankRun, run_ranks
@@ -27,7 +27,7 @@ def _gpu_count() -> int:
     """CUDA GPUs on this host, asked of nvidia-smi (cheap: no torch import)."""
     if shutil.which("nvidia-smi") is None:
         return 0
-    listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    listing = processes.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
     return sum(1 for line in listing.stdout.splitlines() if line.startswith("GPU "))
 
 
@@ -123,7 +123,7 @@ def test_run_script_refuses_without_gpu() -> None:
     """Without nvidia-smi the script says why it cannot run instead of failing obscurely."""
     if shutil.which("nvidia-smi") is not None:
         pytest.skip("this host has nvidia-smi")
-    completed = subprocess.run(
+    completed = processes.run(
         ["bash", str(Path(REPO) / "tests" / "gpu" / "run_gpu_tests.sh")],
         capture_output=True,
         text=True,

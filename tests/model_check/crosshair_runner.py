@@ -12,6 +12,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from tests import processes
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -30,7 +32,7 @@ def run_crosshair(
         f"--max_uninteresting_iterations={max_uninteresting_iterations}",
         f"--per_condition_timeout={per_condition_timeout_s}",
     ]
-    return subprocess.run(
+    return processes.run(
         [sys.executable, "-m", "crosshair", "check", "--analysis_kind=PEP316", *budget, str(target)],
         cwd=REPO,
         env=env,

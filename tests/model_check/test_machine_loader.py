@@ -3,13 +3,13 @@ offending value (docs/spec-format.md, "Validation")."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from scout.core.machine import Actions, SpecError, build_machine, load_machine, load_table
+from tests import processes
 from tests.model_check.toy import TOY_TABLE_PATH, write_toy_variant
 from tests.model_check.toy import actions as toy
 
@@ -222,4 +222,4 @@ def test_machine_package_imports_without_torch_or_mpi4py() -> None:
         "import scout.core.machine, scout.commands.spec\n"
         "assert 'torch' not in [m for m, v in sys.modules.items() if v is not None]\n"
     )
-    subprocess.run([sys.executable, "-c", code], check=True)
+    processes.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -8,6 +8,7 @@ import time
 from multiprocessing.connection import Connection
 
 from scout.observer.progress import ProgressPublisher, ProgressReader, RecordIdentity, Stage
+from tests import processes
 
 # Every wait in a child is bounded by this, so a broken test cannot leave processes behind.
 CHILD_LIFETIME_MAX_S = 60.0
@@ -20,6 +21,7 @@ def fingerprint_of(step: int) -> int:
 def hold_publisher(identity: RecordIdentity, conn: Connection) -> None:
     """Create a record, report its name and token, publish a few coordinates, then wait to be
     told to exit (or be killed)."""
+    processes.die_with_parent()  # killed with its parent, whatever state it is in
     publisher = ProgressPublisher(identity)
     publisher.begin_step(7)
     publisher.advance()
@@ -33,6 +35,7 @@ def hold_publisher(identity: RecordIdentity, conn: Connection) -> None:
 def churn_publisher(identity: RecordIdentity, duration_s: float, conn: Connection) -> None:
     """Publish as fast as possible for ``duration_s``, keeping fields in a fixed relation to
     the step so that a reader can tell a torn copy from a consistent one."""
+    processes.die_with_parent()  # killed with its parent, whatever state it is in
     publisher = ProgressPublisher(identity)
     conn.send((publisher.name, publisher.token))
     deadline = time.monotonic() + min(duration_s, CHILD_LIFETIME_MAX_S)
@@ -52,6 +55,7 @@ def churn_publisher(identity: RecordIdentity, duration_s: float, conn: Connectio
 
 def hold_reader(name: str, token: bytes, conn: Connection) -> None:
     """Attach as the record's observer and stay attached until told to go (or killed)."""
+    processes.die_with_parent()  # killed with its parent, whatever state it is in
     reader = ProgressReader(name, token)
     conn.send(os.getpid())
     if conn.poll(CHILD_LIFETIME_MAX_S):

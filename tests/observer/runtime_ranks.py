@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import threading
 import time
 from datetime import timedelta
@@ -22,6 +23,7 @@ from scout.core.fingerprint import CollectiveCall, TensorMeta, fingerprint
 from scout.observer.launch import start_observer
 from scout.observer.progress import ProgressPublisher, RecordIdentity
 from scout.observer.rendezvous import DirectoryRendezvous
+from tests import processes
 
 COLLECTIVE_FINGERPRINT = fingerprint(CollectiveCall("all_reduce", None, (TensorMeta("torch.float32", (4,)),),
                                                     reduce_op="SUM"))
@@ -49,6 +51,7 @@ def _observe(publisher: ProgressPublisher, rank: int, world: int, options: dict[
 
 
 def plain_rank(rank: int, world: int, job_id: str, options: dict[str, Any], barrier: Any, control: Any) -> None:
+    processes.die_with_parent()  # killed with its parent, whatever state it is in
     scenario = options["scenario"]
     publisher = ProgressPublisher(RecordIdentity(job_id, 0, rank))
     handle = _observe(publisher, rank, world, options, control)
@@ -84,8 +87,9 @@ def gloo_rank(rank: int, world: int, job_id: str, options: dict[str, Any], contr
     """Real gloo ranks, instrumented torch.distributed. Scenarios: behind (rank 2 sleeps before
     the all-reduce of step 3), desync (rank 1 calls barrier where the others all-reduce), group
     (rank 4, outside the observed group, sleeps: everyone observed blocks in one all-reduce),
-    sigstop (the test stops rank 3), killed (the test kills rank 1; the others keep waiting),
+    sigstop (rank 3 stops itself with SIGSTOP in the compute of step 3), killed (the test kills rank 1; the others keep waiting),
     observer_killed (the test kills rank 2's observer; later rank 0 holds back), healthy."""
+    processes.die_with_parent()  # killed with its parent, whatever state it is in
     import torch
     import torch.distributed as dist
 
@@ -112,6 +116,11 @@ def gloo_rank(rank: int, world: int, job_id: str, options: dict[str, Any], contr
         scout.mark_step(step)
         model(torch.ones(1, 8))
         time.sleep(step_s)
+        if scenario == "sigstop" and rank == 3 and step == options.get("stop_step", 3):
+            # Frozen by SIGSTOP in its compute, before this step's all-reduce: always the same
+            # place, so the others block in that all-reduce and this rank is behind them
+            # (stopped from outside at a random moment it could be inside the all-reduce too).
+            os.kill(os.getpid(), signal.SIGSTOP)
         tensor = torch.ones(4)
         holds = (scenario == "behind" and rank == 2) or (scenario == "group" and rank == 4) or (
             scenario == "observer_killed" and rank == 0)

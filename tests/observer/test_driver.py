@@ -7,7 +7,14 @@ import inspect
 import typing
 from typing import Any
 
-from scout.core.observer import ObserverConfig, ObserverEffect, Progress, Request, RoundId, StallReport
+from scout.core.observer import (
+    ObserverConfig,
+    ObserverEffect,
+    Progress,
+    Request,
+    RoundId,
+    StallReport,
+)
 from scout.observer import driver, wire
 from scout.observer.driver import ObserverRun, Receive, Transmit, drive
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from scout.core.fingerprint import (
     canonical_bytes,
     fingerprint,
 )
+from tests import processes
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -41,7 +41,7 @@ def test_FINGERPRINT_1_same_value_in_every_process_whatever_the_hash_seed() -> N
     values = set()
     for seed in ("0", "1", "12345"):
         env = {**os.environ, "PYTHONHASHSEED": seed}
-        result = subprocess.run(
+        result = processes.run(
             [sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
         )
         assert result.returncode == 0, result.stderr

@@ -109,18 +109,27 @@ def test_OBS_gloo_rank_1_in_another_collective_is_a_desync(tmp_path: Path) -> No
         "desync", "desync", [1], 0)
 
 
+def process_state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat", encoding="utf-8") as file:
+        stat = file.read()
+    return stat[stat.rindex(")") + 2]
+
+
 def test_OBS_gloo_rank_3_frozen_with_sigstop_is_attributed(tmp_path: Path) -> None:
+    """Rank 3 is frozen by SIGSTOP in the compute of step 3 (it stops itself there, so the place
+    is always the same); its observer process keeps running and its peers name it behind."""
     with gloo_job(tmp_path, "sigstop", steps=400, step_s=0.02) as (control, processes, opts):
         ready = ready_of(control, 4)
-        time.sleep(0.5)
-        os.kill(ready[3][2], signal.SIGSTOP)
         try:
             report = first_report(control)
+            state = process_state(ready[3][2])
         finally:
             os.kill(ready[3][2], signal.SIGCONT)
             kill_all(ready)
+    assert state == "T", f"rank 3 is not stopped (state {state})"
     assert (report["kind"], report["outcome"], report["attributed_ranks"], report["reporter_rank"]) == (
         "hang", "behind", [3], 0)
+    assert report["evidence"]["stuck_position"]["step"] == 3
 
 
 def test_OBS_gloo_all_observed_ranks_blocked_in_one_collective_is_group_scoped(tmp_path: Path) -> None:

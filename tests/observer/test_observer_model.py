@@ -9,7 +9,6 @@ import functools
 import itertools
 import random
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from hypothesis import strategies as st
 
 from scout.core.machine import ExplorationResult, conformance_problems, explore
 from scout.core.observer import Finding
+from tests import processes
 from tests.observer import REPO
 from tests.observer import model as m
 from tests.observer.model import OBSERVER, Behaviour, Budget, LoneObserver, ObserverGroup
@@ -38,7 +38,7 @@ def test_OBS_table_conforms_and_its_document_is_current(tmp_path: Path) -> None:
     # Only this machine's document: copy it aside so other machines' documents do not matter here.
     for name in ("observer.toml", "observer.md"):
         shutil.copy(REPO / "spec" / name, tmp_path / name)
-    result = subprocess.run(
+    result = processes.run(
         [sys.executable, "-m", "scout.cli", "spec", "--check", "--spec-dir", str(tmp_path)],
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from scout.observer.progress import ProgressPublisher, RecordIdentity
+from tests import processes
 
 RANK_TIMEOUT_S = 60.0
 JOIN_TIMEOUT_S = 30.0
@@ -36,6 +37,7 @@ def blocked_rank_program(
 ) -> None:
     """Two all-reduces; rank 2 waits for ``release`` before the second, so the other ranks
     block inside it. Used to check what the record shows while a rank is blocked."""
+    processes.die_with_parent()  # killed with its parent, whatever state it is in
     import torch
     import torch.distributed as dist
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests import processes
 
 REPO = Path(__file__).resolve().parents[2]
 WORLD = 4
@@ -34,7 +35,7 @@ def run(
 ) -> dict[int, dict[str, Any]]:
     out = tmp_path / "ranks.json"
     environment = dict(os.environ, OMP_NUM_THREADS="1", SCOUT_TEST_RANK_DEADLINE_S=str(timeout_s))
-    completed = subprocess.run(
+    completed = processes.run(
         [
             sys.executable,
             "-m",

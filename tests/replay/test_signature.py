@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -29,6 +28,7 @@ from scout.replay.signature import (
     structured_signature,
     tensor_signature,
 )
+from tests import processes
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -288,7 +288,7 @@ def test_SIG_8_deterministic_across_processes_and_backends(tmp_path: Path) -> No
     outputs = []
     for backend in ("", "torch"):
         environment = dict(os.environ, SCOUT_SIGNATURE_BACKEND=backend, PYTHONHASHSEED="random")
-        completed = subprocess.run(
+        completed = processes.run(
             [sys.executable, "-c", script, str(REPO)],
             capture_output=True,
             text=True,
@@ -531,7 +531,7 @@ def test_SIG_12_benchmark_runs_and_reports_every_row(tmp_path: Path) -> None:
     import json
 
     output = tmp_path / "signature.json"
-    completed = subprocess.run(
+    completed = processes.run(
         [
             sys.executable,
             str(REPO / "bench" / "signature.py"),

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import subprocess
 import sys
 from pathlib import Path
 
@@ -59,6 +58,7 @@ from scout.core.straggler.model import (
     StragglerState,
 )
 from scout.core.verdict import MISSING, classify_timing
+from tests import processes
 
 REPO = Path(__file__).resolve().parents[2]
 TABLE_INVARIANTS = {f"STRAG-{n}" for n in range(7, 20)}
@@ -84,7 +84,7 @@ def test_STRAG_7_table_conforms_and_its_document_is_current() -> None:
     machine = straggler_machine()
     assert conformance_problems(machine) == []
     assert {p.id for p in machine.properties} == TABLE_INVARIANTS
-    result = subprocess.run(
+    result = processes.run(
         [sys.executable, "-m", "scout.cli", "spec", "--check"],
         cwd=REPO,
         capture_output=True,

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 from scout.scenarios.registry import ScenarioParams, run_scenario, scenario_names
 from scout.transport.sim import Freeze, SimCluster
+from tests import processes
 from tests.sim.helpers import exchange_rounds, run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,7 +51,7 @@ def test_trace_does_not_depend_on_the_process_hash_seed() -> None:
     digests = set()
     for hash_seed in ("1", "2"):
         env = dict(os.environ, PYTHONHASHSEED=hash_seed, PYTHONPATH=str(REPO))
-        completed = subprocess.run(
+        completed = processes.run(
             [sys.executable, "-c", code],
             env=env,
             capture_output=True,

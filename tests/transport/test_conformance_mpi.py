@@ -8,12 +8,12 @@ scout/transport/base.py; the MPI-specific cases are in mpi_worker.py.
 from __future__ import annotations
 
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests import processes
 from tests.transport import binding_cases as cases
 from tests.transport.mpi_cases import MPI_CASES
 from tests.transport.process_runs import REPO, RankRun, run_ranks, worker_env
@@ -75,7 +75,7 @@ def test_missing_mpi4py_says_how_to_install() -> None:
         "except ImportError as exc:\n"
         "    print(exc)\n"
     )
-    completed = subprocess.run(
+    completed = processes.run(
         [sys.executable, "-c", code],
         cwd=REPO,
         env=worker_env(),

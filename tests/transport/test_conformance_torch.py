@@ -9,12 +9,12 @@ scout/transport/base.py; the torch-specific cases are in torch_cases.py.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from collections import Counter
 
 import pytest
 
+from tests import processes
 from tests.transport import binding_cases as cases
 from tests.transport.process_runs import REPO, RankRun, run_ranks, worker_env
 from tests.transport.scenario_checks import check_scenario_run
@@ -86,7 +86,7 @@ def test_missing_torch_says_how_to_install() -> None:
         "except ImportError as exc:\n"
         "    print(exc)\n"
     )
-    completed = subprocess.run(
+    completed = processes.run(
         [sys.executable, "-c", code],
         cwd=REPO,
         env=worker_env(),

@@ -4,7 +4,8 @@ manifest module, so it starts in tens of milliseconds.
     python manifest_writer_child.py DIR JOB PAYLOADS.json GENERATIONS [KILL_GENERATION KILL_STAGE]
 
 Opens DIR as the one writer (resuming from the newest good generation g0) and commits
-generations g0+1 .. GENERATIONS, generation g holding payload ``payloads[(g - 1) % len]``. After
+generations g0+1 .. GENERATIONS, generation g holding payload ``payloads[(g - 1) % len]`` and, in
+the first pass over the payloads, appending the trust transitions it adds to the trust log. After
 each commit it prints ``committed <g>`` and flushes, so the parent knows exactly what was
 acknowledged. With KILL_GENERATION and KILL_STAGE it sends itself SIGKILL right after that write
 step of that generation (the stages are manifest.WRITE_STAGES).
@@ -20,6 +21,21 @@ import sys
 from scout.gate.manifest import ManifestWriter
 
 
+def write(directory: str, job_id: str, payloads: list, generations: int, hook=None, out=print) -> None:
+    """Resume DIR and commit up to GENERATIONS (also called in-process by the crash test to
+    finish a killed writer's run)."""
+    with ManifestWriter(directory, job_id, hook=hook) as writer:
+        out(f"resumed {writer.generation}")
+        while writer.generation < generations:
+            index = writer.generation
+            payload = payloads[index % len(payloads)]
+            records = []
+            if 0 < index < len(payloads):
+                records = payload["transitions"][len(payloads[index - 1]["transitions"]):]
+            generation = writer.commit(payload, records)
+            out(f"committed {generation}")
+
+
 def main(argv: list[str]) -> int:
     directory, job_id, payloads_path, generations = argv[1], argv[2], argv[3], int(argv[4])
     kill_at = (int(argv[5]), argv[6]) if len(argv) > 6 else None
@@ -30,11 +46,7 @@ def main(argv: list[str]) -> int:
         if kill_at == (generation, stage):
             os.kill(os.getpid(), signal.SIGKILL)
 
-    with ManifestWriter(directory, job_id, hook=hook) as writer:
-        print(f"resumed {writer.generation}", flush=True)
-        while writer.generation < generations:
-            generation = writer.commit(payloads[writer.generation % len(payloads)])
-            print(f"committed {generation}", flush=True)
+    write(directory, job_id, payloads, generations, hook, lambda line: print(line, flush=True))
     return 0
 
 

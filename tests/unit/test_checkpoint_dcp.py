@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests import processes
 
 pytest.importorskip("torch")
 
@@ -21,7 +22,7 @@ LAUNCH_TIMEOUT_S = 300
 def launch(phase: str, work: Path) -> dict:
     out = work / f"{phase}.json"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    done = subprocess.run(
+    done = processes.run(
         [sys.executable, "-m", "tests.unit.dcp_gate_job", phase, str(work), str(out)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S,
     )

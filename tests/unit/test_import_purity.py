@@ -5,10 +5,11 @@ summary. Proven in a fresh interpreter where both are blocked."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+from tests import processes
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -44,7 +45,7 @@ SCRIPT = textwrap.dedent(
 
 
 def test_core_gate_and_contract_import_without_torch_or_mpi() -> None:
-    result = subprocess.run(
+    result = processes.run(
         [sys.executable, "-c", SCRIPT], cwd=REPO, capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -56,7 +57,7 @@ def test_the_block_really_blocks() -> None:
     script = SCRIPT.split("sys.meta_path.insert(0, Block())")[0] + (
         "sys.meta_path.insert(0, Block())\nimport torch\n"
     )
-    result = subprocess.run(
+    result = processes.run(
         [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120
     )
     assert result.returncode != 0 and "blocked" in result.stderr

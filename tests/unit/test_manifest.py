@@ -16,6 +16,7 @@ from scout.gate.manifest import (
     FORMAT_VERSION,
     ManifestBusy,
     ManifestDamaged,
+    ManifestFailClosedWarning,
     ManifestFallbackWarning,
     ManifestFormatTooNew,
     ManifestJobMismatch,
@@ -25,6 +26,7 @@ from scout.gate.manifest import (
     encode_manifest,
     generation_path,
     load_manifest,
+    read_manifest_set,
 )
 from scout.gate.recorder import GateConfigMismatch, GateRecorder, read_gate
 from scout.gate.step import initial_state, step
@@ -51,6 +53,7 @@ def test_GATE_M1_commit_and_load_round_trip(tmp_path: Path) -> None:
         "manifest.000000000003.json",
         "manifest.000000000004.json",
         "manifest.000000000005.json",
+        "manifest.head",
     ]
 
 
@@ -95,25 +98,31 @@ def test_GATE_M3_damaged_newest_falls_back_to_last_good_with_a_warning_naming_it
         newest.write_bytes(b"\x00" * 4096)
     else:
         newest.write_bytes(b"")
-    with pytest.warns(ManifestFallbackWarning, match=r"manifest\.000000000004\.json") as caught:
+    # The newest generation is lost: the last good one is named, and the gate's reader fails
+    # closed (GATE-31, test_manifest_damage.py).
+    with pytest.warns(ManifestFailClosedWarning, match=r"manifest\.000000000004\.json") as caught:
         loaded = load_manifest(tmp_path, JOB)
     assert loaded is not None and (loaded.generation, loaded.payload) == (3, payloads[2])
     assert "generation 3" in str(caught[0].message)
     assert [s.path for s in loaded.skipped] == [newest]
 
 
-def test_GATE_M3_writer_sets_damaged_generations_aside_and_continues(tmp_path: Path) -> None:
+def test_GATE_32_writer_sets_damaged_generations_aside_and_never_reuses_their_number(tmp_path: Path) -> None:
     write_generations(tmp_path, 4)
     newest = generation_path(tmp_path, 4)
     newest.write_bytes(newest.read_bytes()[:-5])
     with pytest.warns(ManifestFallbackWarning, match="set aside"), ManifestWriter(tmp_path, JOB) as writer:
-        assert writer.generation == 3
-        assert writer.commit({"next": True}) == 4
+        assert writer.resumed is not None and writer.resumed.generation == 3
+        assert writer.generation == 4  # named by the damaged file: the next number is 5
+        assert [lost.generation for lost in writer.reading.lost] == [4]
+        # Until a newer generation is committed, the set-aside file still witnesses the loss.
+        assert [lost.generation for lost in read_manifest_set(tmp_path, JOB).lost] == [4]
+        assert writer.commit({"next": True}) == 5
     assert (tmp_path / "manifest.000000000004.json.damaged").exists()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         loaded = load_manifest(tmp_path, JOB)
-    assert loaded is not None and (loaded.generation, loaded.payload) == (4, {"next": True})
+    assert loaded is not None and (loaded.generation, loaded.payload) == (5, {"next": True})
 
 
 def test_no_good_generation_is_an_error_listing_the_files(tmp_path: Path) -> None:

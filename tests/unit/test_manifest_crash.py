@@ -25,8 +25,11 @@ from pathlib import Path
 
 import pytest
 
-from scout.gate.manifest import WRITE_STAGES, load_manifest
+from scout.gate.manifest import WRITE_STAGES, load_manifest, read_manifest_set
+from scout.gate.recorder import read_gate_reading
+from tests import processes
 from tests.gate_story import CONFIG, story_payloads
+from tests.unit import manifest_writer_child
 
 REPO = Path(__file__).resolve().parents[2]
 CHILD = Path(__file__).with_name("manifest_writer_child.py")
@@ -57,7 +60,7 @@ def run_child(directory: Path, payloads_file: Path, generations: int, kill_at: t
     command = [sys.executable, str(CHILD), str(directory), JOB, str(payloads_file), str(generations)]
     if kill_at is not None:
         command += [str(kill_at[0]), kill_at[1]]
-    return subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+    return processes.run(command, env=_env(), capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
 
 
 def acknowledged(stdout: str) -> list[int]:
@@ -89,6 +92,13 @@ def check_after_kill(directory: Path, last_acknowledged: int, in_flight: int) ->
     # written by the writer for this generation.
     assert verified_steps(loaded.payload) == verified_steps(expected_payload(loaded.generation))
     assert not loaded.skipped
+    # A crash at any point is never mistaken for a lost generation: the trust log and the head are
+    # written after the generation, so they never name one that is not durable (GATE-31).
+    found = read_manifest_set(directory, JOB)
+    assert found.lost == (), found.lost
+    if loaded.generation <= len(PAYLOADS):
+        reading = read_gate_reading(directory, CONFIG)
+        assert reading is not None and reading.fail_closed is None and reading.changes == ()
     return loaded.generation
 
 
@@ -103,12 +113,13 @@ def kill_at_every_stage(tmp_path: Path, payloads_file: Path, generations: list[i
             assert done == list(range(1, generation)), result.stdout
             loaded = check_after_kill(directory, generation - 1, generation)
             # Before the rename nothing of the new generation is visible; after it, all of it is.
-            visible = stage in ("renamed", "dir-fsynced", "pruned")
+            visible = WRITE_STAGES.index(stage) >= WRITE_STAGES.index("renamed")
             assert loaded == (generation if visible else generation - 1), (stage, loaded)
-            # A new writer resumes where the manifest stands and finishes the run.
-            finish = run_child(directory, payloads_file, generation + 1)
-            assert finish.returncode == 0, finish.stderr
-            assert resumed_from(finish.stdout) == loaded
+            # A new writer resumes where the manifest stands and finishes the run (in this
+            # process: the killed writer's lock went with it).
+            lines: list[str] = []
+            manifest_writer_child.write(str(directory), JOB, PAYLOADS, generation + 1, out=lines.append)
+            assert resumed_from("\n".join(lines)) == loaded
             assert check_after_kill(directory, generation + 1, generation + 1) == generation + 1
             assert not [p for p in directory.iterdir() if p.name.endswith(".tmp")]
             kills += 1

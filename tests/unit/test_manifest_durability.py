@@ -123,8 +123,9 @@ def test_GATE_M1_the_order_holds_in_a_nested_directory_the_writer_creates(
 def test_GATE_M1_resume_that_sets_damaged_files_aside_fsyncs_the_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Setting a damaged newer generation aside is a rename the next generation number depends
-    on; it is made durable (directory fsync) before the writer can commit over that number."""
+    """Setting a damaged newer generation aside is a rename; it is made durable (directory
+    fsync) before the writer commits. The next number is above every number a file names, the
+    damaged one included (GATE-32: no number is ever reused)."""
     payloads = story_payloads()[:3]
     with ManifestWriter(tmp_path, JOB) as writer:
         for payload in payloads:
@@ -135,7 +136,7 @@ def test_GATE_M1_resume_that_sets_damaged_files_aside_fsyncs_the_directory(
     with pytest.warns(UserWarning), ManifestWriter(tmp_path, JOB) as writer:
         log.mark("resumed")
         generation = writer.commit(payloads[0])
-    assert generation == 3
+    assert generation == 4
     resumed_at = log.events.index(("mark", "resumed"))
     aside = [i for i, e in enumerate(log.events[:resumed_at]) if e[0] == "rename" and e[1] == newest]
     assert aside, f"the damaged file was not set aside: {log.events}"

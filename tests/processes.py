@@ -1,0 +1,224 @@
+"""Process hygiene for the test suite: every process a test starts is killed whole, and a test
+that leaves one behind fails.
+
+- :func:`run` replaces ``subprocess.run`` for tests: the command starts its own session (a new
+  process group), and the whole group -- the command and everything it forked, such as the ranks
+  of a launcher -- is killed when the command times out, when the test is interrupted, and when
+  the command exits while anything it started is still running.
+- :func:`die_with_parent` is the first call of every child program a test starts through
+  ``multiprocessing`` (its ranks, its publishers): ``PR_SET_PDEATHSIG`` kills it when its parent
+  (the test process or the forkserver) goes away, whatever state it is in.
+- The session makes pytest a *child subreaper* (``PR_SET_CHILD_SUBREAPER``), so a process whose
+  parent died is re-parented to pytest instead of init and stays visible; after every test,
+  :func:`leftovers` lists the test's descendants still alive after ``EXIT_GRACE_S``; the
+  conftest fixture kills them (their process group, then each) and fails the test naming them.
+
+Linux only (``/proc``, ``prctl``); elsewhere the checks are skipped, never faked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+#: How long a test's children may take to exit after the test body ended (reaped, flushed).
+EXIT_GRACE_S = 5.0
+POLL_S = 0.05
+#: Long-lived helpers multiprocessing starts once per test process and stops at its exit.
+HELPER_MARKERS = ("from multiprocessing.forkserver import main", "from multiprocessing.resource_tracker import main")
+KILL_WAIT_S = 10.0
+
+
+def _prctl(option: int, value: int) -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.prctl(option, value, 0, 0, 0) == 0
+
+
+def die_with_parent(signal_number: int = signal.SIGKILL) -> None:
+    """Ask the kernel to send ``signal_number`` to this process when its parent dies."""
+    _prctl(PR_SET_PDEATHSIG, signal_number)
+    # The parent may already be gone (then we were re-parented before the call took effect).
+    if os.getppid() == 1:
+        os.kill(os.getpid(), signal_number)
+
+
+def become_subreaper() -> bool:
+    """Orphaned descendants are re-parented to this process (so they can be found and reaped)."""
+    return _prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+@attrs.frozen
+class ProcessInfo:
+    pid: int
+    ppid: int
+    pgid: int
+    state: str
+    command: str
+
+    def describe(self) -> str:
+        return f"pid {self.pid} (parent {self.ppid}, group {self.pgid}, state {self.state}): {self.command[:160]}"
+
+
+def _info(pid: int) -> ProcessInfo | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            stat = file.read().decode("utf-8", "replace")
+        with open(f"/proc/{pid}/cmdline", "rb") as file:
+            command = file.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses; split after the last ")".
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return ProcessInfo(pid, int(fields[1]), int(fields[2]), fields[0], command)
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except (FileNotFoundError, ProcessLookupError):
+        return found
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children", "rb") as file:
+                found.extend(int(item) for item in file.read().split())
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return found
+
+
+def descendants(root: int | None = None) -> dict[int, ProcessInfo]:
+    """Every process below ``root`` (default: this one), by pid."""
+    root = os.getpid() if root is None else root
+    found: dict[int, ProcessInfo] = {}
+    pending = _children(root)
+    while pending and len(found) < 100_000:
+        pid = pending.pop()
+        if pid in found:
+            continue
+        info = _info(pid)
+        if info is None:
+            continue
+        found[pid] = info
+        pending.extend(_children(pid))
+    return found
+
+
+def is_helper(info: ProcessInfo, processes: dict[int, ProcessInfo] | None = None) -> bool:
+    """multiprocessing's forkserver or resource tracker itself. A process the forkserver forked
+    (a rank) carries the server's command line too; its parent is the server, so it is not one."""
+    if not any(marker in info.command for marker in HELPER_MARKERS):
+        return False
+    parent = (processes or {}).get(info.ppid) or _info(info.ppid)
+    return parent is None or HELPER_MARKERS[0] not in parent.command or HELPER_MARKERS[1] in info.command
+
+
+def reap_zombies(pids: Sequence[int] | None = None) -> None:
+    """Collect exited children of this process: ``pids`` (orphans re-parented to us, leftovers),
+    or every one at the end of the session. Only named ones during the session: a child that a
+    test's Popen or Process object still owns must be left for it to wait on."""
+    if pids is not None:
+        for pid in pids:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+        return
+    while True:
+        try:
+            pid, _status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _alive(info: ProcessInfo) -> bool:
+    return info.state not in ("Z", "X")
+
+
+def leftovers(before: set[int], grace_s: float = EXIT_GRACE_S) -> list[ProcessInfo]:
+    """Descendants that are not in ``before``, not multiprocessing's helpers, and still alive
+    after ``grace_s`` (zombie children are reaped on the way)."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        everything = descendants()
+        current = [info for pid, info in everything.items() if pid not in before and not is_helper(info, everything)]
+        reap_zombies([info.pid for info in current if info.state == "Z" and info.ppid == os.getpid()])
+        alive = [info for info in current if _alive(info)]
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(POLL_S)
+
+
+def kill(processes: Sequence[ProcessInfo]) -> None:
+    """SIGKILL each process and its group (when that is not the test process's own); then wait a
+    bounded time for them to be gone and reap what is ours."""
+    own_group = os.getpgrp()
+    for info in processes:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(info.pid, signal.SIGKILL)  # delivered to a stopped process too
+        if info.pgid not in (own_group, 0):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(info.pgid, signal.SIGKILL)
+    deadline = time.monotonic() + KILL_WAIT_S
+    pids = {info.pid for info in processes}
+    while time.monotonic() < deadline:
+        reap_zombies(sorted(pids))
+        remaining = [pid for pid in pids if (info := _info(pid)) is not None and _alive(info)]
+        if not remaining:
+            return
+        time.sleep(POLL_S)
+
+
+def kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def run(command: Sequence[str], *, timeout: float, input: Any = None, check: bool = False,
+        capture_output: bool = False, **kwargs: Any) -> subprocess.CompletedProcess[Any]:
+    """``subprocess.run`` with the command in a session of its own, killed whole: at the timeout
+    (then ``TimeoutExpired``, as ``subprocess.run`` raises), on any exception, and at the
+    command's exit (anything it left running in its group goes with it)."""
+    if capture_output:
+        kwargs["stdout"] = subprocess.PIPE
+        kwargs["stderr"] = subprocess.PIPE
+    if input is not None:
+        kwargs["stdin"] = subprocess.PIPE
+    deadline = time.monotonic() + timeout
+    with subprocess.Popen(list(command), start_new_session=True, **kwargs) as process:
+        try:
+            while True:
+                try:
+                    stdout, stderr = process.communicate(input, timeout=min(POLL_S * 4, max(0.0, deadline - time.monotonic())))
+                    break
+                except subprocess.TimeoutExpired:
+                    input = None  # communicate sent it already
+                    if process.poll() is not None:
+                        # The command exited but something it started holds its pipes open.
+                        kill_group(process.pid)
+                    elif time.monotonic() >= deadline:
+                        kill_group(process.pid)
+                        stdout, stderr = process.communicate(timeout=KILL_WAIT_S)
+                        raise subprocess.TimeoutExpired(process.args, timeout, stdout, stderr) from None
+        except BaseException:
+            kill_group(process.pid)
+            raise
+        finally:
+            kill_group(process.pid)
+    completed = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+    if check:
+        completed.check_returncode()
+    return completed

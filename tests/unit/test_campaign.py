@@ -1,0 +1,108 @@
+"""The fault campaign (``scout campaign``; scout/scenarios/campaign.py, real_campaign.py).
+
+The CI test runs ``scout campaign --quick`` as a user would (simulated scenarios at 8-256 ranks,
+one 4-rank gloo job per real fault kind, healthy runs) and requires every injected fault to be
+localized and nothing to be falsely attributed. The classification itself is tested on its own,
+including a planted wrong expectation that must come out misattributed, so the campaign's 100%
+cannot be vacuous."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from scout.cli import main
+from scout.scenarios import campaign
+from scout.scenarios.campaign import Outcome, SimKind, classify, run_sim_case
+from scout.scenarios.registry import ScenarioParams
+from tests import processes
+
+REPO = Path(__file__).resolve().parents[2]
+QUICK_TIMEOUT_S = 600  # the target is well under 5 minutes on 2 cores; this bounds a hang
+
+
+def test_campaign_quick_localizes_every_injected_fault_with_no_false_attribution(tmp_path: Path) -> None:
+    out = tmp_path / "campaign.json"
+    completed = processes.run([sys.executable, "-m", "scout.cli", "campaign", "--quick", "--json", str(out)],
+                              cwd=REPO, capture_output=True, text=True, timeout=QUICK_TIMEOUT_S)
+    document = json.loads(out.read_text())
+    totals = document["totals"]
+    failures = "\n".join(f"{f['part']} {f['kind']}: {f['outcome']}: {f['detail'][:300]}\n  {f['reproduce']}"
+                         for f in document["failures"])
+    assert completed.returncode == 0 and document["ok"], completed.stdout[-3000:] + failures + completed.stderr[-2000:]
+    assert totals["localized"] == totals["injected"] and totals["localized_fraction"] == 1.0
+    assert totals["false_attributions"] == 0 and totals["misattributed"] == 0
+    kinds = {(row["part"], row["kind"]) for row in document["table"] if not row["healthy"]}
+    assert {kind.kind for kind in campaign.SIM_KINDS} <= {kind for part, kind in kinds if part == "sim"}
+    assert {"sleep", "SIGSTOP", "SIGKILL", "bit flip: output", "bit flip: parameter", "bit flip: optimizer",
+            "slow compute", "slow communication"} <= {kind for part, kind in kinds if part == "real"}
+    assert totals["sim_scenarios"] >= 200 and totals["real_jobs"] >= 10 and totals["healthy_runs"] >= 4
+    assert "localized" in completed.stdout and "misattributed" in completed.stdout
+
+
+@pytest.mark.parametrize(
+    ("injected", "named", "ok", "reported", "healthy", "expected"),
+    [
+        ((3,), (3,), True, True, False, Outcome.LOCALIZED),
+        ((3,), (3, 5), False, True, False, Outcome.MISATTRIBUTED),
+        ((3,), (5,), True, True, False, Outcome.MISATTRIBUTED),  # a check that passed cannot hide it
+        ((3,), (), False, True, False, Outcome.INCONCLUSIVE),
+        ((3,), (3,), False, True, False, Outcome.INCONCLUSIVE),  # named, but late or with the wrong finding
+        ((3,), (), False, False, False, Outcome.MISSED),
+        ((), (), True, False, True, Outcome.CLEAN),
+        ((), (), False, True, True, Outcome.FALSE_ALARM),
+        ((), (2,), False, True, True, Outcome.FALSE_ATTRIBUTION),
+    ],
+)
+def test_campaign_classification(injected, named, ok, reported, healthy, expected) -> None:
+    assert classify(injected, named, ok, reported, healthy) is expected
+
+
+def test_a_wrong_expectation_is_counted_misattributed_with_its_reproduce_line() -> None:
+    """Plant a bug in the campaign's expectation: claim the fault is on another rank."""
+    params = ScenarioParams(ranks=16, seed=11)
+    honest = SimKind("hang", "observer-behind", campaign.SIM_KINDS[0].injected)
+    planted = SimKind("hang", "observer-behind", lambda p: ((honest.injected(p)[0] + 1) % p.ranks,))
+    assert run_sim_case(honest, params).outcome is Outcome.LOCALIZED
+    wrong = run_sim_case(planted, params)
+    assert wrong.outcome is Outcome.MISATTRIBUTED and wrong.failed
+    assert wrong.reproduce == "reproduce with: scout simulate observer-behind --ranks 16 --seed 11 --group-size 8"
+    result = campaign.CampaignResult(quick=True, seed=0, cases=[wrong])
+    text = campaign.render(result)
+    assert "FAIL sim hang ranks=16 seed=11: misattributed" in text and wrong.reproduce in text
+    assert not result.ok and result.totals()["false_attributions"] == 1
+
+
+def test_a_healthy_run_that_names_a_rank_is_a_false_attribution() -> None:
+    params = ScenarioParams(ranks=16, seed=3)
+    # The straggler scenario run as if it were healthy: its straggler is then a false attribution.
+    as_healthy = SimKind("healthy timing", "straggler-timing", lambda p: ())
+    assert run_sim_case(as_healthy, params, healthy=True).outcome is Outcome.FALSE_ATTRIBUTION
+    assert run_sim_case(campaign.SIM_HEALTHY[1], params, healthy=True).outcome is Outcome.CLEAN
+
+
+def test_the_full_plan_has_at_least_1000_simulated_scenarios_from_8_to_4096_ranks() -> None:
+    plan = campaign.campaign_plan(quick=False, seed=0)
+    ranks = [params.ranks for _, params in plan.sim]
+    assert len(plan.sim) >= 1000 and min(ranks) == 8 and max(ranks) == 4096
+    assert {kind.kind for kind, _ in plan.sim} == {kind.kind for kind in campaign.SIM_KINDS}
+    # Seeds are drawn from the campaign seed: the same seed, the same plan.
+    assert campaign.campaign_plan(quick=False, seed=0).sim == plan.sim
+    assert campaign.campaign_plan(quick=False, seed=1).sim != plan.sim
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["campaign", "--seed", "-1"], "--seed must be in 0..4294967295, got -1"),
+        (["campaign", "--real-case", "meteor"], "unknown real case 'meteor'"),
+        (["campaign", "--real-case", "sleep", "--rank", "7"], "--rank must be in 0..3, got 7"),
+        (["campaign", "--real-case", "sleep", "--step", "0"], "--step must be in 1..100, got 0"),
+    ],
+)
+def test_campaign_arguments_are_refused_naming_the_value(argv, message, capsys) -> None:
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
