@@ -322,6 +322,7 @@ def test_planted_quarantine_lifting_bug_is_found() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)  # the largest case (4 recipes, 3 groups) runs past the default 300 s
 @pytest.mark.parametrize("groups_count", [1, 2, 3])
 @pytest.mark.parametrize("recipes_count", [1, 2, 3, 4])
 def test_GATE_1_to_21_full_matrix_every_vector_two_captures(recipes_count: int, groups_count: int) -> None:
