@@ -5,7 +5,9 @@
 #  2. NCCL replay of an SDC bit flip (tests/gpu/replay_worker.py);
 #  3. the GPU tensor signature (bench/signature_gpu.py): equal to the CPU signature of the same
 #     bytes, every single-bit flip seen, and its bandwidth against a device-to-device copy
-#     (goal >= 50 %), written to OUT_DIR/signature_gpu.json.
+#     (goal >= 50 %), written to OUT_DIR/signature_gpu.json;
+#  4. scout.attach on the example GPT with CUDA, an SDC on rank 1 and a restart
+#     (tests/gpu/attach_gpu.sh).
 # A failed check fails the script; a missed speed goal is printed and fails it too (exit 3)
 # unless SCOUT_GPU_GOALS=report.
 # Usage: tests/gpu/run_gpu_tests.sh [OUT_DIR]     (SCOUT_GPUS=<n> to use fewer GPUs)
@@ -48,5 +50,13 @@ case ",${SCOUT_CASES:-signature}," in *,signature,*)
         timeout 240 "$python" bench/signature_gpu.py --output "$out/signature_gpu.json" || status=$?
         if [ "$status" -eq 3 ] && [ "${SCOUT_GPU_GOALS:-fail}" = report ]; then status=0; fi
         [ "$status" -eq 0 ] || { echo "run_gpu_tests.sh: signature_gpu.py exited $status" >&2; exit "$status"; }
+    fi ;;
+esac
+# scout.attach on the example GPT with CUDA (tests/gpu/attach_gpu.sh), unless SCOUT_CASES leaves it out.
+case ",${SCOUT_CASES:-attach}," in *,attach,*)
+    if [ "${SCOUT_TORCHRUN_DEVICE:-cuda}" = cpu ]; then
+        echo "run_gpu_tests.sh: attach case skipped (SCOUT_TORCHRUN_DEVICE=cpu)"
+    else
+        PYTHON="$python" tests/gpu/attach_gpu.sh "$out"
     fi ;;
 esac
