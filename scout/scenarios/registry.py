@@ -85,6 +85,12 @@ BYTES_PER_RANK: dict[str, int] = {
     "observer-group-stall": 14 * 2**10,
     "observer-process-frozen": 14 * 2**10,
     "observer-trainer-dead": 14 * 2**10,
+    "observer-observer-dead": 14 * 2**10,  # measured 11.0
+    "observer-partition": 14 * 2**10,  # measured 11.2
+    # the campaign's voting scenarios (scout/scenarios/localization.py), measured 9.3 and 11.1
+    "sdc-in-evidence": 12 * 2**10,
+    "straggler-timing": 14 * 2**10,
+    "straggler-healthy": 14 * 2**10,
     # measured 28.5: forty steps of polling leave the most trace per rank
     "observer-healthy": 36 * 2**10,
     # measured 74

@@ -45,8 +45,8 @@ def _mutant_contracts(tmp_path: Path, old: str, new: str) -> None:
 PLANTED = [
         # Strict majority weakened to ">=" (VERDICT-13).
         pytest.param(
-            "    if 2 * count > n:\n        outliers",
-            "    if 2 * count >= n:\n        outliers",
+            "    if 2 * count > n:\n        invalid_positions",
+            "    if 2 * count >= n:\n        invalid_positions",
             "exact_verdict",
             id="exact-majority-ge",
         ),
