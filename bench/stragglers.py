@@ -2,7 +2,7 @@
 
 How many checks does scout need to confirm a device straggler 1.2x, 1.5x and 2x as slow as its
 peers, and a loop straggler 1.5x; how many false confirmations come per 10,000 healthy checks;
-does a confirmation flap? Goals (/work/shared/TARGETS.md, "straggler"): 1.5x within 5 checks,
+does a confirmation flap? Goals: 1.5x within 5 checks,
 1.2x within 20, 0 false confirmations, no flapping.
 
 1. **Noise, measured.** A healthy DDP job (a small GPT, 4 gloo ranks on this host) replays
