@@ -95,4 +95,7 @@ def test_ATTACH_a_rank_asleep_inside_a_step_is_reported_as_hang_naming_it(tmp_pa
     assert (hang["kind"], hang["ranks"], hang["reason"]) == ("hang", [rank], "behind-majority"), hang
     assert hang["reporter_rank"] != rank and hang["step"] == 20
     latency_s = _time(hang) - _struck_at(run)
-    assert THRESHOLD_S <= latency_s <= THRESHOLD_S + 1.0, latency_s
+    # The stall clock of each observer starts at its own trainer's last progress: a peer that
+    # launched its first bucket all-reduce before the sleeper fell asleep inside backward started
+    # waiting a few ms before the "struck" line (measured: 5 ms early once in 5 CI runs).
+    assert THRESHOLD_S - 0.1 <= latency_s <= THRESHOLD_S + 1.0, latency_s
