@@ -1,4 +1,4 @@
-"""The ``scout`` console script: one subcommand per module in :mod:`scout.commands`."""
+"""The ``scout`` console script: one subcommand per public module in :mod:`scout.commands`."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module_info in sorted(pkgutil.iter_modules(scout.commands.__path__), key=lambda m: m.name):
+        if module_info.name.startswith("_"):
+            continue  # shared helpers of the commands, not a command
         module = importlib.import_module(f"scout.commands.{module_info.name}")
         module.register(subparsers)
     return parser

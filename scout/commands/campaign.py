@@ -22,17 +22,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from scout.commands._arguments import integer
+
 SEED_MAX = 2**32 - 1
 
-
-def _integer(name: str) -> Any:
-    def parse(text: str) -> int:
-        try:
-            return int(text, 10)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
-
-    return parse
 
 
 def register(subparsers: Any) -> None:
@@ -45,11 +38,11 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--quick", action="store_true", help="the CI-sized matrix (a few minutes on 2 cores)")
     parser.add_argument("--part", choices=("all", "sim", "real"), default="all", help="which part to run")
-    parser.add_argument("--seed", type=_integer("--seed"), default=0, help="campaign seed (default 0)")
+    parser.add_argument("--seed", type=integer("--seed"), default=0, help="campaign seed (default 0)")
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write every case as JSON to PATH")
     parser.add_argument("--real-case", metavar="KIND", help="run one real-process case again (see --list)")
-    parser.add_argument("--rank", type=_integer("--rank"), default=0, help="with --real-case: the faulty rank")
-    parser.add_argument("--step", type=_integer("--step"), default=3, help="with --real-case: the fault's step")
+    parser.add_argument("--rank", type=integer("--rank"), default=0, help="with --real-case: the faulty rank")
+    parser.add_argument("--step", type=integer("--step"), default=3, help="with --real-case: the fault's step")
     parser.add_argument("--list", action="store_true", help="list the fault kinds and exit")
     parser.set_defaults(func=main)
 

@@ -17,6 +17,7 @@ import random
 import sys
 from typing import Any
 
+from scout.commands._arguments import integer
 from scout.scenarios.registry import (
     DEFAULT_GROUP_SIZE,
     DEFAULT_ROUNDS,
@@ -35,18 +36,6 @@ SEED_BITS = 32  # a seed drawn when none is given: short enough to type back
 SEED_MAX = 2**64 - 1  # seeds are non-negative: random.Random(-s) is the same run as Random(s)
 
 
-def _integer(name: str) -> Any:
-    """An argparse type: a base-10 integer, refused with one line naming the value (ranges are
-    checked in :func:`main`, so that they exit 2 with the same ``scout simulate: error:`` line)."""
-
-    def parse(text: str) -> int:
-        try:
-            return int(text, 10)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
-
-    return parse
-
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
@@ -59,27 +48,27 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--list", action="store_true", help="list the scenarios and exit")
     parser.add_argument(
         "--ranks",
-        type=_integer("--ranks"),
+        type=integer("--ranks"),
         default=DEFAULT_RANKS,
         help=f"simulated ranks (default {DEFAULT_RANKS})",
     )
     parser.add_argument(
-        "--seed", type=_integer("--seed"), default=None,
+        "--seed", type=integer("--seed"), default=None,
         help="seed, an integer >= 0 (default: a random one, printed)"
     )
     parser.add_argument(
         "--group-size",
-        type=_integer("--group-size"),
+        type=integer("--group-size"),
         default=DEFAULT_GROUP_SIZE,
         help=f"replica group size: peers that compare evidence (default {DEFAULT_GROUP_SIZE})",
     )
     parser.add_argument(
-        "--rounds", type=_integer("--rounds"), default=DEFAULT_ROUNDS,
+        "--rounds", type=integer("--rounds"), default=DEFAULT_ROUNDS,
         help=f"rounds (default {DEFAULT_ROUNDS})"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument(
-        "--trace", type=_integer("--trace"), default=0, metavar="N",
+        "--trace", type=integer("--trace"), default=0, metavar="N",
         help="also print the first N trace records"
     )
     parser.set_defaults(func=main)
