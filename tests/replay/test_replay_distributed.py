@@ -271,7 +271,7 @@ def test_STRAG_4_FAULT_5_a_1_5x_device_straggler_is_device_slow_and_recovers_exa
     tmp_path: Path,
 ) -> None:
     """Every operation of rank 1 -- forward, backward, optimizer and replay -- computes 1.5x
-    as long (FAULT-5) until step 24, then it is healthy again. Checks every 2 steps: rank 1 is
+    as long (FAULT-5) until step 32, then it is healthy again. Checks every 2 steps: rank 1 is
     confirmed ``device-slow`` while the fault lasts and reported recovered once, after it
     stops; nobody else is ever confirmed, and nobody is a communication straggler. (A device
     straggler also slows its loop: ``loop-slow`` may name rank 1 too, and nobody else.) How
@@ -279,8 +279,10 @@ def test_STRAG_4_FAULT_5_a_1_5x_device_straggler_is_device_slow_and_recovers_exa
     ranks = run(
         tmp_path,
         scenario="train_stragglers",
-        steps=52,
-        device_slow={"rank": 1, "factor": 1.5, "until_step": 25},
+        # 16 checks while slow: 4 ranks on 2 shared cores make every rank's evidence noisy, and
+        # the noise guard then needs more checks (one CI run in nine saw no confirmation by 24).
+        steps=60,
+        device_slow={"rank": 1, "factor": 1.5, "until_step": 33},
     )
     device = _events(ranks, "device")
     evidence = _evidence(ranks, "device")
@@ -289,7 +291,7 @@ def test_STRAG_4_FAULT_5_a_1_5x_device_straggler_is_device_slow_and_recovers_exa
         ("recovered-device-slow", 1),
     ], evidence
     (_, _, confirmed_at), (_, _, recovered_at) = device
-    assert confirmed_at <= 24 < recovered_at, evidence
+    assert confirmed_at <= 32 < recovered_at, evidence
     ratio = next(e["ratio"] for e in ranks[0]["events"] if e["reason"] == "device-slow")
     assert 1.3 <= ratio <= 1.8, evidence  # the per-rank performance ratio
     assert _events(ranks, "communication") == [], _evidence(ranks, "communication")
