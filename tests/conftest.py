@@ -89,9 +89,10 @@ def no_process_left_behind(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
     left = processes.leftovers(before)
     if left:
+        described = [info.describe() for info in left]  # before the kill: where each one sleeps
         processes.kill(left)
         pytest.fail(
             f"{request.node.nodeid} left {len(left)} process(es) running {processes.EXIT_GRACE_S} s after it "
-            "ended (now killed):\n  " + "\n  ".join(info.describe() for info in left),
+            "ended (now killed):\n  " + "\n  ".join(described),
             pytrace=False,
         )

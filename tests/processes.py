@@ -69,7 +69,15 @@ class ProcessInfo:
     command: str
 
     def describe(self) -> str:
-        return f"pid {self.pid} (parent {self.ppid}, group {self.pgid}, state {self.state}): {self.command[:160]}"
+        """One line; while the process lives, with the kernel function it sleeps in (wchan), which
+        tells a futex from a pipe or a FIFO when a leftover has to be explained."""
+        try:
+            with open(f"/proc/{self.pid}/wchan", encoding="utf-8") as file:
+                wchan = f", in {file.read() or '?'}"
+        except OSError:
+            wchan = ""
+        return (f"pid {self.pid} (parent {self.ppid}, group {self.pgid}, state {self.state}{wchan}): "
+                f"{self.command[:160]}")
 
 
 def _info(pid: int) -> ProcessInfo | None:

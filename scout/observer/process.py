@@ -13,7 +13,9 @@ so it starts in well under a second and stays small. The trainer starts it
 Then it runs the one observer driver (:func:`scout.observer.driver.drive`) over the real clock,
 the progress record and the UDP channel. It stops when its trainer exits: the record says
 "closed" (clean exit), or the trainer is gone (parent-death signal, the owner's pid and start
-time, end of file on stdin). Every wait is bounded.
+time, end of file on stdin). Every wait is bounded, and a watchdog thread ends the process
+``EXIT_DEADLINE_S`` after the trainer is gone or a stop signal came, whatever the loop is blocked
+on (OBS-8: an observer never outlives its trainer; it prints where it was stuck first).
 
 *Fault policy* ``on_hang = "restart"``: after this observer emits a stall report it appends the
 hosts at fault to ``exclude_hosts`` and ends its own trainer (SIGTERM, then SIGKILL after
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import faulthandler
 import json
 import os
 import select
@@ -51,6 +54,11 @@ __all__ = ["EXIT_FAILED", "main"]
 
 EXIT_FAILED: Final = 3
 SPEC_BYTES_MAX: Final = 1 << 20
+#: OBS-8 backstop: how long after its trainer is gone (or a stop signal) the observer's loop has
+#: to stop by itself before the watchdog ends the process. The loop notices within one poll
+#: interval; this only fires when it is blocked (a report file on a hung mount, a wedged lock).
+EXIT_DEADLINE_S: Final = 3.0
+WATCHDOG_INTERVAL_S: Final = 0.1
 #: Finding kinds after which ``on_hang = "restart"`` ends the trainer.
 RESTART_KINDS: Final = frozenset({"hang", "data_stall", "checkpoint_stall", "desync", "group_stall",
                                   "unresponsive", "inconclusive"})
@@ -123,6 +131,58 @@ class _Out:
             self.broken = True
 
 
+class _Flag:
+    """Set by a signal handler, read by the loop and the watchdog. A plain attribute, not a
+    ``threading.Event``: Event.set takes a lock, and a second signal arriving inside the first
+    handler (Ctrl-C to the process group, then the parent-death SIGTERM) would wait on that lock
+    for ever."""
+
+    def __init__(self) -> None:
+        self.value = False
+
+    def set(self) -> None:
+        self.value = True
+
+    def is_set(self) -> bool:
+        return self.value
+
+
+class _Watchdog:
+    """A daemon thread that ends the observer process ``EXIT_DEADLINE_S`` after its trainer is
+    gone or a stop signal came, if the main loop has not finished by then (OBS-8). Before it
+    ends the process it prints every thread's stack, so a blocked loop is named, not hidden."""
+
+    def __init__(self, rank: int, trainer_pid: int, trainer_start_ticks: int, signalled: _Flag) -> None:
+        self.rank = rank
+        self.trainer_pid = trainer_pid
+        self.trainer_start_ticks = trainer_start_ticks
+        self.signalled = signalled
+        self.finished = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"scout-observer-watchdog-{rank}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _trainer_gone(self) -> bool:
+        return (self.signalled.is_set() or os.getppid() != self.trainer_pid
+                or not process_alive(self.trainer_pid, self.trainer_start_ticks))
+
+    def _run(self) -> None:
+        gone_since: float | None = None
+        while not self.finished.wait(WATCHDOG_INTERVAL_S):
+            if gone_since is None:
+                if self._trainer_gone():
+                    gone_since = time.monotonic()
+                continue
+            if time.monotonic() - gone_since >= EXIT_DEADLINE_S:
+                with contextlib.suppress(Exception):
+                    print(f"scout: observer of rank {self.rank}: its trainer (pid {self.trainer_pid}) is gone or it "
+                          f"was asked to stop, but its loop did not stop within {EXIT_DEADLINE_S} s; ending it "
+                          "(OBS-8). Where each thread was:", file=sys.stderr, flush=True)
+                    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+                os._exit(EXIT_FAILED)
+
+
 class _World:
     """The real observer's :class:`~scout.observer.driver.ObserverWorld`."""
 
@@ -134,7 +194,7 @@ class _World:
         self.rank: int = spec["rank"]
         self.group_ranks: tuple[int, ...] = tuple(spec["group_ranks"])
         self.hosts: tuple[str, ...] | None = None
-        self.signalled = threading.Event()
+        self.signalled = _Flag()
         self.reader: ProgressReader | None = None
         self.record_closed = False
 
@@ -277,6 +337,8 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    watchdog = _Watchdog(world.rank, spec["trainer_pid"], spec["trainer_start_ticks"], world.signalled)
+    watchdog.start()
     out.send({"address": list(channel.address), "nonce": channel.nonce.hex(), "pid": os.getpid()})
     run = ObserverRun(-1)
     code = 0
@@ -298,6 +360,7 @@ def main() -> int:
         stats.update(rank=world.rank, exit_code=code, refused=dict(channel.refused),
                      refused_total=sum(channel.refused.values()), sent=channel.sent, received=channel.received)
         Path(stats_path).write_text(json.dumps(stats, sort_keys=True, default=str) + "\n", encoding="utf-8")
+    watchdog.finished.set()
     return code
 
 
