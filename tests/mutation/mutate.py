@@ -95,6 +95,11 @@ def prepare(name: str, defaults: dict[str, Any], target: dict[str, Any], fresh: 
     if fresh and work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True, exist_ok=True)
+    # mutmut writes the mutated tree to mutants/, first on PYTHONPATH (run_target). Created here,
+    # before mutmut starts: without it the stats pass of every fresh copy failed ("No module
+    # named 'tests'") and a second run on the same copy worked -- most likely the path entry,
+    # missing when the interpreter started, was cached as unimportable.
+    (work / "mutants").mkdir(exist_ok=True)
     for item in COPIED:
         source, destination = REPO / item, work / item
         if source.is_dir():

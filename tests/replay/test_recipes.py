@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 
 import pytest
 from hypothesis import given, settings
@@ -12,8 +13,10 @@ from hypothesis import strategies as st
 
 from scout.core.recipes import (
     Catalog,
+    DueRecipe,
     EvidenceKind,
     Intervals,
+    ReadinessDecision,
     RecipeClass,
     RecipeId,
     RecipeResult,
@@ -25,7 +28,7 @@ from scout.core.recipes import (
     decide_readiness,
     optimizer_window,
 )
-from scout.core.verdict import MISSING, Status
+from scout.core.verdict import MISSING, Status, classify_exact
 
 HIDDEN = RecipeClass.HIDDEN
 
@@ -281,3 +284,186 @@ def test_EVID_3_EVID_4_groups_voted_separately_and_attributions_united() -> None
 def test_EVID_5_singleton_group_is_inconclusive() -> None:
     result = combine_evidence(R, 1, [OK], {EvidenceKind.OUTPUT: [1]})
     assert result.status is Status.INCONCLUSIVE and result.reason == "singleton"
+
+
+# --------------------------------------------------------------------------------------------
+# Exact fields, boundaries and error messages (tests/mutation/survivors.md, "Recipes")
+# --------------------------------------------------------------------------------------------
+
+EXPERT = RecipeClass.EXPERT
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((HIDDEN, -1), "recipe index must be >= 0, got -1"),
+        ((RecipeClass.EMBEDDING, 2), "embedding has one recipe; got index 2"),
+        ((RecipeClass.OUTPUT, 0, 4), "only expert recipes take n_exec; output got 4"),
+        ((EXPERT, 0, 0), "an expert recipe needs n_exec >= 1 rows, got 0"),
+        ((EXPERT, 0, True), "an expert recipe needs n_exec >= 1 rows, got True"),
+        ((EXPERT, 0, 2.5), "an expert recipe needs n_exec >= 1 rows, got 2.5"),
+    ],
+    ids=["negative-index", "indexed-embedding", "n_exec-on-output", "zero-rows", "bool-rows", "float-rows"],
+)
+def test_REC_1_MOE_1_bad_recipe_ids_are_errors_that_name_the_value(
+    args: tuple[object, ...], message: str
+) -> None:
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        RecipeId(*args)  # type: ignore[arg-type]
+
+
+def test_MOE_1_one_row_is_the_smallest_expert_recipe() -> None:
+    recipe = RecipeId(EXPERT, 2, 1)
+    assert str(recipe) == "expert.2@1" and RecipeId.parse("expert.2@1") == recipe
+
+
+def test_REC_1_unknown_recipe_class_error_lists_the_classes() -> None:
+    with pytest.raises(ValueError) as info:
+        RecipeId.parse("decoder.0")
+    assert str(info.value) == (
+        "unknown recipe 'decoder.0': the classes are "
+        "embedding, hidden, output, optimizer, expert, dispatch, canary"
+    )
+
+
+@pytest.mark.parametrize("text", ["expert", "expert.3", "expert.x@4", "expert.3@x", "expert.3@4@5"])
+def test_MOE_1_malformed_expert_names_say_what_the_form_is(text: str) -> None:
+    with pytest.raises(ValueError) as info:
+        RecipeId.parse(text)
+    assert str(info.value) == (
+        f"recipe {text!r}: an expert recipe is expert.<slot>@<n_exec>, e.g. expert.0@64"
+    )
+
+
+def test_MOE_1_catalog_expert_keys_are_int_pairs_validated_and_never_repeated() -> None:
+    assert Catalog(0, expert_keys=[[0, 4], (1, 64)]).expert_keys == ((0, 4), (1, 64))  # type: ignore[list-item]
+    with pytest.raises(ValueError, match=re.escape("expert keys repeat: [(0, 4), (1, 8), (0, 4)]")):
+        Catalog(0, expert_keys=((0, 4), (1, 8), (0, 4)))
+    with pytest.raises(ValueError, match="n_exec >= 1 rows, got 0"):
+        Catalog(0, expert_keys=((0, 4), (1, 0)))
+
+
+def test_REC_2_REC_3_an_interval_of_one_checks_every_class_at_every_step() -> None:
+    schedule = Schedule(Catalog(hidden_layer_count=2), Intervals(1, 1, 1, 1))
+    assert schedule.due(1) == (
+        DueRecipe(RecipeId(RecipeClass.EMBEDDING), 1, 0),
+        DueRecipe(RecipeId(HIDDEN, 0), 1, 0),
+        DueRecipe(RecipeId(RecipeClass.OUTPUT), 1, 0),
+        DueRecipe(RecipeId(RecipeClass.OPTIMIZER, 0), 1, 0),
+    )
+    assert schedule.due(6)[1] == DueRecipe(RecipeId(HIDDEN, 1), 6, 5)  # k = 6 // 1 - 1 = 5
+
+
+@pytest.mark.parametrize("step", [0, -3, True, 2.0, "4"])
+def test_REC_3_steps_are_ints_numbered_from_1(step: object) -> None:
+    schedule = Schedule(Catalog(hidden_layer_count=1), Intervals(1, 1, 1, 1))
+    with pytest.raises(ValueError, match=f"^steps are numbered from 1, got {re.escape(repr(step))}$"):
+        schedule.due(step)  # type: ignore[arg-type]
+
+
+def test_REC_4_nothing_active_means_a_cycle_of_zero_steps() -> None:
+    nothing = Schedule(Catalog(0, has_embedding=False, has_output=False, optimizer_slice_count=0))
+    assert nothing.active_classes() == () and nothing.cycle_length_steps() == 0
+    disabled = Schedule(Catalog(3), Intervals(0, 0, 0, 0, 0))
+    assert disabled.cycle_length_steps() == 0 and disabled.due(50) == ()
+
+
+def test_READY_1_schedule_contract_states_every_class_size_and_interval() -> None:
+    catalog = Catalog(2, has_output=False, optimizer_slice_count=3, expert_keys=((0, 4), (1, 64)))
+    schedule = Schedule(catalog, Intervals(embedding_steps=5, hidden_steps=7, expert_steps=9))
+    assert schedule.describe() == (
+        "scout-replay-schedule",
+        1,
+        (
+            ("embedding", 1, 5),
+            ("hidden", 2, 7),
+            ("output", 0, 50),
+            ("optimizer", 3, 50),
+            ("expert", 2, 9),
+            ("dispatch", 0, 0),  # job-level checks: never scheduled by a rank (interval 0)
+            ("canary", 0, 0),
+        ),
+        ((0, 4), (1, 64)),
+    )
+    assert Schedule(catalog, Intervals(hidden_steps=8)).describe() != schedule.describe()
+
+
+def test_READY_2_READY_5_decision_carries_the_verdict_and_the_not_ready_positions() -> None:
+    assert decide_readiness([7, 7], [OK, OK]) == ReadinessDecision(True, classify_exact([7, 7]), None)
+    not_ready = decide_readiness([7, 7, 7], [OK, ReplayStatus.NOT_READY, MISSING])
+    assert not_ready == ReadinessDecision(
+        False, classify_exact([7, 7, 7]), "not-ready: 1:not_ready,2:missing", (1, 2)
+    )
+    mismatch = decide_readiness([7, 7, 8, 7], [OK] * 4)
+    assert mismatch == ReadinessDecision(
+        False,
+        classify_exact([7, 7, 8, 7]),
+        "readiness-mismatch: peers [2] describe other work",
+        (),
+    )
+    with pytest.raises(ValueError, match="^3 digests but 2 status codes$"):
+        decide_readiness([7, 7, 7], [OK, OK])
+
+
+def test_EVID_2_replay_status_reason_names_every_peer_that_is_not_ok_and_unknown_codes() -> None:
+    # status codes travel as ints (EVID-1); 9 is no ReplayStatus
+    result = combine_evidence(R, 7, [0, 9, 2, MISSING], {EvidenceKind.OUTPUT: [1, 1, 1, 1]})
+    assert result == RecipeResult(
+        R, 7, Status.INCONCLUSIVE, reason="replay-status 1:code-9,2:not_ready,3:missing"
+    )
+    with pytest.raises(ValueError, match="^no peers: a recipe result needs at least one status code$"):
+        combine_evidence(R, 7, [], {})
+
+
+@pytest.mark.parametrize(
+    ("statuses", "evidence", "expected"),
+    [
+        pytest.param(
+            [OK], {EvidenceKind.OUTPUT: [1]}, (Status.INCONCLUSIVE, (), (), "singleton"), id="singleton"
+        ),
+        pytest.param(
+            [OK] * 3,
+            {EvidenceKind.OUTPUT: [1, 1, 2]},
+            (Status.ATTRIBUTED, (2,), ("output",), None),
+            id="attributed",
+        ),
+        pytest.param(
+            [OK] * 4,
+            {EvidenceKind.OUTPUT: [1, 1, 2, 2], EvidenceKind.RNG: [3, 4, 3, 4]},
+            (Status.INCONCLUSIVE, (), (), "rng:no-majority output:no-majority"),
+            id="two-inconclusive-groups",
+        ),
+        pytest.param(
+            [OK] * 3, {EvidenceKind.OUTPUT: [1, 1, 1]}, (Status.AGREE, (), (), None), id="agree"
+        ),
+        pytest.param(
+            [OK] * 3, {}, (Status.INCONCLUSIVE, (), (), "no-evidence-groups"), id="no-evidence-groups"
+        ),
+    ],
+)
+def test_EVID_4_EVID_5_every_result_names_its_recipe_step_and_exact_fields(
+    statuses: list[object], evidence: dict[EvidenceKind, list[object]], expected: tuple[object, ...]
+) -> None:
+    """A recipe with no evidence group compared is not accepted: nothing was checked."""
+    status, outliers, sources, reason = expected
+    assert combine_evidence(R, 7, statuses, evidence) == RecipeResult(
+        R, 7, status, outliers, sources, reason  # type: ignore[arg-type]
+    )
+
+
+def test_REC_4_coverage_keeps_the_latest_accepted_step_in_any_order_and_states_its_boundary() -> None:
+    catalog = Catalog(1, has_embedding=False, has_output=False, optimizer_slice_count=0)
+    hidden = RecipeId(HIDDEN, 0)
+    bad = RecipeResult(hidden, 4, Status.ATTRIBUTED, (1,), ("output",))
+    results = [RecipeResult(hidden, 5, Status.AGREE), bad, RecipeResult(hidden, 3, Status.AGREE)]
+    view = coverage(catalog, results, since_step=2)
+    assert view.since_step == 2
+    assert view.accepted == ((hidden, 5),)
+    assert view.attributed == (bad,) and view.inconclusive == () and view.pending == ()
+
+
+def test_REC_6_bad_optimizer_window_arguments_name_the_value() -> None:
+    with pytest.raises(ValueError, match="^check_index must be >= 0, got -1$"):
+        optimizer_window(-1, [4], 2)
+    with pytest.raises(ValueError, match=re.escape("parameter sizes must be >= 0, got [3, -1]")):
+        optimizer_window(0, [3, -1], 2)
