@@ -111,9 +111,6 @@ def prepare(name: str, defaults: dict[str, Any], target: dict[str, Any], fresh: 
     for pattern in target["mutate"]:
         for path in sorted(work.glob(pattern)):
             register_after_definition(path, target.get("register_after", []))
-    # mutmut copies the tree into mutants/ after the interpreter started; a PYTHONPATH entry that
-    # did not exist at start-up is never searched, so the first pass could not import tests/.
-    (work / "mutants").mkdir(exist_ok=True)
     pyproject = work / "pyproject.toml"
     pyproject.write_text(pyproject.read_text(encoding="utf-8") + mutmut_table(defaults, target, debug), encoding="utf-8")
     return work
