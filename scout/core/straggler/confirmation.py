@@ -61,8 +61,12 @@ def straggler_machine() -> Machine[PeerContext]:
 
 
 def _ratio_units(name: str, value: float) -> int:
-    if not (_number(value) and math.isfinite(value)):
-        raise ValueError(f"SequentialConfig.{name} must be a finite number, got {value!r}")
+    # Finite in milli-nepers: an evidence bound near the float maximum overflows when scaled.
+    if not (_number(value) and math.isfinite(value * UNITS_PER_NEPER)):
+        raise ValueError(
+            f"SequentialConfig.{name} must be finite in milli-nepers (x {UNITS_PER_NEPER}), "
+            f"got {value!r}"
+        )
     return round(value * UNITS_PER_NEPER)
 
 
