@@ -150,6 +150,10 @@ def test_STRAG_7_peer_context_refuses_values_outside_its_ranges_naming_them() ->
         ("noise_checks", True, "SequentialConfig.noise_checks must be an int >= 1, got True"),
         ("confirm_evidence", 1e306, "SequentialConfig.confirm_evidence must be finite in milli-nepers (x 1000), got 1e+306"),
         ("recovery_evidence", 1e306, "SequentialConfig.recovery_evidence must be finite in milli-nepers (x 1000), got 1e+306"),
+        # An int too large for a float is refused by name, not an OverflowError from math.isfinite.
+        ("slow_ratio", 10**400, f"SequentialConfig.slow_ratio must be a finite ratio >= 1, got {10**400!r}"),
+        ("confirm_evidence", 10**400, f"SequentialConfig.confirm_evidence must be a finite number > 0, got {10**400!r}"),
+        ("noise_spread", 10**400, f"SequentialConfig.noise_spread must be a number > 0 or None, got {10**400!r}"),
     ],
 )
 def test_STRAG_4_configuration_errors_name_the_field_and_the_value(field: str, value: object, message: str) -> None:
