@@ -115,3 +115,103 @@ calls = st.builds(
 @given(calls, calls)
 def test_FINGERPRINT_2_the_encoding_is_injective(first: CollectiveCall, second: CollectiveCall) -> None:
     assert (canonical_bytes(first) == canonical_bytes(second)) == (first == second)
+
+
+# --------------------------------------------------------------------------------------------
+# Mutation follow-up (tests/mutation/survivors.md, "Observer"): the exact bytes, the 0 remap, and
+# every refusal's exact message.
+# --------------------------------------------------------------------------------------------
+
+
+def test_FINGERPRINT_1_the_pinned_value_is_a_literal() -> None:
+    # BASE_FINGERPRINT above is computed at import; this one is written down.
+    assert fingerprint(BASE) == 13230406281835259423
+
+
+def test_FINGERPRINT_1_canonical_bytes_are_pinned_for_ints_of_one_and_two_bytes() -> None:
+    # 127 fits one signed byte, 300 needs two (little-endian), -1 is one byte 0xff; no group,
+    # no reduce_op and no root are each one tag byte.
+    call = CollectiveCall("x", detail=(("n", 127), ("m", 300), ("k", -1)))
+    assert canonical_bytes(call) == (
+        b"scout.fingerprint.v1\x00" b"\x01\x01x" b"N" b"I\x01\x00" b"O\x01\x00" b"N" b"N"
+        b"\x01\x03" b"\x01\x01n\x01\x7f" b"\x01\x01m\x02\x2c\x01" b"\x01\x01k\x01\xff"
+    )
+
+
+def test_FINGERPRINT_1_canonical_bytes_are_pinned_with_every_field_present() -> None:
+    call = CollectiveCall("all_reduce", group=(0, 1), inputs=(TensorMeta("f", None),),
+                          outputs=(TensorMeta("g", (2,)),), reduce_op="SUM", root=0)
+    assert canonical_bytes(call) == (
+        b"scout.fingerprint.v1\x00" b"\x01\x0aall_reduce" b"T\x01\x02\x01\x00\x01\x01"
+        b"I\x01\x01\x01\x01fN" b"O\x01\x01\x01\x01gT\x01\x01\x01\x02" b"R\x01\x03SUM" b"T\x01\x01\x01\x00"
+        b"\x01\x00"
+    )
+
+
+class _Digest:
+    def __init__(self, raw: bytes) -> None:
+        self.raw = raw
+
+    def digest(self) -> bytes:
+        return self.raw
+
+
+@pytest.mark.parametrize(("raw", "expected"), [(bytes(8), 1), (b"\x01" + bytes(7), 1), (b"\xff" * 8, 2**64 - 1)])
+def test_FINGERPRINT_3_a_zero_digest_is_remapped_to_1_and_the_ends_of_the_range_are_kept(
+    monkeypatch: pytest.MonkeyPatch, raw: bytes, expected: int
+) -> None:
+    """No BLAKE2b input with a zero digest is known, so the hash is replaced by one that gives it."""
+    import types
+
+    import scout.core.fingerprint as module
+
+    fake = types.SimpleNamespace(blake2b=lambda data, digest_size: _Digest(raw))
+    monkeypatch.setattr(module, "hashlib", fake)
+    assert fingerprint(BASE) == expected
+
+
+def _exactly(message: str) -> str:
+    import re
+
+    return "^" + re.escape(message) + "$"
+
+
+@pytest.mark.parametrize(
+    ("build", "error", "message"),
+    [
+        (lambda: CollectiveCall("a\x00b"), ValueError, "CollectiveCall.op must not contain NUL characters, got 'a\\x00b'"),
+        (lambda: CollectiveCall("x", reduce_op=""), ValueError,
+         "CollectiveCall.reduce_op must be a non-empty string, got ''"),
+        (lambda: CollectiveCall("x", root=True), ValueError, "CollectiveCall.root must be a rank >= 0 or None, got True"),
+        (lambda: CollectiveCall("x", root=1.0), ValueError, "CollectiveCall.root must be a rank >= 0 or None, got 1.0"),
+        (lambda: CollectiveCall("x", group=(0, True)), ValueError,
+         "CollectiveCall.group must hold ranks >= 0, got (0, True)"),
+        (lambda: CollectiveCall("x", group=(0, 1.0)), ValueError,
+         "CollectiveCall.group must hold ranks >= 0, got (0, 1.0)"),
+        (lambda: TensorMeta("f", [2]), TypeError, "TensorMeta.shape must be a tuple of ints or None, got [2]"),
+        (lambda: TensorMeta("f", (True,)), ValueError, "TensorMeta.shape must hold ints >= 0, got (True,)"),
+        (lambda: TensorMeta("f", (2.0,)), ValueError, "TensorMeta.shape must hold ints >= 0, got (2.0,)"),
+        (lambda: CollectiveCall("x", inputs=[TensorMeta("f", None)]), TypeError,
+         "tensor lists must be tuples of TensorMeta, got [TensorMeta(dtype='f', shape=None)]"),
+        (lambda: CollectiveCall("x", outputs=(None,)), TypeError, "tensor lists must be tuples of TensorMeta, got (None,)"),
+        (lambda: CollectiveCall("x", detail=[("a", 1)]), TypeError,
+         "CollectiveCall.detail must be a tuple of (name, int) pairs, got [('a', 1)]"),
+        (lambda: CollectiveCall("x", detail=(["a", 1],)), TypeError,
+         "CollectiveCall.detail must be a tuple of (name, int) pairs, got (['a', 1],)"),
+        (lambda: CollectiveCall("x", detail=(("a", 1, 2),)), TypeError,
+         "CollectiveCall.detail must be a tuple of (name, int) pairs, got (('a', 1, 2),)"),
+        (lambda: CollectiveCall("x", detail=((1, 2),)), TypeError,
+         "CollectiveCall.detail must be a tuple of (name, int) pairs, got ((1, 2),)"),
+        (lambda: CollectiveCall("x", detail=(("a", True),)), TypeError,
+         "CollectiveCall.detail must be a tuple of (name, int) pairs, got (('a', True),)"),
+        (lambda: CollectiveCall("x", detail=(("a", "1"),)), TypeError,
+         "CollectiveCall.detail must be a tuple of (name, int) pairs, got (('a', '1'),)"),
+        (lambda: CollectiveCall("x", detail=(("", 1),)), ValueError,
+         "CollectiveCall.detail name must be a non-empty string, got ''"),
+    ],
+)
+def test_FINGERPRINT_4_each_refusal_says_exactly_which_field_and_value(
+    build: object, error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=_exactly(message)):
+        build()  # type: ignore[operator]
