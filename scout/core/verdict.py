@@ -90,7 +90,10 @@ class Verdict:
 def _check_real(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"TimingConfig.{name} must be a real number, got {type(value).__name__}")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:
+        raise ValueError(f"TimingConfig.{name} must fit a float, got {value!r}") from None
 
 
 def _kappa(value: object) -> float:
@@ -365,13 +368,19 @@ def _int_array(items: list[int]) -> np.ndarray[Any, Any] | None:
 
 
 def _timing_value(position: int, value: Any) -> float:
-    """VERDICT-20: a real number (bool excluded), as float."""
+    """VERDICT-20: a real number (bool excluded), as float; an int too large for a float is
+    no duration any clock gives, so it is refused naming the peer."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(
             f"timing evidence must be a real number of milliseconds: peer {position} gave "
             f"{type(value).__name__} {value!r}"
         )
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:
+        raise ValueError(
+            f"timing evidence must fit a float: peer {position} gave {type(value).__name__} {value!r}"
+        ) from None
 
 
 def _lower_median(sorted_values: Sequence[float]) -> float:
@@ -475,8 +484,13 @@ def _classify_timing_vector(items: list[Any], config: TimingConfig) -> Verdict:
     n = len(items)
     evidence = tuple(items)
     types = list(map(type, items))
+    raw = None
     if types.count(float) + types.count(int) == n:
-        raw = np.fromiter(items, dtype=np.float64, count=n)
+        try:
+            raw = np.fromiter(items, dtype=np.float64, count=n)
+        except OverflowError:  # an int too large for a float: the loop below names the peer
+            raw = None
+    if raw is not None:
         missing_mask = np.zeros(n, dtype=bool)
     else:
         floats = np.empty(n, dtype=np.float64)

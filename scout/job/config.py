@@ -36,8 +36,9 @@ class ConfigError(ValueError):
 
 def _positive_s(name: str, maximum: float = 7 * 86400.0) -> Any:
     def check(_instance: object, _attribute: object, value: object) -> None:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                or not 0 < value <= maximum:
+        # Range first: an int too large for a float fails it before math.isfinite could raise.
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= maximum \
+                or not math.isfinite(value):
             raise ConfigError(f"{name} must be a number of seconds in (0, {maximum:g}], got {value!r}")
 
     return check

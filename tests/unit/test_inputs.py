@@ -305,3 +305,37 @@ def test_seeds_are_non_negative_so_s_and_minus_s_are_never_the_same_run() -> Non
         ScenarioParams(ranks=8, seed=-7)
     with pytest.raises(ValueError, match="group_size must be an int, got 2.5"):
         ScenarioParams(ranks=8, seed=1, group_size=2.5)  # type: ignore[arg-type]
+
+
+# An int too large for a float (10**400) is a real number that no float holds: every boundary
+# that takes seconds or milliseconds refuses it naming the value, never with an OverflowError.
+HUGE = 10**400
+
+
+@pytest.mark.parametrize("n", [3, 200])  # the plain path and the numpy path (n >= 128)
+def test_VERDICT_20_timing_evidence_too_large_for_a_float_is_refused_naming_the_peer(n: int) -> None:
+    values: list[object] = [1.0] * (n - 1) + [HUGE]
+    with pytest.raises(ValueError, match=rf"^timing evidence must fit a float: peer {n - 1} gave int {HUGE}$"):
+        classify_timing(values)
+
+
+def test_VERDICT_20_timing_config_too_large_for_a_float_is_refused_naming_the_field() -> None:
+    from scout.core.verdict import TimingConfig
+
+    with pytest.raises(ValueError, match=rf"^TimingConfig.kappa must fit a float, got {HUGE}$"):
+        TimingConfig(kappa=HUGE)
+
+
+@pytest.mark.parametrize("field", ["stall_threshold_s", "round_deadline_s", "settle_idle_s"])
+def test_OBS_observer_thresholds_too_large_for_a_float_are_refused_naming_the_field(field: str) -> None:
+    from scout.core.observer.model import ObserverConfig
+
+    with pytest.raises(ValueError, match=rf"^ObserverConfig.{field} must be a finite number of seconds > 0, got {HUGE}$"):
+        ObserverConfig(0, 4, **{field: HUGE})
+
+
+def test_attach_config_seconds_too_large_for_a_float_are_refused_naming_the_key() -> None:
+    from scout.job.config import Config, ConfigError
+
+    with pytest.raises(ConfigError, match=rf"^stall_threshold_s must be a number of seconds in \(0, 604800\], got {HUGE}$"):
+        Config(stall_threshold_s=HUGE)
