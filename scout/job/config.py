@@ -9,7 +9,6 @@ allowed. No torch here.
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 from collections.abc import Mapping
@@ -17,6 +16,8 @@ from pathlib import Path
 from typing import Any, Final
 
 import attrs
+
+from scout.core.finite import finite_number
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -36,9 +37,7 @@ class ConfigError(ValueError):
 
 def _positive_s(name: str, maximum: float = 7 * 86400.0) -> Any:
     def check(_instance: object, _attribute: object, value: object) -> None:
-        # Range first: an int too large for a float fails it before math.isfinite could raise.
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= maximum \
-                or not math.isfinite(value):
+        if not finite_number(value) or not 0 < value <= maximum:
             raise ConfigError(f"{name} must be a number of seconds in (0, {maximum:g}], got {value!r}")
 
     return check

@@ -55,6 +55,8 @@ from typing import Any, ClassVar, Final, TypeAlias
 
 import attrs
 
+from scout.core.finite import finite_number
+
 __all__ = [
     "JOINED_STATES",
     "Answer",
@@ -215,20 +217,9 @@ class StallReport:
     reason: str
 
 
-def _finite_number(value: object) -> bool:
-    """An int or float (bool excluded) that a float holds finitely; an int too large for a
-    float is not (``math.isfinite`` would raise OverflowError on it instead of answering)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    try:
-        return math.isfinite(value)
-    except OverflowError:
-        return False
-
-
 def _positive_finite(name: str) -> Any:
     def check(_instance: object, _attribute: object, value: object) -> None:
-        if not _finite_number(value) or value <= 0:  # type: ignore[operator]
+        if not finite_number(value) or value <= 0:
             raise ValueError(f"ObserverConfig.{name} must be a finite number of seconds > 0, got {value!r}")
 
     return check
@@ -266,7 +257,7 @@ class ObserverConfig:
     def _settle_default(self) -> float:
         # A bad stall threshold is refused by its own validator, which names it; halving an int
         # too large for a float here would raise OverflowError first.
-        if not _finite_number(self.stall_threshold_s):
+        if not finite_number(self.stall_threshold_s):
             return self.stall_threshold_s
         return self.stall_threshold_s / 2
 

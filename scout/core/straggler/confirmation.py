@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
+from scout.core.finite import finite_number
 from scout.core.machine import Machine, MachineState, packaged_machine
 from scout.core.straggler.machine import reaches_bound
 from scout.core.straggler.model import (
@@ -104,18 +105,18 @@ class SequentialConfig:
     def __attrs_post_init__(self) -> None:
         for name in ("slow_ratio", "recovery_ratio", "clip_ratio", "fast_ratio"):
             value = getattr(self, name)
-            if not (_number(value) and _finite(value) and value >= 1):
+            if not (finite_number(value) and value >= 1):
                 raise ValueError(
                     f"SequentialConfig.{name} must be a finite ratio >= 1, got {value!r}"
                 )
         for name in ("confirm_evidence", "recovery_evidence"):
             value = getattr(self, name)
-            if not (_number(value) and _finite(value) and value > 0):
+            if not (finite_number(value) and value > 0):
                 raise ValueError(
                     f"SequentialConfig.{name} must be a finite number > 0, got {value!r}"
                 )
         spread = self.noise_spread
-        if spread is not None and not (_number(spread) and _finite(spread) and spread > 0):
+        if spread is not None and not (finite_number(spread) and spread > 0):
             raise ValueError(
                 f"SequentialConfig.noise_spread must be a number > 0 or None, got {spread!r}"
             )
@@ -140,15 +141,6 @@ def _number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _finite(value: float) -> bool:
-    """``math.isfinite`` that answers False for an int too large for a float (10**400) instead
-    of raising OverflowError, so such a value gets the error that names it."""
-    try:
-        return math.isfinite(value)
-    except OverflowError:
-        return False
-
-
 DEFAULT_SEQUENTIAL_CONFIG = SequentialConfig()
 
 
@@ -166,9 +158,7 @@ def log_ratio(time_ms: float, centre_ms: float, floor_ms: float) -> float:
 def _valid(value: object) -> bool:
     return (
         value is not MISSING
-        and isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and _finite(value)
+        and finite_number(value)
         and value >= 0
     )
 
@@ -188,7 +178,7 @@ def check_evidence(
     ``log_ratio(sum of its times, sum of the centres, floor_ms)`` over the decided comparisons;
     a peer without a valid time in one of them has no evidence this check.
     """
-    if not (_number(floor_ms) and _finite(floor_ms) and floor_ms >= 0):
+    if not (finite_number(floor_ms) and floor_ms >= 0):
         raise ValueError(f"floor_ms must be a finite number >= 0, got {floor_ms!r}")
     wrong = sorted(name for name, values in times_ms.items() if len(values) != peer_count)
     if wrong:
