@@ -147,6 +147,12 @@ class _Flag:
         return self.value
 
 
+def _trainer_gone(pid: int, start_ticks: int, signalled: _Flag) -> bool:
+    """OBS-8: a stop signal came, or the trainer is dead (re-parented away, or its pid no longer
+    names the process that started us). The loop and the watchdog both ask this."""
+    return signalled.is_set() or os.getppid() != pid or not process_alive(pid, start_ticks)
+
+
 class _Watchdog:
     """A daemon thread that ends the observer process ``EXIT_DEADLINE_S`` after its trainer is
     gone or a stop signal came, if the main loop has not finished by then (OBS-8). Before it
@@ -163,15 +169,11 @@ class _Watchdog:
     def start(self) -> None:
         self._thread.start()
 
-    def _trainer_gone(self) -> bool:
-        return (self.signalled.is_set() or os.getppid() != self.trainer_pid
-                or not process_alive(self.trainer_pid, self.trainer_start_ticks))
-
     def _run(self) -> None:
         gone_since: float | None = None
         while not self.finished.wait(WATCHDOG_INTERVAL_S):
             if gone_since is None:
-                if self._trainer_gone():
+                if _trainer_gone(self.trainer_pid, self.trainer_start_ticks, self.signalled):
                     gone_since = time.monotonic()
                 continue
             if time.monotonic() - gone_since >= EXIT_DEADLINE_S:
@@ -204,8 +206,7 @@ class _World:
     def trainer_exit(self) -> bool | None:
         if self.record_closed:
             return True
-        pid = self.spec["trainer_pid"]
-        if self.signalled.is_set() or os.getppid() != pid or not process_alive(pid, self.spec["trainer_start_ticks"]):
+        if _trainer_gone(self.spec["trainer_pid"], self.spec["trainer_start_ticks"], self.signalled):
             return False
         if self.control.closed():
             return self._closed_record()
