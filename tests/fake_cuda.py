@@ -72,6 +72,7 @@ class FakeCuda:
         self.drains = 0
         self._streams = {i: FakeStream(self, i, "default") for i in range(device_count)}
         self.current_index = 0
+        self.initialized = True  # whether this process "has initialized CUDA"
         generator = torch.Generator().manual_seed(1234)
         self.rng_states = [
             torch.randint(0, 256, (16,), dtype=torch.uint8, generator=generator)
@@ -81,6 +82,9 @@ class FakeCuda:
     # -- devices and streams
     def is_available(self) -> bool:
         return True
+
+    def is_initialized(self) -> bool:
+        return self.initialized
 
     def device_count(self) -> int:
         return self._device_count
