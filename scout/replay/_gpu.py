@@ -7,7 +7,7 @@ this kernel makes one pass over the data: each program sums ``mix(w_i + (i+1)·K
 program, a few thousand for 512 MiB) are added on the device. Only the 8-byte total reaches the
 host. Integer addition mod 2^64 is order-free, so the value is bit-identical to the C kernel's
 and to the definition (SIG-9); ``tests/replay/test_signature_gpu.py`` checks that under Triton's
-CPU interpreter (``TRITON_INTERPRET=1``) here and on the GPU in ``tests/gpu/run_gpu_tests.sh``.
+CPU interpreter (``TRITON_INTERPRET=1``) here and on the GPU by the GPU script ``tests/gpu/run.py``.
 
 Triton is optional: without it (or without CUDA) ``available()`` is False and CUDA tensors use
 the torch-ops path, which gives the same value more slowly. The signature uses the kernel
