@@ -76,7 +76,7 @@ def run(out_dir: Path) -> None:
         torch.manual_seed(0)
         model = TinyLM().to(device)
         ddp = DistributedDataParallel(
-            model, device_ids=[local_rank] if device.type == "cuda" else None
+            model, device_ids=[device.index] if device.type == "cuda" else None
         )
         optimizer = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
         # Over gloo the replay group's rows and broadcasts travel on the CPU.

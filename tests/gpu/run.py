@@ -3,6 +3,7 @@ timeout, the whole within a budget (default 9.5 minutes), results as JSON and a 
 
     python tests/gpu/run.py [--out DIR] [--work DIR] [--budget-s 570] [--gpus N] [--cases a,b]
     python tests/gpu/run.py --device cpu --out DIR     # the CPU plumbing mode CI runs (gloo)
+    python tests/gpu/run.py --device cpu --cases healthy,sdc   # a job case that can run on CPU
 
 It adapts to the GPUs it finds (1, 2, 4, 8, ...): a verdict (SDC, straggler, hang) needs at
 least three replicas, so those jobs run ``max(3, GPUs)`` ranks, sharing GPUs over gloo where
@@ -381,15 +382,15 @@ CASES: tuple[Case, ...] = (
          "(FAULT-1, REPLAY-6)", 180, alone=False, cpu=True, needs_cuda=False,
          launch=_replay_launch, judge=_replay_judge),
     Case("healthy", "the example GPT with scout attached, no fault: no fault report, finished",
-         180, alone=False, cpu=False, needs_cuda=True, launch=_job_launch("healthy"), judge=_job_judge("healthy")),
+         180, alone=False, cpu=False, needs_cuda=False, launch=_job_launch("healthy"), judge=_job_judge("healthy")),
     Case("sdc", "the example GPT, SDC on rank 1 from step 57, on_sdc=restart: sdc names rank 1, restart "
-         "from a verified checkpoint before 57, finished", 300, alone=False, cpu=False, needs_cuda=True,
+         "from a verified checkpoint before 57, finished", 300, alone=False, cpu=False, needs_cuda=False,
          launch=_job_launch("sdc"), judge=_job_judge("sdc")),
     Case("gpu_hang", "a kernel that does not end on rank 1 (torch.cuda._sleep): a hang report names rank 1, "
          "no other rank named (needs completion tracking, issue 20)", 180, alone=False, cpu=False,
          needs_cuda=True, launch=_job_launch("gpu_hang"), judge=_job_judge("gpu_hang")),
     Case("straggler", "every op of the last rank 1.5x slower: confirmed straggler names it, nobody else",
-         240, alone=True, cpu=False, needs_cuda=True, launch=_job_launch("straggler"),
+         240, alone=True, cpu=False, needs_cuda=False, launch=_job_launch("straggler"),
          judge=_job_judge("straggler")),
     Case("signature_bandwidth", "the Triton signature == CPU signature, every flip seen on the device, and its "
          "bandwidth against a device-to-device copy (goal >= 50 %)", 240, alone=True, cpu=False,
@@ -461,8 +462,9 @@ def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
 
 class Driver:
     def __init__(self, plan: Plan, cases: Sequence[Case], budget_s: float, parallel: int, env: dict[str, str],
-                 timeouts: dict[str, float]) -> None:
+                 timeouts: dict[str, float], named: Sequence[str] = ()) -> None:
         self.plan = plan
+        self.named = set(named)  # cases asked for by name: in the CPU mode, run if they can
         self.cases = cases
         self.began_s = time.monotonic()
         self.budget_end_s = self.began_s + budget_s
@@ -481,7 +483,7 @@ class Driver:
               f"{outcome.detail}", flush=True)
 
     def _start(self, case: Case) -> Running | None:
-        if self.plan.device != "cuda" and not case.cpu:
+        if self.plan.device != "cuda" and (case.needs_cuda or not (case.cpu or case.name in self.named)):
             self._record(case, Outcome("SKIP", "needs CUDA (CPU plumbing mode)"), 0.0, None, "")
             return None
         left_s = self.budget_end_s - time.monotonic()
@@ -637,7 +639,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{args.budget_s:.0f} s, work {work}")
     print(header, flush=True)
     env["SCOUT_TORCHRUN_DEVICE"] = plan.device  # the rank workers read it
-    driver = Driver(plan, cases, args.budget_s, parallel, env, timeouts)
+    named = [n for n in args.cases.split(",") if n]
+    driver = Driver(plan, cases, args.budget_s, parallel, env, timeouts, named)
     results = driver.run()
     table = summary_table(results, header)
     document = {"plan": {"device": plan.device, "gpus": plan.gpus, "verdict_ranks": plan.verdict_ranks,

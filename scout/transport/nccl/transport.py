@@ -61,7 +61,7 @@ from scout.transport.base import (
     TransportError,
     check_timeout_s,
 )
-from scout.transport.nccl.work import TimedOut, completed_now, wait_work
+from scout.transport.nccl.work import WORK_POLL, TimedOut, completed_now, wait_work
 
 __all__ = ["TorchTransport"]
 
@@ -263,10 +263,10 @@ class TorchTransport(PieceBinding):
         # Only one still running tells the store "I entered #number", so that a peer reaching
         # its deadline can name who never came; the healthy path makes no store round trip.
         grace_s = min(_NOTICE_GRACE_S, timeout_s / 4)
-        failure = wait_work(work, start_s + grace_s, self._poll)
+        failure = wait_work(work, start_s + grace_s, WORK_POLL)
         if isinstance(failure, TimedOut):
             self._store_op(operation, self._store.set, f"t/{key:x}/{self._rank}", str(number))
-            failure = wait_work(work, deadline_s, self._poll)
+            failure = wait_work(work, deadline_s, WORK_POLL)
         if failure is None:
             return
         missing = [r for r in group.ranks if r != self._rank and not self._entered(key, r, number)]

@@ -35,8 +35,9 @@ class TimedOut:
 TIMED_OUT: Final = TimedOut()
 
 #: How scout polls a work handle unless its caller has settings of its own: yield for 2 ms (a
-#: replay collective usually completes within that), then sleep doubling up to 5 ms.
-WORK_POLL: Final = PollSettings(busy_poll_s=0.002, poll_interval_s=0.005, min_sleep_s=0.00005)
+#: replay collective usually completes within that), then sleep doubling up to 1 ms -- a query
+#: costs a microsecond, and a longer sleep would add its length to a collective of milliseconds.
+WORK_POLL: Final = PollSettings(busy_poll_s=0.002, poll_interval_s=0.001, min_sleep_s=0.00005)
 
 
 def wait_work(work: Any, deadline_s: float, poll: PollSettings = WORK_POLL) -> TimedOut | Exception | None:
