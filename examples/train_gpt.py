@@ -15,7 +15,10 @@ environment variable EXAMPLE_FAULT; only in the first attempt, so a restart runs
 - ``slow:RANK:FACTOR``          every torch operation of RANK takes FACTOR times as long (a slow
                                 device, throttled or degraded);
 - ``loop-slow:RANK:FACTOR``     RANK's host-side loop work takes FACTOR times the step (a slow
-                                data path).
+                                data path);
+- ``gpu-hang:RANK:STEP:SECONDS``  RANK's GPU runs a kernel that spins for SECONDS before the
+                                forward of STEP (a kernel that does not end); its CPU goes on
+                                until it has to wait for the GPU (CUDA only).
 """
 
 from __future__ import annotations
@@ -111,6 +114,9 @@ class Faults:
         Slow().__enter__()  # for the life of the process: every op of this rank
 
     def before_forward(self, step: int) -> None:
+        if self.mine and self.kind == "gpu-hang" and step == int(self.values[0]):
+            self.announce(step)
+            torch.cuda._sleep(self._cycles(self.values[1]))
         if self.mine and self.kind == "sdc" and step == int(self.values[0]):
             self.announce(step)
 
@@ -133,6 +139,17 @@ class Faults:
                 output.register_hook(sleep)
 
             self._handle = self.model.layers[2].register_forward_hook(slow_gradient)
+
+    @staticmethod
+    def _cycles(seconds: float) -> int:
+        """GPU clock cycles in ``seconds``, measured on a short spin (the clock varies by GPU)."""
+        probe = 10_000_000
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(probe)
+        end.record()
+        end.synchronize()
+        return int(seconds * probe / (start.elapsed_time(end) / 1e3))
 
     def announce(self, step: int) -> None:
         """One line on stderr when the fault strikes (the tests time detection from it)."""
@@ -173,7 +190,9 @@ def main() -> None:
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    dist.init_process_group("nccl" if args.device == "cuda" and torch.cuda.device_count() > 1 else "gloo")
+    # NCCL needs a GPU of its own per rank; ranks that share GPUs use gloo (on CUDA tensors).
+    one_gpu_each = int(os.environ.get("WORLD_SIZE", "1")) <= torch.cuda.device_count()
+    dist.init_process_group("nccl" if args.device == "cuda" and one_gpu_each else "gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
     model = GPT().to(device)

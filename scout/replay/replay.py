@@ -86,11 +86,15 @@ from scout.replay.signature import structured_signature
 from scout.replay.stragglers import StragglerEvent, StragglerKind, StragglerTracker
 from scout.replay.tree import map_tensors, tensor_leaves
 from scout.transport.base import DeadlineExceeded, TransportError
+from scout.transport.nccl.timing import Mark, Timer, WallTimer, timer_for, wait_elapsed_s
 
 __all__ = ["RecipeModules", "ReplayConfig", "Replayer", "StepReport", "deterministic_algorithms"]
 
 logger = logging.getLogger("scout.replay")
 _Result = TypeVar("_Result")
+
+#: STRAG-1's CPU clock: the replaying thread's CPU time, with the wall timer's arithmetic.
+_THREAD_CPU_TIMER: Final = WallTimer(clock_ns=time.thread_time_ns)
 
 MODULE_EVIDENCE: tuple[EvidenceKind, ...] = (
     EvidenceKind.PARAMETERS,
@@ -141,6 +145,8 @@ class ReplayConfig:
     timing_warmup_runs: int = 1
     timing_repetitions: int = 3
     timing_clock: str = "auto"
+    # TIMING-6: how long a replay waits for the device to reach the end of a timed run.
+    timing_resolve_timeout_s: float = 60.0
     straggler: SequentialConfig = DEFAULT_SEQUENTIAL_CONFIG  # STRAG-4: the sequential test
     # STRAG-2: added to every compute time and centre of a log ratio: differences well below
     # it (the clocks' jitter) carry almost no evidence. Communication evidence uses
@@ -170,6 +176,11 @@ class ReplayConfig:
             raise ValueError(
                 f"timing_repetitions must be >= 1 (the replay that gives the evidence), got "
                 f"{self.timing_repetitions}"
+            )
+        if not (math.isfinite(self.timing_resolve_timeout_s) and self.timing_resolve_timeout_s > 0):
+            raise ValueError(
+                f"timing_resolve_timeout_s must be a finite number > 0, got "
+                f"{self.timing_resolve_timeout_s!r}"
             )
         if self.timing_clock not in TIMING_CLOCKS:
             raise ValueError(
@@ -355,11 +366,6 @@ def _effects(
     events: Sequence[StragglerEvent], kind: StragglerKind
 ) -> tuple[Confirmed | Recovered, ...]:
     return tuple(event.effect for event in events if event.kind is kind)
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 class Replayer:
@@ -777,47 +783,62 @@ class Replayer:
     def _timed(
         self, device: torch.device, run: Callable[[], _Result]
     ) -> tuple[_Result, float, tuple[float, ...]]:
-        """STRAG-1: ``timing_warmup_runs`` untimed runs, then ``timing_repetitions`` timed ones
-        (device synchronised around each); returns the first run's result (the evidence), the
+        """STRAG-1: ``timing_warmup_runs`` untimed runs, then ``timing_repetitions`` timed ones,
+        each between two marks of the replay timer (TIMING-1: on CUDA events on the current
+        stream, never a device-wide drain); returns the first run's result (the evidence), the
         median of the timed runs (the check's compute time, s) and every timed run (s).
 
         The first run is a warm-up (caches, allocator, lazy initialisation) whose time says
         more about the host than about the device; the median of the repetitions ignores one
         run in three that a descheduled thread or a page fault lengthened."""
         warmup, repetitions = self.config.timing_warmup_runs, self.config.timing_repetitions
+        timer = self._timer(device)
         first: _Result | None = None
-        times: list[float] = []
+        spans: list[tuple[Mark, Mark]] = []
         for index in range(warmup + repetitions):
-            clock = self._clock(device)
-            _synchronize(device)
-            started = clock()
+            start = timer.record()
             result = run()
-            _synchronize(device)
             if index >= warmup:
-                times.append(self._measured(clock, started))
+                spans.append((start, self._measured(timer, start)))
             if index == 0:
                 first = result
         assert first is not None  # repetitions >= 1 (ReplayConfig)
+        # The repetitions are queued back to back; only now wait, for their marks alone.
+        times = [self._elapsed_s(timer, start, end) for start, end in spans]
         return first, statistics.median(times), tuple(times)
 
-    def _clock(self, device: torch.device) -> Callable[[], float]:
-        """STRAG-1: the clock of replay compute times. ``auto``: on a CPU the replaying
-        thread's CPU time -- the CPU is the device, and time the host gave its core to another
-        process is host contention, not device speed; on an accelerator the wall clock
-        between device synchronisations."""
+    def _timer(self, device: torch.device) -> Timer:
+        """STRAG-1: the timer of replay compute times. ``auto``: on a CPU the replaying
+        thread's CPU time -- the CPU is the device, a replay's timed span holds no wait, and
+        time the host gave its core to another process is host contention, not device speed;
+        on a CUDA device events on the current stream (TIMING-2). ``wall``: events on CUDA,
+        the wall clock elsewhere; ``cpu``: the thread's CPU time."""
         mode = self.config.timing_clock
         if mode == "cpu" or (mode == "auto" and device.type == "cpu"):
-            return time.thread_time
-        return time.perf_counter
+            return _THREAD_CPU_TIMER
+        return timer_for(device) if device.type == "cuda" else WallTimer()
 
-    def _measured(self, clock: Callable[[], float], started: float) -> float:
-        """STRAG-1: this peer's replay compute time since ``started`` on ``clock``, compute
-        hooks included (they run inside the timed span, on the same clock)."""
+    def _measured(self, timer: Timer, start: Mark) -> Mark:
+        """STRAG-1: the end mark of a timed replay, compute hooks included: they run inside the
+        timed span and are told the time so far on the same timer (on CUDA this waits for the
+        span's own marks -- only when a hook is installed, FAULT-3)."""
         if self._compute_hooks:
-            elapsed = clock() - started
+            elapsed = self._elapsed_s(timer, start, timer.record())
             for hook in tuple(self._compute_hooks.values()):
                 hook(elapsed)
-        return clock() - started
+        return timer.record()
+
+    def _elapsed_s(self, timer: Timer, start: Mark, end: Mark) -> float:
+        """TIMING-6: the span's duration once its marks completed, bounded by
+        ``timing_resolve_timeout_s``; a device that has not got there by then fails the
+        replay (REPLAY_FAILED), it does not hang it."""
+        elapsed = wait_elapsed_s(timer, start, end, timeout_s=self.config.timing_resolve_timeout_s)
+        if elapsed is None:
+            raise RuntimeError(
+                f"replay timing: the device did not finish the timed replay within "
+                f"timing_resolve_timeout_s={self.config.timing_resolve_timeout_s} s"
+            )
+        return elapsed
 
     def _guarded(self, local: _Local, work: Any) -> None:
         if local.status is not ReplayStatus.OK:
