@@ -284,10 +284,10 @@ def _unframe(data: bytes, magic: str) -> bytes:
 
 
 class _Undecodable(ValueError):
-    """A verified body that is not JSON this reader can hold (GATE-36)."""
+    """A verified body that is not JSON this reader can hold (GATE-38)."""
 
 
-#: GATE-36: the deepest nesting a manifest document may have. scout writes 12 levels (a
+#: GATE-38: the deepest nesting a manifest document may have. scout writes 12 levels (a
 #: certificate inside a checkpoint entry inside the payload; measured on tests/gate_story.py).
 #: The bound is checked on the raw text before parsing: deep nesting is damage, never a
 #: RecursionError.
@@ -310,7 +310,7 @@ def _nesting_depth(body: bytes) -> int:
 def _json_document(body: bytes) -> Any:
     """Parse a verified JSON body; any failure -- not ASCII, not JSON, nesting deeper than
     ``NESTING_MAX``, an integer too long for Python to convert -- is :class:`_Undecodable`, so
-    the reader treats the file as damaged and fails closed instead of crashing (GATE-36)."""
+    the reader treats the file as damaged and fails closed instead of crashing (GATE-38)."""
     try:
         text = body.decode("ascii")
     except UnicodeDecodeError as error:

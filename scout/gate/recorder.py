@@ -239,7 +239,7 @@ class GateRecorder:
         self.transitions = transitions
         self.fail_closed: str | None = None
         self._restart_required_after: int | None = None  # the timeline a restart must leave
-        # GATE-37: the last state committed by record(), its trust changes and its generation.
+        # GATE-39: the last state committed by record(), its trust changes and its generation.
         self._last_recorded: tuple[GateMachineState, tuple[TrustChange, ...], int] | None = None
 
     @classmethod
@@ -300,7 +300,7 @@ class GateRecorder:
         """Commit ``state`` if the step asked for it; returns the generation written, or None.
         A failed commit raises and changes nothing here; the same call may be retried (GATE-33).
         Recording the state committed last, with the same changes, again writes nothing and
-        returns its generation (GATE-37)."""
+        returns its generation (GATE-39)."""
         if not any(isinstance(effect, Persist) for effect in effects):
             return None
         changes = tuple(effect for effect in effects if isinstance(effect, TrustChange))

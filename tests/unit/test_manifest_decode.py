@@ -1,6 +1,6 @@
 """A manifest file whose checksum verifies but whose body this reader cannot hold is damage, and
-the reader fails closed (spec/gate.md GATE-36); recording an already committed state again is a
-no-op (GATE-37). Real files, the real reader and writer."""
+the reader fails closed (spec/gate.md GATE-38); recording an already committed state again is a
+no-op (GATE-39). Real files, the real reader and writer."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ HOSTILE_PAYLOADS = {
 
 
 @pytest.mark.parametrize("hostile", sorted(HOSTILE_PAYLOADS))
-def test_GATE_36_a_verified_newest_generation_that_does_not_decode_fails_closed(tmp_path: Path, hostile: str) -> None:
+def test_GATE_38_a_verified_newest_generation_that_does_not_decode_fails_closed(tmp_path: Path, hostile: str) -> None:
     newest = _recorded_run(tmp_path, 14)
     generation_path(tmp_path, newest + 1).write_bytes(_framed(_document(newest + 1, HOSTILE_PAYLOADS[hostile])))
     found = read_manifest_set(tmp_path, CONFIG.job_id)
@@ -67,7 +67,7 @@ def test_GATE_36_a_verified_newest_generation_that_does_not_decode_fails_closed(
     assert trusts <= {Trust.QUARANTINED, Trust.SUPERSEDED, Trust.RECOVERY_VERIFIED}
 
 
-def test_GATE_36_deep_nesting_in_strings_is_not_nesting(tmp_path: Path) -> None:
+def test_GATE_38_deep_nesting_in_strings_is_not_nesting(tmp_path: Path) -> None:
     """Brackets inside JSON strings do not count towards the nesting bound."""
     newest = _recorded_run(tmp_path, 3)
     payload = json.dumps({"note": "[" * 1000 + '\\"{' * 500})
@@ -80,7 +80,7 @@ def test_GATE_36_deep_nesting_in_strings_is_not_nesting(tmp_path: Path) -> None:
 @pytest.mark.parametrize("line", ['{"sequence": ' + "7" * 5000 + "}", '{"a": ' + "[" * 5000 + "]" * 5000 + "}",
                                   '{"a": ' + "[" * 100 + "]" * 100 + "}", '{"a": 1,}'],
                          ids=["long-integer", "nesting-5000", "nesting-100", "not-json"])
-def test_GATE_36_a_verified_log_line_that_does_not_decode_is_skipped_with_a_note(tmp_path: Path, line: str) -> None:
+def test_GATE_38_a_verified_log_line_that_does_not_decode_is_skipped_with_a_note(tmp_path: Path, line: str) -> None:
     _recorded_run(tmp_path, 14)
     body = line.encode("ascii")
     good = log_line({"sequence": 1, "generation": 1, "job_id": CONFIG.job_id})
@@ -91,7 +91,7 @@ def test_GATE_36_a_verified_log_line_that_does_not_decode_is_skipped_with_a_note
     assert any("not JSON scout can read" in problem for problem in found.problems), found.problems
 
 
-def test_GATE_37_recording_a_committed_state_again_writes_nothing(tmp_path: Path) -> None:
+def test_GATE_39_recording_a_committed_state_again_writes_nothing(tmp_path: Path) -> None:
     recorder, state = GateRecorder.open(tmp_path, CONFIG)
     with recorder:
         committed = []
@@ -113,7 +113,7 @@ def test_GATE_37_recording_a_committed_state_again_writes_nothing(tmp_path: Path
     assert sequences == list(range(1, len(committed) + 1))
 
 
-def test_GATE_37_the_same_state_after_another_commit_is_committed_again(tmp_path: Path) -> None:
+def test_GATE_39_the_same_state_after_another_commit_is_committed_again(tmp_path: Path) -> None:
     """Only a repeat of the *last* commit is a no-op: an older state recorded again is new."""
     recorder, state = GateRecorder.open(tmp_path, CONFIG)
     with recorder:
