@@ -239,6 +239,8 @@ class GateRecorder:
         self.transitions = transitions
         self.fail_closed: str | None = None
         self._restart_required_after: int | None = None  # the timeline a restart must leave
+        # GATE-39: the last state committed by record(), its trust changes and its generation.
+        self._last_recorded: tuple[GateMachineState, tuple[TrustChange, ...], int] | None = None
 
     @classmethod
     def open(
@@ -296,17 +298,23 @@ class GateRecorder:
 
     def record(self, state: GateMachineState, effects: Sequence[object]) -> int | None:
         """Commit ``state`` if the step asked for it; returns the generation written, or None.
-        A failed commit raises and changes nothing here; the same call may be retried (GATE-33)."""
+        A failed commit raises and changes nothing here; the same call may be retried (GATE-33).
+        Recording the state committed last, with the same changes, again writes nothing and
+        returns its generation (GATE-39)."""
         if not any(isinstance(effect, Persist) for effect in effects):
             return None
+        changes = tuple(effect for effect in effects if isinstance(effect, TrustChange))
+        if self._last_recorded is not None and self._last_recorded[:2] == (state, changes):
+            return self._last_recorded[2]
         if self._restart_required_after is not None and state.context.timeline <= self._restart_required_after:
             raise GateResumeRefused(
                 f"{self.writer.directory}: the gate resumed fail-closed ({self.fail_closed}); the first step "
                 f"after that must be a restart (Restart(step of a RECOVERY_VERIFIED checkpoint), or Restart(None) "
                 f"when none is verified), but this state is still in timeline {state.context.timeline}"
             )
-        generation = self._commit(state, [effect for effect in effects if isinstance(effect, TrustChange)])
+        generation = self._commit(state, changes)
         self._restart_required_after = None
+        self._last_recorded = (state, changes, generation)
         return generation
 
     def _commit(self, state: GateMachineState, changes: Sequence[TrustChange],

@@ -56,8 +56,9 @@ from scout.gate.model import (
 from scout.gate.recorder import GateWriter
 from scout.gate.recovery import FailureClass, recover
 from scout.gate.results import recipe_verdicts
-from scout.job.config import Config, load_config
+from scout.job.config import Config, load_config, unknown_variables
 from scout.job.hooks import publish_ddp_buckets
+from scout.job.startup import check_directory, checked_on_every_rank
 from scout.observer import instrument
 from scout.observer.launch import ObserverHandle, start_observer
 from scout.observer.progress import ProgressPublisher, RecordIdentity, reclaim_stale_records
@@ -623,7 +624,21 @@ def attach(
     one group of data-parallel replicas; ``TorchPeerGroup.from_mesh`` for HSDP or 2-D meshes).
     ``config``: a TOML file, a mapping or a :class:`Config`; keyword ``overrides`` win over it,
     and ``SCOUT_<KEY>`` environment variables over the file (docs/attach.md)."""
-    resolved = load_config(config, overrides)
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("scout.attach needs torch.distributed: call init_process_group first")
+
+    def checked() -> Config:
+        resolved = load_config(config, overrides)
+        check_directory(run_dir, "run_dir")
+        if checkpoint_dir is not None:
+            check_directory(checkpoint_dir, "checkpoint_dir")
+        return resolved
+
+    # Every rank checks; rank 0 says what is wrong, once (scout/job/startup.py).
+    resolved = checked_on_every_rank(checked)
+    if dist.get_rank() == 0 and (ignored := unknown_variables()):
+        logger.warning("scout: environment variable(s) %s are not scout settings and are ignored "
+                       "(the settings are in docs/attach.md)", ", ".join(ignored))
     started = time.monotonic()
     job = Job(model, optimizer, run_dir=run_dir, checkpoint_dir=checkpoint_dir, peers=peers, config=resolved)
     logger.info("scout: attached on rank %d in %.2f s", job.rank, time.monotonic() - started)
