@@ -5,7 +5,9 @@ so it starts in well under a second and stays small. The trainer starts it
 (:func:`scout.observer.launch.start_observer`) and talks to it over two pipes:
 
 - stdin, line 1: the spec (JSON: rank, group, record name and token, group key, thresholds,
-  report file, fault policy); line 2, after the rendezvous: the peers of its group. Later the
+  report file, fault policy, and with metrics on the rounds file where it leaves the latency of
+  each round it opened for the node's ops sidecar, spec/ops.md OPS-5); line 2, after the
+  rendezvous: the peers of its group. Later the
   pipe stays open; its end-of-file means the trainer is gone;
 - stdout, line 1: ``{"address": [host, port], "nonce": ...}`` once the UDP socket is bound; then
   one ``{"report": {...}}`` line per report, for the trainer's callbacks.

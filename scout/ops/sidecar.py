@@ -72,6 +72,7 @@ class _RankSource:
         self.rounds_path = paths.rounds_path(run_dir, self.rank)
         self.reader: ProgressReader | None = None
         self.stats_mtime_ns = 0
+        self.rounds_mtime_ns = 0
         self.rounds_seen = 0
         self.closed = False
 
@@ -180,6 +181,13 @@ class Sidecar:
             if value is not None:
                 self.state.set_stats(source.rank, value)
                 source.stats_mtime_ns = mtime_ns
+        try:
+            rounds_mtime_ns = source.rounds_path.stat().st_mtime_ns
+        except OSError:
+            return
+        if rounds_mtime_ns == source.rounds_mtime_ns:
+            return
+        source.rounds_mtime_ns = rounds_mtime_ns
         rounds = paths.read_state(source.rounds_path)
         if rounds is not None:
             count = rounds.get("rounds")

@@ -78,6 +78,13 @@ def _colour_pixels(png: Path, colour: tuple[int, int, int], tolerance: int = 12)
     return int((np.abs(pixels - np.array(colour, dtype=np.int16)) <= tolerance).all(axis=-1).sum())
 
 
+def _eventually(probe: Any, timeout_s: float) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while not (found := probe()) and time.monotonic() < deadline:
+        time.sleep(TEST_POLL_S)
+    return found
+
+
 def _stop(process: subprocess.Popen[Any]) -> None:
     if process.poll() is None:
         import signal
@@ -138,6 +145,13 @@ def test_OPS_1_OPS_4_OPS_6_a_hang_and_a_straggler_reach_prometheus_the_page_and_
             assert [s["metric"]["reason"] for s in hang_series] == ["behind-majority"]
             ratio = services.query(prometheus, 'scout_straggler_ratio{kind="device",rank="3"}')
             assert ratio and float(ratio[0]["value"][1]) >= 1.3, ratio
+            costs = services.query(prometheus, "scout_replay_cost_ratio")
+            assert sorted(c["metric"]["rank"] for c in costs) == ["0", "1", "2", "3"], costs
+            assert all(0 < float(c["value"][1]) < 1 for c in costs), costs
+            # The rounds that found the hang, timed by the observers that opened them (OPS-5).
+            rounds = _eventually(lambda: services.query(
+                prometheus, "scout_observer_round_duration_seconds_count > 0"), 3 * SCRAPE_INTERVAL_S)
+            assert rounds, "no observer round latency reached Prometheus"
             assert driver.find_elements("css selector", 'circle[data-kind="hang"]')
             assert driver.execute_script("return window.loadedOnce;") == "yes", "the page was reloaded"
             shot = tmp_path / "scout-serve.png"

@@ -20,6 +20,11 @@ from typing import Any
 import pytest
 
 from scout import reports
+from scout.core.recipes import RecipeId, RecipeResult
+from scout.core.verdict import Status
+from scout.gate.model import CheckpointCaptured, CycleBoundary, GateConfig
+from scout.gate.recorder import GateWriter
+from scout.gate.results import recipe_verdicts
 from scout.ops import paths
 from scout.ops.web import CONTENT_SECURITY_POLICY, make_server
 
@@ -141,8 +146,21 @@ def test_OPS_2_a_sidecar_that_cannot_serve_says_why_and_exits(tmp_path: Path,
 # -- the page server (OPS-6) ------------------------------------------------------------------
 
 
+def _gate_with_a_verified_checkpoint(run_dir: Path) -> None:
+    """Checkpoints at steps 8 and 16 after clean cycles: t0/s8 recovery-verified, t0/s16 candidate."""
+    config = GateConfig("run", ("hidden.0",), ("dp",))
+    agree = RecipeResult(RecipeId.parse("hidden.0"), 0, Status.AGREE)
+    with GateWriter.open(run_dir / "gate", config) as writer:
+        writer.apply(CycleBoundary(0))
+        for boundary in (8, 16):
+            writer.apply(recipe_verdicts(config, "hidden.0", writer.state.context.cycle, boundary, {"dp": agree}))
+            writer.apply(CycleBoundary(boundary))
+            writer.apply(CheckpointCaptured(boundary))
+
+
 def test_OPS_6_the_page_is_read_only_self_contained_and_incremental(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
+    _gate_with_a_verified_checkpoint(run_dir)
     path = run_dir / reports.REPORTS_FILE
     for step in (1, 2):
         reports.append_record(path, reports.make_record("straggler", source="replay", reason="device-slow",
@@ -162,6 +180,10 @@ def test_OPS_6_the_page_is_read_only_self_contained_and_incremental(tmp_path: Pa
         assert "default-src 'none'" in CONTENT_SECURITY_POLICY
         state = json.loads(_get(base + "/api/state?since=0"))
         assert [r["step"] for r in state["reports"]] == [1, 2] and state["next"] == 2
+        trust = {c["checkpoint"]: (c["trust"], c["certificate"] is not None) for c in state["checkpoints"]}
+        assert trust == {"t0/s8": ("RECOVERY_VERIFIED", True), "t0/s16": ("CANDIDATE", False)}
+        certificate = state["checkpoints"][0]["certificate"]
+        assert (certificate["checkpoint"], certificate["catalog"]) == ({"timeline": 0, "step": 8}, ["hidden.0"])
         reports.append_record(path, reports.make_record("hang", source="observer", reason="behind-majority",
                                                         job_id="j", generation=0, ranks=[2], step=9, reporter_rank=1))
         state = json.loads(_get(base + f"/api/state?since={state['next']}"))
