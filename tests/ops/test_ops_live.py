@@ -35,7 +35,7 @@ SCRAPE_INTERVAL_S = 1.0
 PAGE_POLL_S = 1.0
 #: How often this test asks Prometheus and the page (it adds up to this to every latency).
 TEST_POLL_S = 0.2
-HANG_STEP, HANG_SLEEP_S, STEPS = 12, THRESHOLD_S + 2.5, 14
+HANG_STEP, HANG_SLEEP_S, STEPS = 12, THRESHOLD_S + 2.5, 40  # the test ends the job once it saw all
 JOB_TIMEOUT_S = 240.0
 HANG_RED = (0xD7, 0x30, 0x27)  # page.html KIND_COLOURS.hang
 STRAGGLER_PURPLE = (0x54, 0x27, 0x88)  # page.html KIND_COLOURS.straggler
@@ -85,12 +85,35 @@ def _eventually(probe: Any, timeout_s: float) -> Any:
     return found
 
 
-def _stop(process: subprocess.Popen[Any]) -> None:
-    if process.poll() is None:
-        import signal
+def _session(sid: int) -> list[int]:
+    """Every process of session ``sid`` (torchrun's ranks set process groups of their own)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat[stat.rindex(")") + 2:].split()[4]) == sid:
+                found.append(int(entry))
+    return found
 
-        os.killpg(process.pid, signal.SIGKILL)
-    process.wait(30)
+
+def _stop(process: subprocess.Popen[Any]) -> None:
+    """End the job: torchrun stops its ranks on SIGTERM (bounded); whatever of its session is
+    left -- ranks, observers, the sidecar -- is killed."""
+    import contextlib
+    import signal
+
+    if process.poll() is None:
+        process.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(20)
+    for pid in _session(process.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(10)
 
 
 def test_OPS_1_OPS_4_OPS_6_a_hang_and_a_straggler_reach_prometheus_the_page_and_the_webhook(
@@ -158,12 +181,16 @@ def test_OPS_1_OPS_4_OPS_6_a_hang_and_a_straggler_reach_prometheus_the_page_and_
             driver.save_screenshot(str(shot))
             assert _colour_pixels(shot, HANG_RED) >= 100, "the hang marker and badge are not on the screenshot"
             assert _colour_pixels(shot, STRAGGLER_PURPLE) >= 100, "the straggler bar is not on the screenshot"
-            remaining_s = max(1.0, JOB_TIMEOUT_S - (time.monotonic() - began))
-            assert job.wait(remaining_s) == 0, stderr_path.read_text()[-3000:]
+            # OPS-4: the hook ran for the observer's hang report and for replay's straggler report.
+            posted = _eventually(lambda: {m["text"].split(" rank(s)")[0] for m in received} >= {
+                "scout: hang", "scout: straggler"}, 10.0)
+            assert posted, received
+            # Everything is seen: end the job here (its clean end is tests/job's business), and
+            # the page still shows everything after it (it reads files only).
+            _stop(job)
             phases["job ended"] = time.monotonic() - began
-            # After the job ended the page still shows everything (it reads files only).
             driver.refresh()
-            assert driver.find_elements("css selector", 'tr.report[data-kind="hang"]')
+            assert _eventually(lambda: driver.find_elements("css selector", 'tr.report[data-kind="hang"]'), 10.0)
     finally:
         _stop(job)
     print("OPS phases (s after the job's start): " + json.dumps({k: round(v, 1) for k, v in phases.items()}))
@@ -192,7 +219,6 @@ def _check(run_dir: Path, stderr_path: Path, seen: dict[str, float], received: l
     assert figures["prometheus: hang after the stall began"] <= THRESHOLD_S + 1.0 + SCRAPE_INTERVAL_S + slack_s, figures
     assert figures["page: hang after its report"] <= PAGE_POLL_S + slack_s + 0.5, figures
     assert figures["page: straggler after its report"] <= PAGE_POLL_S + slack_s + 0.5, figures
-    # OPS-4: the hook ran for the observer's hang report and for replay's straggler report.
     texts = [message["text"] for message in received]
     assert any(t.startswith("scout: hang rank(s) 2") for t in texts), texts
     assert any(t.startswith("scout: straggler rank(s) 3") for t in texts), texts
