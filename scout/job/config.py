@@ -160,7 +160,7 @@ class Config:
     canary: bool = attrs.field(default=False, validator=_flag("canary"))
     #: Prometheus metrics of this node (docs/metrics.md), served by scout's per-node sidecar
     #: process, not by a trainer (a frozen trainer does not freeze them); unset: off. 0 picks
-    #: a free port (written to ``run_dir/ops/node-<host>.json``).
+    #: a free port (written to ``run_dir/ops/node-<host>-r<rank>.json``).
     metrics_port: int | None = attrs.field(default=None, validator=_optional_port("metrics_port"))
     #: The address the metrics endpoint binds: loopback by default; ``0.0.0.0`` (or the node's
     #: address) for a Prometheus server on another host.

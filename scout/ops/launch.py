@@ -54,6 +54,17 @@ def observer_rounds_path(config: Any, run_dir: str | os.PathLike[str], rank: int
     return paths.rounds_path(run_dir, rank) if config.metrics_port is not None else None
 
 
+def _node_key(host: str) -> str:
+    """Which ranks share a node (and so its shared memory and process ids): the host name, the
+    launcher's node index (torchrun's GROUP_RANK: two agents on one host are two nodes) and the
+    kernel's boot id (two machines that report the same host name are not one node)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text(encoding="ascii").strip()
+    except OSError:
+        boot = ""
+    return f"{host}|{os.environ.get('GROUP_RANK', '')}|{boot}"
+
+
 def _straggler_values(rank: int, trackers: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """This rank's ratio and confirmation score in each straggler tracker that holds it."""
     out: dict[str, dict[str, Any]] = {}
@@ -87,11 +98,12 @@ class NodeOps:
         """Collective over ``group``. Starts the node's sidecar on its lowest rank."""
         if not ops_enabled(config):
             return None
-        mine = {"rank": rank, "host": host, "record_name": publisher.name, "record_token": publisher.token.hex(),
-                "pid": os.getpid(), "start_ticks": process_start_ticks(os.getpid()) or 0}
+        mine = {"rank": rank, "host": host, "node": _node_key(host), "record_name": publisher.name,
+                "record_token": publisher.token.hex(), "pid": os.getpid(),
+                "start_ticks": process_start_ticks(os.getpid()) or 0}
         gathered: list[Any] = [None] * dist.get_world_size(group)
         dist.all_gather_object(gathered, mine, group=group)
-        local = sorted((entry for entry in gathered if entry["host"] == host), key=lambda entry: entry["rank"])
+        local = sorted((entry for entry in gathered if entry["node"] == mine["node"]), key=lambda entry: entry["rank"])
         run_path = Path(run_dir)
         process, address = None, None
         if local[0]["rank"] == rank:

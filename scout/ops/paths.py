@@ -6,7 +6,8 @@ the sidecar and the page, not a record: no fsync, and a lost one is rewritten a 
 
 - ``rank-<r>.json``: trainer rank r's own numbers (step, scout's costs, straggler ratios);
 - ``rounds-<r>.json``: the observer of rank r, its round latencies (OPS-5);
-- ``node-<host>.json``: the sidecar of a node, its ranks' progress and its metrics address.
+- ``node-<host>-r<rank>.json``: the sidecar of a node (named by its host and its lowest rank),
+  its ranks' progress and its metrics address.
 """
 
 from __future__ import annotations
@@ -34,9 +35,10 @@ def rounds_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
     return Path(run_dir) / OPS_DIR / f"rounds-{int(rank)}.json"
 
 
-def node_status_path(run_dir: str | os.PathLike[str], host: str) -> Path:
-    """A host name becomes a file name: anything but ``[A-Za-z0-9._-]`` is replaced by ``_``."""
-    return Path(run_dir) / OPS_DIR / f"node-{_UNSAFE.sub('_', host)[:120] or 'host'}.json"
+def node_status_path(run_dir: str | os.PathLike[str], host: str, lowest_rank: int) -> Path:
+    """One file per sidecar (two launcher agents on one host are two nodes); in the host name
+    anything but ``[A-Za-z0-9._-]`` becomes ``_``."""
+    return Path(run_dir) / OPS_DIR / f"node-{_UNSAFE.sub('_', host)[:120] or 'host'}-r{int(lowest_rank)}.json"
 
 
 def write_state(path: str | os.PathLike[str], value: Any) -> None:

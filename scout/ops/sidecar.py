@@ -6,7 +6,7 @@ progress records (shared memory, read without taking the observer's slot), ``rep
 as it grows, the ranks' and observers' ops files, the gate's manifest -- so a trainer that is
 frozen, spinning or dead never freezes the metrics. It serves them on ``metrics_addr:
 metrics_port`` (prometheus_client's server thread), runs ``on_report`` for each new report
-(OPS-4), and writes ``run_dir/ops/node-<host>.json`` (its ranks' progress and the metrics
+(OPS-4), and writes ``run_dir/ops/node-<host>-r<rank>.json`` (its ranks' progress and the metrics
 address) once a second for ``scout serve`` and for people.
 
 It ends when every trainer of its node is gone (record closed, or process dead) or on SIGTERM:
@@ -110,6 +110,8 @@ class Sidecar:
         self.run_dir = Path(spec["run_dir"])
         self.host = str(spec["host"])
         self.ranks = [_RankSource(entry, self.run_dir) for entry in spec["ranks"]]
+        if not self.ranks:
+            raise ValueError("the sidecar's spec names no rank of its node")
         local = frozenset(source.rank for source in self.ranks)
         self.state = NodeState(str(spec["job_id"]), int(spec["generation"]), self.host, local,
                                bool(spec.get("has_rank_zero", 0 in local)))
@@ -237,7 +239,7 @@ class Sidecar:
                  "metrics_address": list(self.metrics_address) if self.metrics_address else None,
                  "ranks": ranks, "time": time.time(), "pid": os.getpid()}
         try:
-            paths.write_state(paths.node_status_path(self.run_dir, self.host), value)
+            paths.write_state(paths.node_status_path(self.run_dir, self.host, min(self.state.local_ranks)), value)
         except OSError as error:
             _log(self.host, f"could not write its node file: {error}")
 
@@ -324,7 +326,11 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    sidecar = Sidecar(spec)
+    try:
+        sidecar = Sidecar(spec)
+    except (KeyError, TypeError, ValueError) as error:
+        _say({"error": f"a spec it cannot use: {error!r}"})
+        return EXIT_FAILED
     try:
         sidecar.serve_metrics()
     except Exception as error:  # a taken port, a missing prometheus_client: say so and stop

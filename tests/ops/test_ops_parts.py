@@ -120,6 +120,16 @@ def test_OPS_4_the_queue_is_bounded_and_what_is_dropped_is_counted() -> None:
     assert runner.idle and runner.counts["succeeded"] + runner.counts["dropped"] == 5
 
 
+def test_OPS_1_a_node_is_a_host_a_launcher_agent_and_a_boot(monkeypatch: pytest.MonkeyPatch) -> None:
+    from scout.ops.launch import _node_key
+
+    monkeypatch.setenv("GROUP_RANK", "0")
+    first = _node_key("h1")
+    assert _node_key("h1") == first and _node_key("h2") != first
+    monkeypatch.setenv("GROUP_RANK", "1")
+    assert _node_key("h1") != first, "two torchrun agents on one host are two nodes"
+
+
 # -- configuration ----------------------------------------------------------------------------
 
 

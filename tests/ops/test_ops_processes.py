@@ -110,7 +110,7 @@ def test_OPS_1_OPS_2_OPS_5_a_frozen_trainer_does_not_freeze_the_metrics(
         text = _get(url)
         assert _sample(text, "scout_reports_total", kind="hang", reason="behind-majority") == 1
         assert _sample(text, "scout_rank_reports_total", host="node-a", kind="hang", rank="5") == 1
-        node = paths.read_state(paths.node_status_path(run_dir, "node-a"))
+        node = paths.read_state(paths.node_status_path(run_dir, "node-a", 5))
         assert node is not None and node["ranks"]["5"]["step"] == 12 and node["metrics_address"] == ready["metrics_address"]
 
         process.send_signal(signal.SIGCONT)
