@@ -1,14 +1,16 @@
 """Post scout's fault reports to a Slack-style incoming webhook: an ``on_report`` command.
 
-    SCOUT_ALERT_WEBHOOK_URL=https://hooks.slack.com/services/... \\
+    ALERT_WEBHOOK_URL=https://hooks.slack.com/services/... \\
     SCOUT_ON_REPORT="python examples/alert_webhook.py" torchrun ... train.py
 
 scout's node sidecar runs it once per new report with the report (``scout.report/1``) as JSON on
 standard input (docs/metrics.md, "Alerts"). It posts ``{"text": ...}`` -- the body Slack,
 Mattermost, Rocket.Chat and Google Chat incoming webhooks accept -- for the kinds in
-SCOUT_ALERT_KINDS (comma-separated; default: every fault kind, not checkpoint trust or restarts)
-and ignores the others. Only the standard library; every wait is bounded (SCOUT_ALERT_TIMEOUT_S,
-default 5 s). Exit status: 0 posted or ignored, 1 the post failed, 2 bad input or settings.
+ALERT_KINDS (comma-separated; default: every fault kind, not checkpoint trust or restarts)
+and ignores the others. Only the standard library; every wait is bounded (ALERT_TIMEOUT_S,
+default 5 s). Its variables are not ``SCOUT_*``: that prefix is scout's own settings, which
+``scout.attach`` checks. Exit status: 0 posted or ignored, 1 the post failed, 2 bad input or
+settings.
 """
 
 from __future__ import annotations
@@ -33,17 +35,17 @@ def message(record: dict) -> str:
 
 
 def main() -> int:
-    url = os.environ.get("SCOUT_ALERT_WEBHOOK_URL", "")
+    url = os.environ.get("ALERT_WEBHOOK_URL", "")
     if not url.startswith(("http://", "https://")):
-        print(f"alert_webhook: SCOUT_ALERT_WEBHOOK_URL must be an http(s) URL, got {url!r}", file=sys.stderr)
+        print(f"alert_webhook: ALERT_WEBHOOK_URL must be an http(s) URL, got {url!r}", file=sys.stderr)
         return 2
-    kinds = {k.strip() for k in os.environ.get("SCOUT_ALERT_KINDS", ",".join(FAULT_KINDS)).split(",") if k.strip()}
+    kinds = {k.strip() for k in os.environ.get("ALERT_KINDS", ",".join(FAULT_KINDS)).split(",") if k.strip()}
     try:
-        timeout_s = float(os.environ.get("SCOUT_ALERT_TIMEOUT_S", "5"))
+        timeout_s = float(os.environ.get("ALERT_TIMEOUT_S", "5"))
     except ValueError:
         timeout_s = -1.0
     if not 0 < timeout_s <= 60:
-        print(f"alert_webhook: SCOUT_ALERT_TIMEOUT_S must be in (0, 60], got {os.environ['SCOUT_ALERT_TIMEOUT_S']!r}",
+        print(f"alert_webhook: ALERT_TIMEOUT_S must be in (0, 60], got {os.environ['ALERT_TIMEOUT_S']!r}",
               file=sys.stderr)
         return 2
     try:

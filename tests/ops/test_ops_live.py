@@ -129,7 +129,7 @@ def test_OPS_1_OPS_4_OPS_6_a_hang_and_a_straggler_reach_prometheus_the_page_and_
            "SCOUT_STALL_THRESHOLD_S": str(THRESHOLD_S), "SCOUT_RECHECK_INTERVAL_S": "2",
            "SCOUT_METRICS_PORT": str(metrics_port),
            "SCOUT_ON_REPORT": f"{sys.executable} {REPO / 'examples' / 'alert_webhook.py'}",
-           "SCOUT_ALERT_WEBHOOK_URL": url}
+           "ALERT_WEBHOOK_URL": url}
     fault = f"slow:3:1.5,hang-before-backward:2:{HANG_STEP}:{HANG_SLEEP_S}"
     seen: dict[str, float] = {}  # what was seen where: wall time (time.time())
     phases: dict[str, float] = {}  # seconds after the job's start

@@ -253,7 +253,7 @@ def webhook() -> Iterator[tuple[str, list[dict[str, Any]]]]:
 
 def test_OPS_4_the_webhook_example_posts_faults_and_ignores_the_rest(webhook: tuple[str, list[dict[str, Any]]]) -> None:
     url, received = webhook
-    env = {**os.environ, "SCOUT_ALERT_WEBHOOK_URL": url}
+    env = {**os.environ, "ALERT_WEBHOOK_URL": url}
     example = [sys.executable, str(REPO / "examples" / "alert_webhook.py")]
     done = processes.run(example, input=json.dumps(_record()), env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
@@ -261,6 +261,6 @@ def test_OPS_4_the_webhook_example_posts_faults_and_ignores_the_rest(webhook: tu
     finished = reports.make_record("finished", source="job", reason="closed", job_id="j", generation=0)
     done = processes.run(example, input=json.dumps(finished), env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and len(received) == 1
-    closed = {**env, "SCOUT_ALERT_WEBHOOK_URL": "http://127.0.0.1:9/nothing-listens"}
+    closed = {**env, "ALERT_WEBHOOK_URL": "http://127.0.0.1:9/nothing-listens"}
     done = processes.run(example, input=json.dumps(_record()), env=closed, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and "posting the hang report failed" in done.stderr
