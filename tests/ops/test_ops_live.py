@@ -177,6 +177,8 @@ def test_OPS_1_OPS_4_OPS_6_a_hang_and_a_straggler_reach_prometheus_the_page_and_
             assert rounds, "no observer round latency reached Prometheus"
             assert driver.find_elements("css selector", 'circle[data-kind="hang"]')
             assert driver.execute_script("return window.loadedOnce;") == "yes", "the page was reloaded"
+            errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE" and "favicon" not in e["message"]]
+            assert errors == [], errors
             shot = tmp_path / "scout-serve.png"
             driver.save_screenshot(str(shot))
             assert _colour_pixels(shot, HANG_RED) >= 100, "the hang marker and badge are not on the screenshot"
