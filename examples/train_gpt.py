@@ -4,7 +4,8 @@ marked ``# scout`` are all it takes (README, "scout on your training job").
     torchrun --nproc-per-node 4 examples/train_gpt.py --run-dir runs/gpt --checkpoint-dir ckpt/gpt
 
 Faults, injected the way they happen in life, for the demo and the tests (``--fault`` or the
-environment variable EXAMPLE_FAULT; only in the first attempt, so a restart runs clean):
+environment variable EXAMPLE_FAULT, several separated by commas; only in the first attempt --
+neither a torchrun restart nor a Slurm requeue -- so a restart runs clean):
 
 - ``sdc:RANK:STEP``             from STEP on, RANK's second block computes one wrong bit in its
                                 output -- every time it runs, replays included (a faulty unit);
@@ -84,6 +85,25 @@ def batch(step: int, rank: int) -> torch.Tensor:
     return torch.randint(0, VOCAB, (BATCH, SEQUENCE + 1), generator=generator)
 
 
+class FaultSet:
+    """Several injected faults, each told of every point of the step."""
+
+    def __init__(self, specs: str, rank: int, model: GPT) -> None:
+        self.faults = [Faults(spec.strip(), rank, model) for spec in specs.split(",") if spec.strip()]
+
+    def before_forward(self, step: int) -> None:
+        for fault in self.faults:
+            fault.before_forward(step)
+
+    def before_backward(self, step: int) -> None:
+        for fault in self.faults:
+            fault.before_backward(step)
+
+    def loop(self, step_s: float) -> None:
+        for fault in self.faults:
+            fault.loop(step_s)
+
+
 class Faults:
     """The injected fault (see the module docstring)."""
 
@@ -91,7 +111,8 @@ class Faults:
         self.kind, *fields = spec.split(":") if spec else ("none",)
         self.rank = rank
         self.model = model
-        self.active = bool(spec) and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0
+        self.active = (bool(spec) and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0
+                       and int(os.environ.get("SLURM_RESTART_COUNT", "0")) == 0)
         self.target = int(fields[0]) if fields else -1
         self.values = [float(f) for f in fields[1:]]
         self.mine = self.active and rank == self.target
@@ -196,7 +217,7 @@ def main() -> None:
     rank = dist.get_rank()
     torch.manual_seed(0)
     model = GPT().to(device)
-    faults = Faults(args.fault, rank, model)
+    faults = FaultSet(args.fault, rank, model)
     ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=3e-3)
     job = scout.attach(ddp, optimizer, run_dir=args.run_dir, checkpoint_dir=args.checkpoint_dir)  # scout

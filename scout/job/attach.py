@@ -63,6 +63,8 @@ from scout.observer import instrument
 from scout.observer.launch import ObserverHandle, start_observer
 from scout.observer.progress import ProgressPublisher, RecordIdentity, reclaim_stale_records
 from scout.observer.rendezvous import DirectoryRendezvous, StoreRendezvous, shared_secret
+from scout.ops.launch import NodeOps, observer_rounds_path
+from scout.ops.slurm import host_name
 from scout.replay.arrival import LoopConfig, LoopTimer
 from scout.replay.collectives import TorchPeerGroup
 from scout.replay.job_checks import GateFeed, JobChecks
@@ -174,7 +176,7 @@ class Job:
         self.checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
         self.reports_path = self.run_dir / reports.REPORTS_FILE
         self.identity = RecordIdentity.from_environment(self.rank, job_id=config.job_id)
-        self.hostname = socket.gethostname()
+        self.hostname = host_name()  # Slurm's node name under Slurm (spec/ops.md OPS-7)
         self._closed = False
         self._started = False
         self._step = 0
@@ -269,6 +271,8 @@ class Job:
         if self.observer is not None:
             self.observer.wait_ready(config.collective_timeout_s)
             instrument.check_at_each_step(self.observer.check)
+        self.ops = NodeOps.start(config, run_dir=self.run_dir, publisher=self.publisher, group=self._control,
+                                 rank=self.rank, host=self.hostname)  # metrics and on_report (docs/metrics.md)
         dist.barrier(group=self._control)
 
     # -- start-up -------------------------------------------------------------------------
@@ -320,6 +324,7 @@ class Job:
             config=config.observer_fields(), report_path=self.reports_path, on_failure="report",
             on_hang=config.on_hang, exclude_hosts_path=self.run_dir / EXCLUDE_HOSTS_FILE, bind_host=bind_host,
             hostname=self.hostname, kill_grace_s=config.kill_grace_s, timeout_s=config.collective_timeout_s,
+            rounds_path=observer_rounds_path(config, self.run_dir, self.rank),
         )
 
     # -- restore ------------------------------------------------------------------------------
@@ -438,6 +443,8 @@ class Job:
                 self._cycle_end(step)
                 self.costs.add("cycle_end_s", clock() - checkpointed)
         instrument.mark_step(step + 1)
+        if self.ops is not None:
+            self.ops.after_step(step, self.costs, self.replayer, self.loop)
         if self.loop is not None:
             self.loop.begin_step()
         if self._fault is not None:
@@ -599,6 +606,8 @@ class Job:
         self.publisher.close()
         if self.observer is not None:
             self.observer.close()
+        if self.ops is not None:
+            self.ops.close()
         if self.writer is not None:
             self.writer.close()
 

@@ -1,7 +1,7 @@
 """scout.core, the pure part of scout.gate, and the transport contract import without torch
 or mpi4py (docs/design.md §1, a must); so do the observer process (a light interpreter beside
-every trainer: it must never load torch), the reports, attach's configuration and the run
-summary. Proven in a fresh interpreter where both are blocked."""
+every trainer: it must never load torch), the ops sidecar and page server (spec/ops.md), the
+reports, attach's configuration and the run summary. Proven in a fresh interpreter where both are blocked."""
 
 from __future__ import annotations
 
@@ -31,7 +31,9 @@ SCRIPT = textwrap.dedent(
              "scout.transport.program", "scout.transport.sim", "scout.reports", "scout.observer.process",
              "scout.observer.launch", "scout.observer.driver", "scout.observer.channel", "scout.observer.rendezvous",
              "scout.observer.wire", "scout.observer.progress", "scout.observer.instrument", "scout.observer.mpi",
-             "scout.job.config", "scout.job.summary", "scout.scenarios.registry"]
+             "scout.job.config", "scout.job.summary", "scout.scenarios.registry", "scout.ops.sidecar",
+             "scout.ops.state", "scout.ops.tail", "scout.ops.hooks", "scout.ops.paths", "scout.ops.slurm",
+             "scout.ops.web", "scout.commands.serve", "scout.commands.slurm_requeue"]
     for package in (scout.core, scout.gate):
         for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
             names.append(info.name)
