@@ -67,6 +67,7 @@ from scout.replay.collectives import TorchPeerGroup
 from scout.replay.job_checks import GateFeed, JobChecks
 from scout.replay.replay import RecipeModules, ReplayConfig, Replayer, StepReport
 from scout.replay.stragglers import StragglerEvent, straggler_record_arguments
+from scout.reports.kinds import ReportKind, attempt_failure
 
 __all__ = ["FaultDetected", "Job", "attach"]
 
@@ -74,22 +75,6 @@ logger = logging.getLogger("scout")
 
 GATE_DIR: Final = "gate"
 EXCLUDE_HOSTS_FILE: Final = "exclude_hosts.txt"
-#: Report kinds that name the failure a restart recovers from (restore(): the recovery table).
-_FAILURE_OF_KIND: Final = {
-    "sdc": FailureClass.SDC,
-    "hang": FailureClass.HANG,
-    "desync": FailureClass.HANG,
-    "group_stall": FailureClass.HANG,
-    "inconclusive": FailureClass.HANG,
-    "unresponsive": FailureClass.INACCESSIBLE,
-    "data_stall": FailureClass.DATA_STALL,
-    "checkpoint_stall": FailureClass.CHECKPOINT_STALL,
-    "straggler": FailureClass.STRAGGLER,
-}
-#: When a previous attempt reported several failures, the one that rules out the most decides.
-_FAILURE_ORDER: Final = (FailureClass.SDC, FailureClass.HANG, FailureClass.INACCESSIBLE, FailureClass.UNCERTAIN,
-                         FailureClass.CHECKPOINT_STALL, FailureClass.DATA_STALL, FailureClass.STRAGGLER)
-
 
 class FaultDetected(RuntimeError):
     """Raised by ``job.step()`` on every rank at the same step when a fault's policy is
@@ -352,14 +337,7 @@ class Job:
     def _previous_failure(self) -> FailureClass | None:
         """The failure the previous attempt of this run recorded: fault reports written after
         the last attempt's start. None when no attempt ran before."""
-        records = reports.read_records(self.reports_path)
-        starts = [i for i, r in enumerate(records) if r["kind"] == "restart" and r["reason"] in ("started", "restored")]
-        if not starts:
-            return None
-        found = {_FAILURE_OF_KIND[r["kind"]] for r in records[starts[-1] + 1:] if r["kind"] in _FAILURE_OF_KIND}
-        if not found:
-            return FailureClass.UNCERTAIN  # the job stopped, and nobody saw why
-        return next(f for f in _FAILURE_ORDER if f in found)
+        return attempt_failure(reports.read_records(self.reports_path))
 
     def _decide_restore(self) -> tuple[int, tuple[int, int] | None, str | None, str | None]:
         if self.writer is None or self.checkpoint_dir is None:
@@ -549,8 +527,7 @@ class Job:
 
     def _report(self, kind: str, reason: str, *, ranks: Sequence[int] = (), step: int | None = None,
                 evidence: Mapping[str, Any] | None = None) -> None:
-        source = {"checkpoint": "gate", "unchecked": "gate", "restart": "job", "finished": "job"}.get(kind, "replay")
-        record = reports.make_record(kind, source=source, reason=reason, job_id=self.identity.job_id,
+        record = reports.make_record(kind, reason=reason, job_id=self.identity.job_id,
                                      generation=self.identity.generation, ranks=ranks,
                                      hosts=[self.hosts[r] for r in ranks], step=step, evidence=evidence,
                                      reporter_rank=self.rank)
@@ -561,7 +538,7 @@ class Job:
             reports.append_record(self.reports_path, record)
         except OSError as error:
             logger.warning("scout: could not append to %s: %s", self.reports_path, error)
-        if record["kind"] in ("sdc", "straggler", "unchecked") or record["reason"] == "quarantined":
+        if ReportKind(record["kind"]).warns or record["reason"] == "quarantined":
             logger.warning("%s", reports.record_line(record))
 
     # -- the user's other hooks -----------------------------------------------------------

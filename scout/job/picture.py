@@ -10,18 +10,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Final
 
+from scout.core.compat import assert_never
 from scout.job.summary import RunView
+from scout.reports.kinds import MarkStyle, ReportKind
 
 __all__ = ["render_picture"]
 
 TRUST_COLOURS: Final = {
     "RECOVERY_VERIFIED": "#1a9850", "CANDIDATE": "#fee08b", "CAPTURED": "#999999",
     "QUARANTINED": "#d73027", "SUPERSEDED": "#dddddd",
-}
-FAULT_MARKERS: Final = {  # kind -> (marker, colour)
-    "hang": ("X", "#d73027"), "data_stall": ("X", "#fc8d59"), "checkpoint_stall": ("X", "#91bfdb"),
-    "desync": ("D", "#7b3294"), "unresponsive": ("v", "#4d4d4d"), "sdc": ("*", "#c51b7d"),
-    "observer_failure": ("x", "#000000"),
 }
 
 
@@ -51,29 +48,38 @@ def render_picture(view: RunView, path: str | Path) -> Path:
         axes.text(step, -1.1, f"t{timeline}/s{step}", rotation=90, fontsize=7, ha="center", va="bottom")
         legend[f"checkpoint {trust.lower().replace('_', '-')}"] = Line2D([], [], color=colour, linewidth=3)
 
+    kinds = {kind.value: kind for kind in ReportKind}
     for record in view.records:
-        kind, step = record["kind"], record["step"]
-        if step is None:
+        kind, step = kinds.get(record["kind"]), record["step"]
+        if kind is None or step is None:
             continue
-        evidence = record["evidence"]
-        if kind == "restart" and record["reason"] == "restored":
-            axes.axvline(step, color="#2166ac", linestyle="--", linewidth=1, zorder=2)
-            axes.text(step, ranks - 0.6, f" attempt {record['generation']} from here", fontsize=7, color="#2166ac")
-            legend["restart (restored)"] = Line2D([], [], color="#2166ac", linestyle="--")
-        elif kind == "group_stall":
-            members = evidence.get("group_ranks", [])
+        mark = kind.mark
+        name = kind.value.replace("_", " ")
+        if mark.style is MarkStyle.ATTEMPT:
+            if record["reason"] == "restored":
+                axes.axvline(step, color=mark.colour, linestyle="--", linewidth=1, zorder=2)
+                axes.text(step, ranks - 0.6, f" attempt {record['generation']} from here", fontsize=7,
+                          color=mark.colour)
+                legend["restart (restored)"] = Line2D([], [], color=mark.colour, linestyle="--")
+        elif mark.style is MarkStyle.GROUP:
+            members = record["evidence"].get("group_ranks", [])
             if members:
                 axes.add_patch(Rectangle((step - 0.4, min(members) - 0.4), 0.8, max(members) - min(members) + 0.8,
-                                             color="#fdae61", alpha=0.5, zorder=2))
-                legend["group stall"] = Rectangle((0, 0), 1, 1, color="#fdae61", alpha=0.5)
-        elif kind == "unchecked":
-            axes.plot([step], [-0.8], marker="|", markersize=12, color="#f46d43", zorder=3)
-            legend["replay unchecked"] = Line2D([], [], marker="|", color="#f46d43", linestyle="", markersize=12)
-        elif kind in FAULT_MARKERS:
-            marker, colour = FAULT_MARKERS[kind]
+                                         color=mark.colour, alpha=0.5, zorder=2))
+                legend[name] = Rectangle((0, 0), 1, 1, color=mark.colour, alpha=0.5)
+        elif mark.style is MarkStyle.STEP:
+            axes.plot([step], [-0.8], marker=mark.symbol, markersize=12, color=mark.colour, zorder=3)
+            legend[f"replay {name}"] = Line2D([], [], marker=mark.symbol, color=mark.colour, linestyle="",
+                                              markersize=12)
+        elif mark.style is MarkStyle.RANKS:
             for rank in record["ranks"]:
-                axes.plot([step], [rank], marker=marker, markersize=13, color=colour, zorder=4, linestyle="")
-            legend[kind.replace("_", " ")] = Line2D([], [], marker=marker, color=colour, linestyle="", markersize=10)
+                axes.plot([step], [rank], marker=mark.symbol, markersize=13, color=mark.colour, zorder=4,
+                          linestyle="")
+            legend[name] = Line2D([], [], marker=mark.symbol, color=mark.colour, linestyle="", markersize=10)
+        elif mark.style in (MarkStyle.SPAN, MarkStyle.CHECKPOINT, MarkStyle.NONE):
+            pass  # spans below, checkpoints from the manifest above
+        else:
+            assert_never(mark.style)
 
     _stragglers(axes, view, last, legend, Line2D)
     axes.set_title(f"scout: {view.run_dir.name} -- {len(view.faults)} fault report(s)", fontsize=10)
@@ -90,8 +96,9 @@ def _stragglers(axes: Any, view: RunView, last: int, legend: dict[str, Any], lin
     """A bar per confirmed straggler, from its confirmation to its recovery (or the end)."""
     open_since: dict[tuple[int, str], int] = {}
     spans: list[tuple[int, int, int]] = []
+    colour = ReportKind.STRAGGLER.mark.colour
     for record in view.records:
-        if record["kind"] != "straggler" or record["step"] is None:
+        if record["kind"] != ReportKind.STRAGGLER or record["step"] is None:
             continue
         recovered = record["reason"].startswith("recovered")
         flavour = record["reason"].removeprefix("recovered-").removesuffix("-slow")
@@ -103,6 +110,6 @@ def _stragglers(axes: Any, view: RunView, last: int, legend: dict[str, Any], lin
                 open_since.setdefault(key, record["step"])
     spans += [(rank, start, last) for (rank, _), start in open_since.items()]
     for rank, start, end in spans:
-        axes.plot([start, max(end, start + 0.5)], [rank + 0.25, rank + 0.25], color="#542788", linewidth=4, zorder=3)
+        axes.plot([start, max(end, start + 0.5)], [rank + 0.25, rank + 0.25], color=colour, linewidth=4, zorder=3)
     if spans:
-        legend["straggler (confirmed)"] = line([], [], color="#542788", linewidth=4)
+        legend["straggler (confirmed)"] = line([], [], color=colour, linewidth=4)
