@@ -58,6 +58,7 @@ from scout.gate.model import (
     Certificate,
     GateConfig,
     GateContext,
+    GateEffect,
     GateEvent,
     Persist,
     Trust,
@@ -358,7 +359,7 @@ class GateWriter:
     def state(self) -> GateMachineState:
         return self._state
 
-    def apply(self, event: GateEvent) -> tuple[object, ...]:
+    def apply(self, event: GateEvent) -> tuple[GateEffect, ...]:
         """Step the gate with ``event`` (a GateInputError leaves everything unchanged), commit
         the new state if the step asks for it, and return the step's effects."""
         state, effects = step(self._state, event)

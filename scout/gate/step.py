@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from scout.core.failure import FailureClass
 from scout.core.machine import Firing, Machine, MachineState, Property, packaged_machine
 from scout.gate.model import (
     RESTORABLE,
@@ -22,15 +23,20 @@ from scout.gate.model import (
     CycleBoundary,
     GateConfig,
     GateContext,
+    GateEffect,
     GateEvent,
+    GateReport,
     GroupVerdict,
     Outcome,
+    Persist,
     RecipeVerdicts,
     Restart,
     Trust,
+    TrustChange,
 )
 
-__all__ = ["Gate", "GateInputError", "GateSystem", "check_event", "gate_machine", "initial_state", "step"]
+__all__ = ["Gate", "GateInputError", "GateSystem", "check_event", "gate_effects", "gate_machine", "initial_state",
+           "step"]
 
 GateMachineState = MachineState[GateContext]
 
@@ -140,6 +146,9 @@ def _check_boundary(state: GateMachineState, event: CycleBoundary) -> None:
 
 def _check_restart(state: GateMachineState, event: Restart) -> None:
     context = state.context
+    if not isinstance(event.cause, FailureClass):
+        raise GateInputError(f"restart cause must be a scout.core.failure.FailureClass member, got {event.cause!r} "
+                             "(GATE-35, GATE-36)")
     verified = context.verified
     if event.step is None:
         if verified is not None:
@@ -182,10 +191,22 @@ def check_event(state: GateMachineState, event: object) -> None:
         )
 
 
-def step(state: GateMachineState, event: GateEvent) -> tuple[GateMachineState, tuple[object, ...]]:
+def step(state: GateMachineState, event: GateEvent) -> tuple[GateMachineState, tuple[GateEffect, ...]]:
     """Validate ``event`` and step the gate. Pure; raises :class:`GateInputError` on bad input."""
     check_event(state, event)
-    return gate_machine().step(state, event)
+    new, effects = gate_machine().step(state, event)
+    return new, gate_effects(effects)
+
+
+def gate_effects(effects: tuple[object, ...]) -> tuple[GateEffect, ...]:
+    """GATE-37 at run time: the effects are members of the closed union, or the step is a bug."""
+    checked: list[GateEffect] = []
+    for effect in effects:
+        if not isinstance(effect, (Persist, TrustChange, GateReport)):
+            raise TypeError(f"the gate emitted {effect!r}, which is not a GateEffect (Persist, TrustChange, "
+                            "GateReport; spec/gate.md GATE-37)")
+        checked.append(effect)
+    return tuple(checked)
 
 
 class GateSystem:
@@ -213,7 +234,7 @@ class Gate:
     def fresh(cls, config: GateConfig) -> Gate:
         return cls(initial_state(config))
 
-    def apply(self, event: GateEvent) -> tuple[object, ...]:
+    def apply(self, event: GateEvent) -> tuple[GateEffect, ...]:
         self.state, effects = step(self.state, event)
         return effects
 

@@ -364,7 +364,8 @@ class Job:
         if self.writer is not None:
             context = self.writer.state.context
             if context.checkpoints or context.cycle_start_step is not None or context.timeline:
-                self._apply(Restart(step if restored else None))
+                cause = FailureClass(failure) if failure is not None else FailureClass.UNCERTAIN
+                self._apply(Restart(step if restored else None, cause))
             self._apply(CycleBoundary(step))
         if self.rank == 0:
             evidence = {"failure": failure, "choice": choice, "cycle_steps": self.cycle_steps,
