@@ -5,17 +5,14 @@ a cycle that has ended or not begun, a second capture for one step, steps going 
 restart to a checkpoint that is not restorable -- raises :class:`GateInputError` naming the value
 and what to do; the caller's state is untouched because states are immutable (GATE-16).
 
-:class:`Gate` is the small stateful holder a driver uses: it keeps the state and replaces it only
-when a step succeeds.
+:class:`scout.gate.recorder.GateWriter` is the driver's holder: it keeps the state and replaces it
+only when a step succeeds and its state is committed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
 from scout.core.failure import FailureClass
-from scout.core.machine import Firing, Machine, MachineState, Property, packaged_machine
+from scout.core.machine import Machine, MachineState, packaged_machine
 from scout.gate.model import (
     RESTORABLE,
     STEP_MAX,
@@ -31,12 +28,10 @@ from scout.gate.model import (
     Persist,
     RecipeVerdicts,
     Restart,
-    Trust,
     TrustChange,
 )
 
-__all__ = ["Gate", "GateInputError", "GateSystem", "check_event", "gate_effects", "gate_machine", "initial_state",
-           "step"]
+__all__ = ["GateInputError", "check_event", "gate_effects", "gate_machine", "initial_state", "step"]
 
 GateMachineState = MachineState[GateContext]
 
@@ -207,43 +202,3 @@ def gate_effects(effects: tuple[object, ...]) -> tuple[GateEffect, ...]:
                             "GateReport; spec/gate.md GATE-37)")
         checked.append(effect)
     return tuple(checked)
-
-
-class GateSystem:
-    """The gate as the explorer sees it: validation plus the table's step, so model checking
-    also proves that no event the environment offers is refused."""
-
-    def __init__(self, machine: Machine[GateContext] | None = None, extra: Sequence[Property] = ()) -> None:
-        # ``machine``: the same table bound to other functions (tests plant bugs this way).
-        self.machine = machine if machine is not None else gate_machine()
-        self.properties: tuple[Property, ...] = (*self.machine.properties, *extra)
-        self.labels: tuple[str, ...] = self.machine.labels
-
-    def fire(self, state: GateMachineState, event: Any) -> Firing[GateMachineState]:
-        check_event(state, event)
-        return self.machine.fire(state, event)
-
-
-class Gate:
-    """A driver's handle: holds the state; :meth:`apply` replaces it only on success."""
-
-    def __init__(self, state: GateMachineState) -> None:
-        self.state = state
-
-    @classmethod
-    def fresh(cls, config: GateConfig) -> Gate:
-        return cls(initial_state(config))
-
-    def apply(self, event: GateEvent) -> tuple[GateEffect, ...]:
-        self.state, effects = step(self.state, event)
-        return effects
-
-    @property
-    def control(self) -> str:
-        return self.state.control
-
-    def trust_of(self, step_: int) -> Trust | None:
-        for entry in self.state.context.checkpoints:
-            if entry.id.step == step_ and entry.id.timeline == self.state.context.timeline:
-                return entry.trust
-        return None

@@ -29,8 +29,9 @@ from scout.gate.model import (
     TrustChange,
     is_complete_and_clean,
 )
+from scout.gate.recorder import GateWriter, MemoryRecorder
 from scout.gate.results import group_verdict, recipe_verdicts
-from scout.gate.step import Gate, GateInputError, check_event, initial_state, step
+from scout.gate.step import GateInputError, check_event, initial_state, step
 from tests.gate_story import CONFIG, clean_cycle, run_story, verdicts
 from tests.gate_story import story as story_events
 
@@ -166,7 +167,7 @@ def _open_state():
     ],
 )
 def test_GATE_16_bad_input_is_refused_naming_the_value(event, message) -> None:
-    gate = Gate(_open_state())
+    gate = GateWriter(MemoryRecorder(), _open_state())
     before = gate.state
     with pytest.raises(GateInputError, match=message):
         gate.apply(event)
