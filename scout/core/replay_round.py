@@ -28,6 +28,7 @@ from typing import Any, Final
 
 import attrs
 
+from scout.core import invariants
 from scout.core.recipes import (
     CLASS_ORDER,
     DueRecipe,
@@ -305,8 +306,13 @@ def replay_round(
         decided, verdicts, peer_compute_ms, communication_ms = decide_evidence_rows(step, proceeding, evidence_rows,
                                                                                     timing)
         results.update(decided)
+    ordered = tuple(results[c] for c in CLASS_ORDER if c in results)
+    if invariants.ENABLED and (len(ordered) != len(prepared) or any(
+            r.step != step or (r.outliers and r.outliers[-1] >= group_size) for r in ordered)):
+        raise invariants.violated("REPLAY-9/results", f"step {step}, {len(prepared)} due, group of {group_size}: "
+                                  f"{[(str(r.recipe), r.step, list(r.outliers)) for r in ordered]}")
     return RoundOutcome(
-        tuple(results[c] for c in CLASS_ORDER if c in results),
+        ordered,
         verdicts,
         {str(due.recipe): executed[due.recipe.recipe_class].compute_s * 1e3 for due in proceeding},
         communication_ms,

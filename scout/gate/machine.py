@@ -77,7 +77,7 @@ def _persisted(old: GateContext, new: GateContext, effects: Iterable[GateEffect]
     """Self-loop rows: persist exactly when the context changed (GATE-9)."""
     listed = tuple(effects)
     if new == old:
-        return new, listed
+        return old, listed  # the same object: a driver (and GATE-9's run-time check) sees no change
     return new, (Persist(), *listed)
 
 

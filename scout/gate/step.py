@@ -11,6 +11,7 @@ only when a step succeeds and its state is committed.
 
 from __future__ import annotations
 
+from scout.core import invariants
 from scout.core.failure import FailureClass
 from scout.core.machine import Machine, MachineState, packaged_machine
 from scout.gate.model import (
@@ -28,6 +29,7 @@ from scout.gate.model import (
     Persist,
     RecipeVerdicts,
     Restart,
+    Trust,
     TrustChange,
 )
 
@@ -190,7 +192,29 @@ def step(state: GateMachineState, event: GateEvent) -> tuple[GateMachineState, t
     """Validate ``event`` and step the gate. Pure; raises :class:`GateInputError` on bad input."""
     check_event(state, event)
     new, effects = gate_machine().step(state, event)
-    return new, gate_effects(effects)
+    checked = gate_effects(effects)
+    if invariants.ENABLED:
+        _check_step(state, new, checked)
+    return new, checked
+
+
+def _check_step(old: GateMachineState, new: GateMachineState, effects: tuple[GateEffect, ...]) -> None:
+    """GATE-9, GATE-2 and GATE-3 at run time (scout.core.invariants): O(effects), plus one scan
+    of the checkpoints when the step changed trust. A step that persists nothing must keep the
+    state itself (the machine returns the same context object when nothing changed)."""
+    persisted = bool(effects) and isinstance(effects[0], Persist)
+    if any(isinstance(e, Persist) for e in effects[1:]) or (
+            not persisted and (new.control != old.control or new.context is not old.context)):
+        raise invariants.violated("GATE-9/persist", f"{old.control} -> {new.control}, effects "
+                                  f"{[type(e).__name__ for e in effects]}")
+    changes = [e for e in effects if isinstance(e, TrustChange)]
+    if any(c.before in (Trust.QUARANTINED, Trust.SUPERSEDED) for c in changes):
+        raise invariants.violated("GATE-2/absorbing",
+                                  f"{[(str(c.checkpoint), c.before, c.after) for c in changes]}")
+    if changes and new.context.timeline == old.context.timeline:
+        before, after = old.context.verified_step, new.context.verified_step
+        if before is not None and (after is None or after < before):
+            raise invariants.violated("GATE-3/monotone", f"verified step {before} -> {after}")
 
 
 def gate_effects(effects: tuple[object, ...]) -> tuple[GateEffect, ...]:
