@@ -1,5 +1,5 @@
-"""Invariants the pure core asserts at run time, on every call, in production (TIGER_STYLE: assert
-the postconditions where they are made, not only in the explorer). Each is cheap -- O(1) in the
+"""Invariants the pure core asserts at run time, on every call, in production: postconditions
+checked where they are made, not only in the explorer. Each is cheap -- O(1) in the
 group size, or O(effects) -- and has an id; :data:`INVARIANTS` lists every one with the
 sentence it checks, so they can be counted. A violation is a bug in scout, never bad input:
 :class:`InvariantViolation` names the invariant and the values.
