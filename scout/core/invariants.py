@@ -26,7 +26,7 @@ INVARIANTS: Final[dict[str, str]] = {
                         "of its group",
     "GATE-9/persist": "a gate step that changes the state emits Persist, once, as its first effect",
     "GATE-2/absorbing": "no gate step moves a checkpoint out of QUARANTINED or SUPERSEDED",
-    "GATE-3/monotone": "the newest verified step never goes down within a timeline",
+    "GATE-3/monotone": "a verified checkpoint stays verified, and each promotion is newer than every verified one",
     "STRAG-14/minority": "the confirmed stragglers of a group stay a strict minority of it",
 }
 

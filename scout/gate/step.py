@@ -199,22 +199,28 @@ def step(state: GateMachineState, event: GateEvent) -> tuple[GateMachineState, t
 
 
 def _check_step(old: GateMachineState, new: GateMachineState, effects: tuple[GateEffect, ...]) -> None:
-    """GATE-9, GATE-2 and GATE-3 at run time (scout.core.invariants): O(effects), plus one scan
-    of the checkpoints when the step changed trust. A step that persists nothing must keep the
-    state itself (the machine returns the same context object when nothing changed)."""
-    persisted = bool(effects) and isinstance(effects[0], Persist)
-    if any(isinstance(e, Persist) for e in effects[1:]) or (
-            not persisted and (new.control != old.control or new.context is not old.context)):
-        raise invariants.violated("GATE-9/persist", f"{old.control} -> {new.control}, effects "
-                                  f"{[type(e).__name__ for e in effects]}")
-    changes = [e for e in effects if isinstance(e, TrustChange)]
-    if any(c.before in (Trust.QUARANTINED, Trust.SUPERSEDED) for c in changes):
-        raise invariants.violated("GATE-2/absorbing",
-                                  f"{[(str(c.checkpoint), c.before, c.after) for c in changes]}")
-    if changes and new.context.timeline == old.context.timeline:
-        before, after = old.context.verified_step, new.context.verified_step
-        if before is not None and (after is None or after < before):
-            raise invariants.violated("GATE-3/monotone", f"verified step {before} -> {after}")
+    """GATE-9, GATE-2 and GATE-3 at run time (scout.core.invariants): one pass over the effects,
+    and the old verified step only when the step promoted. A step that persists nothing must keep
+    the state itself (the machine returns the same context object when nothing changed)."""
+    persisted = bool(effects) and type(effects[0]) is Persist
+    if not persisted and (new.control != old.control or new.context is not old.context):
+        raise invariants.violated("GATE-9/persist", f"{old.control} -> {new.control} without Persist")
+    promoted = None
+    for effect in effects[1:]:
+        if isinstance(effect, Persist):
+            raise invariants.violated("GATE-9/persist", f"a second Persist in {[type(e).__name__ for e in effects]}")
+        if isinstance(effect, TrustChange):
+            if effect.before is Trust.QUARANTINED or effect.before is Trust.SUPERSEDED:
+                raise invariants.violated("GATE-2/absorbing", f"{effect.checkpoint}: {effect.before} -> {effect.after}")
+            if effect.before is Trust.RECOVERY_VERIFIED:
+                raise invariants.violated("GATE-3/monotone", f"{effect.checkpoint} left RECOVERY_VERIFIED for "
+                                          f"{effect.after}")
+            if effect.after is Trust.RECOVERY_VERIFIED:
+                promoted = effect.checkpoint.step
+    if promoted is not None:
+        verified = old.context.verified_step
+        if verified is not None and promoted <= verified:
+            raise invariants.violated("GATE-3/monotone", f"promoted step {promoted}, verified already {verified}")
 
 
 def gate_effects(effects: tuple[object, ...]) -> tuple[GateEffect, ...]:

@@ -79,11 +79,12 @@ def test_GATE_9_GATE_2_GATE_3_a_step_that_breaks_them_is_refused() -> None:
     with pytest.raises(invariants.InvariantViolation, match="GATE-2/absorbing"):
         _check_step(states[1], changed, (Persist(), unquarantine))
     verified = next(s for s in states if s.context.verified_step is not None)
-    demoted = attrs.evolve(verified, context=verified.context.replace(
-        checkpoints=tuple(attrs.evolve(e, trust=Trust.CAPTURED) for e in verified.context.checkpoints)))
-    change = TrustChange(CheckpointId(0, 100), Trust.RECOVERY_VERIFIED, Trust.CAPTURED, "demoted")
-    with pytest.raises(invariants.InvariantViolation, match="GATE-3/monotone.*100 -> None"):
-        _check_step(verified, demoted, (Persist(), change))
+    demoted = TrustChange(CheckpointId(0, 100), Trust.RECOVERY_VERIFIED, Trust.CAPTURED, "demoted")
+    with pytest.raises(invariants.InvariantViolation, match="GATE-3/monotone.*t0/s100 left RECOVERY_VERIFIED"):
+        _check_step(verified, changed, (Persist(), demoted))
+    older = TrustChange(CheckpointId(0, 50), Trust.CANDIDATE, Trust.RECOVERY_VERIFIED, "promoted")
+    with pytest.raises(invariants.InvariantViolation, match="GATE-3/monotone.*promoted step 50, verified already 100"):
+        _check_step(verified, changed, (Persist(), older))
     report = GateReport(GateReportKind.UNCHECKED, 1, 1, (), (), "")
     _check_step(states[1], states[1], (report,))  # unchanged: a report alone is fine
 
