@@ -51,6 +51,7 @@ from scout.observer.channel import UdpChannel
 from scout.observer.driver import DriverOp, ObserverRun, Pause, Receive, Transmit
 from scout.observer.progress import ProgressError, ProgressReader, RecordNotFound, process_alive
 from scout.observer.rendezvous import RendezvousFailed, peers_from_records
+from scout.reports.kinds import ReportKind
 
 __all__ = ["EXIT_FAILED", "main"]
 
@@ -61,9 +62,6 @@ SPEC_BYTES_MAX: Final = 1 << 20
 #: interval; this only fires when it is blocked (a report file on a hung mount, a wedged lock).
 EXIT_DEADLINE_S: Final = 3.0
 WATCHDOG_INTERVAL_S: Final = 0.1
-#: Finding kinds after which ``on_hang = "restart"`` ends the trainer.
-RESTART_KINDS: Final = frozenset({"hang", "data_stall", "checkpoint_stall", "desync", "group_stall",
-                                  "unresponsive", "inconclusive"})
 _PR_SET_PDEATHSIG: Final = 1
 #: Round latencies kept in the rounds file (the ops sidecar reads it about once a second).
 ROUNDS_KEPT: Final = 64
@@ -261,7 +259,7 @@ class _World:
         record = wire.report_record(report, group_ranks=self.group_ranks, job_id=self.spec["job_id"],
                                     generation=self.spec["generation"], hosts=self.hosts)
         self._publish(record)
-        if self.spec.get("on_hang") == "restart" and record["kind"] in RESTART_KINDS:
+        if self.spec.get("on_hang") == "restart" and ReportKind(record["kind"]).on_hang_restart:
             self._restart(record)
 
     def fail(self, reason: str) -> None:

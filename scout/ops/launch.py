@@ -3,7 +3,7 @@ started by its lowest rank, and each rank's small stats file.
 
     ops = NodeOps.start(config, run_dir=..., publisher=..., group=control_group, rank=..., host=...)
     ...
-    ops.after_step(step, costs, replayer, loop)    # once per job.step(); writes at most once a second
+    ops.after_step(step, costs, trackers)          # once per job.step(); writes at most once a second
     ...
     ops.close()
 
@@ -117,8 +117,9 @@ class NodeOps:
         return cls(rank=rank, run_dir=run_path, write_stats=config.metrics_port is not None, process=process,
                    metrics_address=address)
 
-    def after_step(self, step: int, costs: Mapping[str, float], replayer: Any, loop: Any) -> None:
-        """Once per ``job.step()``: rewrite this rank's stats file if a second has passed."""
+    def after_step(self, step: int, costs: Mapping[str, float], trackers: Mapping[str, Any]) -> None:
+        """Once per ``job.step()``: rewrite this rank's stats file if a second has passed.
+        ``trackers``: the straggler trackers by kind (``device``, ``communication``, ``loop``)."""
         if not self.write_stats:
             return
         now = time.monotonic()
@@ -127,9 +128,6 @@ class NodeOps:
         if now - self._written_s < STATS_INTERVAL_S:
             return
         self._written_s = now
-        trackers = {"device": getattr(replayer, "stragglers", None),
-                    "communication": getattr(replayer, "communication_stragglers", None),
-                    "loop": getattr(loop, "tracker", None)}
         value = {"rank": self.rank, "step": int(step), "wall_s": now - self._first_s, "costs": dict(costs),
                  "stragglers": _straggler_values(self.rank, trackers), "time": time.time()}
         try:
