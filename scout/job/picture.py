@@ -27,7 +27,7 @@ import attrs
 
 from scout.core.compat import assert_never
 from scout.job.summary import RunView
-from scout.reports.kinds import MarkStyle, ReportKind
+from scout.reports.kinds import ATTEMPT_STARTS, MarkStyle, ReportKind
 
 __all__ = ["Attempt", "attempts_of", "render_picture"]
 
@@ -80,17 +80,17 @@ def attempts_of(view: RunView) -> list[Attempt]:
         ended, badly = f"no closing record after step {max(steps, default=0)}: killed or interrupted", True
         for record in records:
             kind, reason, evidence = record["kind"], record["reason"], record.get("evidence") or {}
-            if kind == "restart" and reason == "started":
+            if kind == ReportKind.RESTART and reason == "started":
                 began, first = "fresh start", record["step"] or 0
-            elif kind == "restart" and reason == "restored":
+            elif kind == ReportKind.RESTART and reason == "restored":
                 began, first = (f"restored step {record['step']} ({evidence.get('choice')} checkpoint for a "
                                 f"{evidence.get('failure')} failure)"), record["step"] or 0
-            elif kind == "restart" and reason == "exhausted":
+            elif kind == ReportKind.RESTART and reason == "exhausted":
                 ended, badly = f"job stopped at step {record['step']}: restarts spent", True
-            elif kind == "restart":
+            elif kind == ReportKind.RESTART:
                 policy = evidence.get("policy") or f"on_{reason}=restart"
                 ended, badly = f"stopped by {policy} at step {record['step']}", True
-            elif kind == "finished":
+            elif kind == ReportKind.FINISHED:
                 ended, badly = f"finished at step {record['step']}", reason != "closed"
                 if reason != "closed":
                     ended = f"left at step {record['step']} ({reason})"
@@ -253,7 +253,7 @@ def _attempt_panel(axes: Any, attempt: Attempt, checkpoints: list[tuple[str, int
         if notes:
             axes.text(step, rank, "   " + ", ".join(notes), fontsize=7, va="center", color=colour, zorder=5)
         legend[kind_value.replace("_", " ")] = Line2D([], [], marker=marker, color=colour, linestyle="", markersize=10)
-    if attempt.ended_badly and not any(r["kind"] == "restart" and r["reason"] not in ("started", "restored")
+    if attempt.ended_badly and not any(r["kind"] == ReportKind.RESTART and r["reason"] not in ATTEMPT_STARTS
                                        for r in attempt.records):
         axes.plot([attempt.last_step], [-0.75], marker="s", markersize=8, color=END_COLOUR, zorder=5, linestyle="")
         axes.text(attempt.last_step, -0.75, "  no closing record", fontsize=7, color=END_COLOUR, va="center")
@@ -323,7 +323,7 @@ def _wall_time_strip(axes: Any, view: RunView, attempts: Sequence[Attempt], lege
                 axes.plot([at], [row], marker=marker, markersize=8, color=colour, linestyle="", zorder=3)
             elif kind == ReportKind.STRAGGLER.value:
                 axes.plot([at], [row], marker="|", markersize=10, color=STRAGGLER_COLOUR, linestyle="", zorder=3)
-            elif kind == "restart" and record["reason"] not in ("started", "restored"):
+            elif kind == ReportKind.RESTART and record["reason"] not in ATTEMPT_STARTS:
                 axes.plot([at], [row], marker="s", markersize=7, color=END_COLOUR, linestyle="", zorder=3)
-            elif kind in ("restart", "finished"):
+            elif kind in (ReportKind.RESTART, ReportKind.FINISHED):
                 axes.plot([at], [row], marker="o", markersize=4, color="#333333", linestyle="", zorder=3)
