@@ -39,22 +39,35 @@ def publish_ddp_buckets(
     monotonic ns (loop stragglers, LOOP-1)."""
     if not isinstance(model, DistributedDataParallel):
         return False
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-    group = model.process_group
+    group = model.process_group if model.process_group is not None else dist.group.WORLD
     ranks = tuple(dist.get_process_group_ranks(group))
 
     def hook(state: Any, bucket: Any) -> Any:
+        buffer = bucket.buffer()
+        bucket_fingerprint = 0
         try:
-            buffer = bucket.buffer()
             call = CollectiveCall("all_reduce", ranks, (TensorMeta(str(buffer.dtype), (buffer.numel(),)),),
                                   reduce_op="SUM", detail=(("ddp_bucket", bucket.index()),))
-            publisher.enter_async_collective(fingerprint(call))
+            bucket_fingerprint = fingerprint(call)
+            publisher.enter_async_collective(bucket_fingerprint)
         except Exception:  # diagnostics never break the training step
             logger.debug("scout: could not publish a DDP bucket", exc_info=True)
         entry_ns = time.monotonic_ns()
+        tracker = instrument.completion_tracker(group)
+        entry = None
+        if tracker is not None:
+            try:
+                entry = tracker.begin(bucket_fingerprint)
+            except Exception:
+                logger.debug("scout: could not track a DDP bucket", exc_info=True)
+        # DDP's default hook, spelled out so that the bucket's Work is at hand for completion
+        # tracking (INSTR-11): average, then an asynchronous all-reduce.
+        buffer.div_(group.size())
         with instrument.already_published():
-            future = default_hooks.allreduce_hook(state, bucket)
+            work = dist.all_reduce(buffer, group=group, async_op=True)
+        if tracker is not None:
+            tracker.end(entry, work)
+        future = work.get_future().then(lambda done: done.value()[0])
         if not listeners:
             return future
 

@@ -68,6 +68,17 @@ def test_CLUSTER_a_hang_on_either_node_is_named(tmp_path: Path, rank: int, share
     assert (hang["kind"], hang["ranks"], hang["step"]) == ("hang", [rank], 20), hang
 
 
+def test_CLUSTER_COMPLETION_3_ddp_buffer_broadcast_a_rank_asleep_before_its_forward_is_named_on_two_nodes(
+    tmp_path: Path,
+) -> None:
+    """DDP's default buffer broadcast across two nodes: the sleeper on node 1 is named by the
+    blocking collective it never enqueued (spec/observer.md COMPLETION-3)."""
+    records = two_nodes(tmp_path, f"hang-before-forward:2:20:{THRESHOLD_S + 5}", share_store=False)
+    (hang,) = _hangs(records)
+    assert (hang["kind"], hang["ranks"], hang["step"]) == ("hang", [2], 20), hang
+    assert hang["evidence"]["basis"] == "completion"
+
+
 def test_CLUSTER_rank_0_frozen_with_sigstop_is_named(tmp_path: Path) -> None:
     records = two_nodes(tmp_path, f"freeze:0:20:{THRESHOLD_S + 5}", share_store=False)
     (hang,) = _hangs(records)
