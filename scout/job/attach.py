@@ -199,7 +199,7 @@ class Job:
         # never a hang report.
         self.publisher.begin_stage(Stage.CHECKPOINT_READ)
         instrument.instrument(self.publisher)
-        self._bucket_listener: list[Callable[[int, int], None]] = []
+        self._bucket_listener: list[Callable[[], Callable[[], None]]] = []
         self._ddp_buckets = publish_ddp_buckets(model, self.publisher, self._bucket_listener)
         instrument.instrument_module(model)
 
@@ -238,9 +238,9 @@ class Job:
             # Loop stragglers (LOOP-1..4): arrival at the step's collectives, timed by the
             # instrumentation and DDP's bucket hook, checked every loop_check_steps.
             self.loop = LoopTimer(self.peers, LoopConfig(check_every_steps=config.loop_check_steps))
-            instrument.add_collective_listener(self.loop.collective)
+            instrument.add_collective_listener(self.loop.collective_started)
             if self._ddp_buckets:
-                self._bucket_listener.append(self.loop.collective)
+                self._bucket_listener.append(self.loop.collective_started)
             # Expert replay and the canary (spec/moe.md, spec/canary.md): None unless configured.
             self.checks = JobChecks.build(
                 model, rank=self.rank, exchange=self._exchange, dense_partition=self.partition,

@@ -13,7 +13,6 @@ same coordinate, and the late peer is behind it.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -31,12 +30,14 @@ logger = logging.getLogger("scout")
 
 
 def publish_ddp_buckets(
-    model: Any, publisher: ProgressPublisher, listeners: Sequence[Callable[[int, int], None]] = ()
+    model: Any, publisher: ProgressPublisher, listeners: Sequence[Callable[[], Callable[[], None]]] = ()
 ) -> bool:
     """Register the publishing communication hook on a DDP model; False (and a warning) when the
     model is not DDP or already has a communication hook of its own. ``listeners`` (read at each
-    call, so they may be added later) get each bucket's launch and completion times in
-    monotonic ns (loop stragglers, LOOP-1)."""
+    call, so they may be added later) are called at each bucket's launch, and what each returns
+    when the bucket's all-reduce completed: in the callback of its work's future, which on NCCL
+    runs with a current stream that waits for the all-reduce, so a timer's mark recorded there
+    completes with it (loop stragglers, LOOP-5)."""
     if not isinstance(model, DistributedDataParallel):
         return False
     group = model.process_group if model.process_group is not None else dist.group.WORLD
@@ -52,7 +53,7 @@ def publish_ddp_buckets(
             publisher.enter_async_collective(bucket_fingerprint)
         except Exception:  # diagnostics never break the training step
             logger.debug("scout: could not publish a DDP bucket", exc_info=True)
-        entry_ns = time.monotonic_ns()
+        finishers = [_started(listener) for listener in tuple(listeners)]
         tracker = instrument.completion_tracker(group)
         entry = None
         if tracker is not None:
@@ -67,20 +68,23 @@ def publish_ddp_buckets(
             work = dist.all_reduce(buffer, group=group, async_op=True)
         if tracker is not None:
             tracker.end(entry, work)
-        future = work.get_future().then(lambda done: done.value()[0])
-        if not listeners:
-            return future
-
         def completed(done: Any) -> Any:
-            exit_ns = time.monotonic_ns()
-            for listener in tuple(listeners):
-                try:
-                    listener(entry_ns, exit_ns)
-                except Exception:  # diagnostics never break the training step
-                    logger.debug("scout: a bucket listener failed", exc_info=True)
-            return done.value()
+            for finish in finishers:
+                if finish is not None:
+                    try:
+                        finish()
+                    except Exception:  # diagnostics never break the training step
+                        logger.debug("scout: a bucket listener failed", exc_info=True)
+            return done.value()[0]
 
-        return future.then(completed)
+        return work.get_future().then(completed)
+
+    def _started(listener: Callable[[], Callable[[], None]]) -> Callable[[], None] | None:
+        try:
+            return listener()
+        except Exception:  # diagnostics never break the training step
+            logger.debug("scout: a bucket listener failed", exc_info=True)
+            return None
 
     # DDP checks the hook's annotations as objects (this module's are strings).
     hook.__annotations__ = {"state": object, "bucket": dist.GradBucket,  # type: ignore[attr-defined]

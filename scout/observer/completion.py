@@ -43,7 +43,7 @@ from typing import Any, Final, Protocol
 import attrs
 
 from scout.core.observer import Completion, PendingState
-from scout.observer.flight_recorder import TraceError, coordinate_from_trace
+from scout.observer.flight_recorder import TraceCoordinate, TraceError, coordinate_from_trace
 from scout.observer.progress import CompletionWriter, ProgressPublisher
 
 __all__ = [
@@ -240,26 +240,60 @@ class MarkerSource:
 
 
 class TraceSource:
-    """INSTR-12: the coordinate a Flight Recorder-format dump gives for the tracked group."""
+    """INSTR-12: the coordinate a Flight Recorder-format dump gives for the tracked group.
 
-    def __init__(self, dump: Callable[[], Mapping[str, Any]], key: int, group_name: str,
+    ``dump(collectives)`` returns the recorder's dump, with its entries or (``False``) only the
+    groups' status. Each poll reads the status (microseconds); a full dump (milliseconds on a
+    64-entry ring) is read only when the numbers stood still since the previous poll -- a
+    possible stall, whose pending collective then gets its fingerprint and enqueue time -- and
+    once per such coordinate. A healthy job, whose numbers move between polls, never pays for
+    one."""
+
+    def __init__(self, dump: Callable[[bool], Mapping[str, Any]], key: int, group_name: str,
                  group_ranks: tuple[int, ...] | None, *, started_known: bool) -> None:
         self.dump = dump
         self.key = key
         self.group_name = group_name
         self.group_ranks = group_ranks
         self.started_known = started_known
+        self.full_dumps = 0
         # Read once: the recorder's enqueue times are wall clock; a per-poll offset would move
         # by the reads' jitter and make an unchanged coordinate look new.
         self.wall_minus_monotonic_ns = time.time_ns() - time.monotonic_ns()
+        self._status_key: str | None = None
+        self._previous: tuple[int, int, PendingState] | None = None
+        self._described: TraceCoordinate | None = None
+        self._last: tuple[TraceCoordinate, tuple[Completion, int]] | None = None
+
+    def _read(self, collectives: bool) -> TraceCoordinate:
+        found = coordinate_from_trace(self.dump(collectives), self.group_name, group_ranks=self.group_ranks,
+                                      started_known=self.started_known,
+                                      wall_minus_monotonic_ns=self.wall_minus_monotonic_ns,
+                                      status_key=self._status_key)
+        if collectives:
+            self.full_dumps += 1
+            if found.status_key is not None:
+                self._status_key = found.status_key
+        return found
 
     def poll(self) -> tuple[Completion, int] | None:
-        found = coordinate_from_trace(self.dump(), self.group_name, group_ranks=self.group_ranks,
-                                      started_known=self.started_known,
-                                      wall_minus_monotonic_ns=self.wall_minus_monotonic_ns)
+        # Until the group's status key is known, read entries: they name it.
+        found = self._read(self._status_key is None)
+        numbers = (found.enqueued, found.completed, found.pending_state)
+        described = self._described
+        if described is not None and (described.enqueued, described.completed, described.pending_state) == numbers:
+            found = described
+        elif numbers == self._previous and found.pending_fingerprint == 0 and found.completed_fingerprint == 0:
+            full = self._read(True)
+            if (full.enqueued, full.completed, full.pending_state) == numbers:
+                found = self._described = full
+        self._previous = numbers
+        if self._last is not None and self._last[0] == found:
+            return self._last[1]  # unchanged: the watcher publishes nothing
         completion = Completion(self.key, found.enqueued, found.completed, found.pending_fingerprint,
                                 found.pending_state, found.completed_fingerprint)
-        return completion, found.pending_since_ns
+        self._last = (found, (completion, found.pending_since_ns))
+        return self._last[1]
 
 
 class Source(Protocol):
@@ -381,13 +415,11 @@ def _flight_recorder_enabled(environ: Mapping[str, str]) -> bool:
 
 def _cuda_clock() -> MarkClock | None:
     try:
-        import importlib
-
         import torch
 
-        # scout's event timer (spec/replay.md TIMING-1..), when this checkout has it.
-        timing: Any = importlib.import_module("scout.transport.nccl.timing")
-        clock: MarkClock = timing.timer_for(torch.device("cuda", torch.cuda.current_device()))
+        from scout.transport.nccl.timing import timer_for  # spec/replay.md TIMING-1..6
+
+        clock: MarkClock = timer_for(torch.device("cuda", torch.cuda.current_device()))
         return clock
     except Exception:  # noqa: BLE001 - no CUDA timer: completion by Work handles only
         logger.debug("scout: no CUDA event timer for completion marks", exc_info=True)
@@ -430,8 +462,9 @@ def start_tracking(
         started_known = backend == "nccl" and env.get("TORCH_NCCL_ENABLE_TIMING", "0").lower() in ("1", "true")
         dump = torch_c10d()._dump_fr_trace
 
-        def read() -> Mapping[str, Any]:
-            trace: Mapping[str, Any] = pickle.loads(dump(True, False, True))  # noqa: S301 - torch's own dump
+        def read(collectives: bool) -> Mapping[str, Any]:
+            # onlyActive: entries not yet completed (and, for gloo, every entry: it never sees one complete).
+            trace: Mapping[str, Any] = pickle.loads(dump(collectives, False, True))  # noqa: S301 - torch's own dump
             return trace
 
         chosen = TraceSource(read, source_key("flight-recorder", name, ranks), name, ranks, started_known=started_known)
@@ -469,12 +502,15 @@ def start_tracking(
 
 def _group_name(group: Any) -> str:
     """The group's name as torch.distributed knows it (equal on every rank of the group)."""
+    from torch.distributed import distributed_c10d
+
+    known = distributed_c10d._world.pg_names.get(group)
+    if known:
+        return str(known)
     try:
         return str(group.group_name)
-    except RuntimeError:  # a Python process group: torch keeps its name in its own table
-        from torch.distributed import distributed_c10d
-
-        return str(distributed_c10d._world.pg_names.get(group, ""))
+    except RuntimeError:  # a Python process group torch has not registered
+        return ""
 
 
 def torch_c10d() -> Any:

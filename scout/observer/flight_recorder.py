@@ -44,6 +44,7 @@ class TraceCoordinate:
     pending_state: PendingState = PendingState.NONE
     pending_since_ns: int = 0  # on the monotonic clock; 0 when unknown or nothing pending
     completed_fingerprint: int = 0  # of collective number ``completed``, when the ring holds it
+    status_key: str | None = None  # the ``pg_status`` key the group was found under
 
 
 def _op_name(profiling_name: str) -> str:
@@ -87,16 +88,21 @@ def coordinate_from_trace(
     group_ranks: tuple[int, ...] | None,
     started_known: bool,
     wall_minus_monotonic_ns: int,
+    status_key: str | None = None,
 ) -> TraceCoordinate:
     """The completion coordinate of process group ``group_name`` in one dump.
 
-    ``enqueued`` and ``completed`` come from the group's status; the oldest pending collective
-    is number ``completed + 1``, described by its entry when the ring still holds it. Its state
-    is ``started`` or ``scheduled`` as the entry says when ``started_known`` (NCCL with
-    ``TORCH_NCCL_ENABLE_TIMING``, the emulated backend), else unknown (gloo, NCCL without timing:
-    the recorder never sees a start). Point-to-point entries are not collectives of the group's
-    sequence and are skipped. ``wall_minus_monotonic_ns`` converts the entries' wall-clock
-    enqueue times to the monotonic clock of the progress record."""
+    ``enqueued`` and ``completed`` come from the group's status (``pg_status``, keyed by the
+    group's ``pg_id``: taken from the group's entries, else ``status_key``, else the group's
+    name); the oldest pending collective is number ``completed + 1``, described by its entry
+    when the dump has entries and the ring still holds it. Its state, when ``started_known``
+    (NCCL with ``TORCH_NCCL_ENABLE_TIMING``, the emulated backend), is the entry's (``started``
+    or ``scheduled``) or, without the entry, the status's ``last_started_collective``; otherwise
+    unknown (gloo, NCCL without timing: the recorder never sees a start). A dump without
+    entries (``includeCollectives=False``: microseconds, where a full one takes milliseconds)
+    gives the numbers and the state, with fingerprints 0. Point-to-point entries are not
+    collectives of the group's sequence and are skipped. ``wall_minus_monotonic_ns`` converts the
+    entries' wall-clock enqueue times to the monotonic clock of the progress record."""
     version = str(trace.get("version", ""))
     if version.split(".", 1)[0] != FORMAT_MAJOR:
         raise TraceError(f"Flight Recorder dump version {version!r}; this reader knows {FORMAT_MAJOR}.x")
@@ -112,25 +118,28 @@ def coordinate_from_trace(
     if not isinstance(status_by_pg, Mapping):
         raise TraceError(f"'pg_status' must be a mapping, got {type(status_by_pg).__name__}")
     pg_ids = {str(e.get("pg_id")) for e in mine if "pg_id" in e}
-    keys = [*sorted(pg_ids), group_name]
-    status = next((status_by_pg[k] for k in keys if k in status_by_pg), None)
-    if status is None:
+    keys = [*sorted(pg_ids), *([status_key] if status_key is not None else []), group_name]
+    key = next((k for k in keys if k in status_by_pg), None)
+    if key is None:
         return TraceCoordinate(0, 0)  # the group has issued no collective yet
+    status = status_by_pg[key]
     enqueued = max(0, _int(status.get("last_enqueued_collective", 0), "last_enqueued_collective"))
     completed = max(0, _int(status.get("last_completed_collective", 0), "last_completed_collective"))
+    started = _int(status.get("last_started_collective", -1), "last_started_collective")
     completed = min(completed, enqueued)
     last = next((e for e in mine if e.get("collective_seq_id") == completed), None) if completed else None
     completed_fingerprint = entry_fingerprint(last, group_ranks) if last is not None else 0
     if enqueued == completed:
-        return TraceCoordinate(enqueued, completed, completed_fingerprint=completed_fingerprint)
+        return TraceCoordinate(enqueued, completed, completed_fingerprint=completed_fingerprint, status_key=key)
     oldest = completed + 1
     entry = next((e for e in mine if e.get("collective_seq_id") == oldest), None)
-    if entry is None:
-        return TraceCoordinate(enqueued, completed, 0, PendingState.UNKNOWN, 0, completed_fingerprint)
     state = PendingState.UNKNOWN
     if started_known:
-        state = PendingState.STARTED if entry.get("state") in ("started", "completed") else PendingState.ENQUEUED
+        reached = entry.get("state") in ("started", "completed") if entry is not None else started >= oldest
+        state = PendingState.STARTED if reached else PendingState.ENQUEUED
+    if entry is None:
+        return TraceCoordinate(enqueued, completed, 0, state, 0, completed_fingerprint, key)
     created = entry.get("time_created_ns")
     since = max(0, _int(created, "time_created_ns") - wall_minus_monotonic_ns) if created is not None else 0
     return TraceCoordinate(enqueued, completed, entry_fingerprint(entry, group_ranks), state, since,
-                           completed_fingerprint)
+                           completed_fingerprint, key)

@@ -36,7 +36,6 @@ import functools
 import hashlib
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Final
 
@@ -53,6 +52,7 @@ __all__ = [
     "check_at_each_step",
     "checkpoint_io",
     "completion_tracker",
+    "finish_at_completion",
     "describe_call",
     "instrument",
     "instrument_dataloader",
@@ -226,8 +226,9 @@ class _Instrumentation:
         # outermost call of a thread publishes and is tracked, so entry and exit stay paired.
         self.local = threading.local()
         self._fallback: dict[str, int] = {}
-        # Called with (entry_ns, exit_ns) of every published collective (loop stragglers).
-        self.collective_listeners: list[Callable[[int, int], None]] = []
+        # Called at the entry of every published collective (loop stragglers, LOOP-5); each
+        # returns the function to call when that collective completed.
+        self.collective_listeners: list[Callable[[], Callable[[], None]]] = []
         # Completion tracking (INSTR-9..13), when it could be started; its tracker is fed here
         # when its source is markers.
         self.tracking: CompletionTracking | None = None
@@ -283,25 +284,32 @@ class _Instrumentation:
             if publish:
                 self.safely(self.publisher.enter_collective, fingerprint)
             entry = self.begin_tracked(tracker, fingerprint)
+            finishers = self.started_listeners() if publish else []
             self.depth += 1
-            entry_ns = time.monotonic_ns()
             result: Any = None
             try:
                 result = original(*args, **kwargs)
                 return result
             finally:
-                exit_ns = time.monotonic_ns()
                 self.depth -= 1
+                asynchronous = bool(_arg(args, kwargs, index + 1, "async_op", False))
                 if tracker is not None:
-                    asynchronous = bool(_arg(args, kwargs, index + 1, "async_op", False))
                     self.safely(tracker.end, entry, result if asynchronous else None)
                 if publish:
                     self.safely(self.publisher.exit_collective)
-                    for listener in self.collective_listeners:
-                        self.safely(listener, entry_ns, exit_ns)
+                    self.safely(finish_at_completion, finishers, result if asynchronous else None)
 
         wrapper.__scout_instrumented__ = True  # type: ignore[attr-defined]
         return wrapper
+
+    def started_listeners(self) -> list[Callable[[], None]]:
+        finishers = []
+        for listener in self.collective_listeners:
+            try:
+                finishers.append(listener())
+            except Exception:
+                self.failures += 1
+        return finishers
 
     def begin_tracked(self, tracker: CompletionTracker | None, fingerprint: int) -> Any:
         if tracker is None:
@@ -419,9 +427,35 @@ def already_published() -> Iterator[None]:
         active.depth -= 1
 
 
-def add_collective_listener(listener: Callable[[int, int], None]) -> None:
-    """Call ``listener(entry_ns, exit_ns)`` after every collective the wrappers publish."""
+def add_collective_listener(listener: Callable[[], Callable[[], None]]) -> None:
+    """Call ``listener()`` at the entry of every collective the wrappers publish, and the
+    function it returns when that collective completed: when the call returned, or for an
+    ``async_op`` call when its work's future completed (LOOP-5: on NCCL that callback's current
+    stream waits for the collective, so a mark recorded there completes with it)."""
     _active("add_collective_listener").collective_listeners.append(listener)
+
+
+def finish_at_completion(finishers: list[Callable[[], None]], work: Any = None) -> None:
+    """Call every finisher now (a blocking call returned), or when ``work`` completes."""
+    if not finishers:
+        return
+    if work is None:
+        for finish in finishers:
+            _quietly(finish)
+        return
+
+    def completed(future: Any) -> None:
+        for finish in finishers:
+            _quietly(finish)
+
+    work.get_future().then(completed)
+
+
+def _quietly(action: Callable[[], None]) -> None:
+    try:
+        action()
+    except Exception:  # diagnostics never break the training step (INSTR-6)
+        logger.debug("scout: a collective listener failed", exc_info=True)
 
 
 def mark_step(step: int) -> None:

@@ -18,13 +18,17 @@ host-sleep          the training thread sleeps before it enqueues             ``
 thread-sleep        the communication thread (FSDP2's backward issues from    ``hang``, rank
                     autograd threads) sleeps before it enqueues
 desync              the all-reduce enqueued with another shape                ``desync``, rank
+loop-slow           the rank's host loop 0.15 s slower for 24 steps (its      ``straggler``
+                    peers wait for it at the all-reduce, which returns at     ``loop-slow``,
+                    enqueue: timed at completion, LOOP-5)                     rank
 healthy             every step between the faults                             nothing
 ==================  ========================================================  ==============
 
-A fault is localized when exactly the injected rank is named, at the fault's step, with the
-expected kind, decided on completion evidence (spec/observer.md COMPLETION-1..8): the host
-coordinates alone would see every rank waiting at one sync point (a group stall, nobody
-named). Everything is bounded: the job is killed (its whole session: ranks and observers) at
+A hang-type fault is localized when exactly the injected rank is named, at the fault's step,
+with the expected kind, decided on completion evidence (spec/observer.md COMPLETION-1..8): the
+host coordinates alone would see every rank waiting at one sync point (a group stall, nobody
+named). The loop straggler is localized when the rank is confirmed ``loop-slow`` while it is
+slow, and nobody else is named (its recovery afterwards is part of the case). Everything is bounded: the job is killed (its whole session: ranks and observers) at
 ``JOB_TIMEOUT_S``.
 """
 
@@ -56,6 +60,12 @@ HOLD_S: Final = 7.0
 FIRST_FAULT_STEP: Final = 8
 STEPS_BETWEEN_FAULTS: Final = 8
 TAIL_STEPS: Final = 8
+#: The loop straggler: slow this long per step for this many steps, checked every
+#: LOOP_CHECK_STEPS; the tail after it lets the rank recover.
+LOOP_SLOW_STEPS: Final = 24
+LOOP_SLOW_S: Final = 0.15
+LOOP_CHECK_STEPS: Final = 2
+LOOP_TAIL_STEPS: Final = 24
 JOB_TIMEOUT_S: Final = 420.0
 #: kind -> (report kind, how the quick matrix picks ranks)
 DEVICE_KINDS: Final = {
@@ -64,6 +74,7 @@ DEVICE_KINDS: Final = {
     "host-sleep": "hang",
     "thread-sleep": "hang",
     "desync": "desync",
+    "loop-slow": "straggler",
 }
 HEALTHY_KIND: Final = "healthy (between the faults)"
 OBSERVER_KINDS: Final = frozenset({"hang", "data_stall", "checkpoint_stall", "desync", "group_stall", "unresponsive",
@@ -90,15 +101,24 @@ def device_cases(*, quick: bool, seed: int) -> list[DeviceCase]:
     for kind in ("launch-withheld", "host-sleep", "thread-sleep", "desync"):
         ranks = [rng.randrange(WORLD)] if quick else list(range(WORLD))
         picks += [(kind, rank) for rank in ranks]
-    return [DeviceCase(kind, rank, FIRST_FAULT_STEP + index * STEPS_BETWEEN_FAULTS)
-            for index, (kind, rank) in enumerate(picks)]
+    cases = [DeviceCase(kind, rank, FIRST_FAULT_STEP + index * STEPS_BETWEEN_FAULTS)
+             for index, (kind, rank) in enumerate(picks)]
+    # The loop straggler last: its slow stretch and the recovery after it overlap no other fault.
+    cases.append(DeviceCase("loop-slow", rng.randrange(WORLD), FIRST_FAULT_STEP + len(picks) * STEPS_BETWEEN_FAULTS))
+    return cases
+
+
+def _steps(cases: Sequence[DeviceCase]) -> int:
+    ends = [case.step + (LOOP_SLOW_STEPS + LOOP_TAIL_STEPS if case.kind == "loop-slow" else TAIL_STEPS)
+            for case in cases]
+    return max(ends, default=FIRST_FAULT_STEP + TAIL_STEPS)
 
 
 def _command(cases: Sequence[DeviceCase], run_dir: Path) -> list[str]:
-    steps = (max(case.step for case in cases) if cases else FIRST_FAULT_STEP) + TAIL_STEPS
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD), "--standalone",
-            "-m", "scout.scenarios.device_job", "--run-dir", str(run_dir), "--steps", str(steps),
-            "--plan", ",".join(case.spec for case in cases), "--hold-s", str(HOLD_S)]
+            "-m", "scout.scenarios.device_job", "--run-dir", str(run_dir), "--steps", str(_steps(cases)),
+            "--plan", ",".join(case.spec for case in cases), "--hold-s", str(HOLD_S),
+            "--loop-slow-steps", str(LOOP_SLOW_STEPS), "--loop-slow-s", str(LOOP_SLOW_S)]
 
 
 def _environment() -> dict[str, str]:
@@ -107,7 +127,7 @@ def _environment() -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     env.update(OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
                SCOUT_STALL_THRESHOLD_S=str(STALL_THRESHOLD_S), SCOUT_RECHECK_INTERVAL_S="1",
-               SCOUT_ROUND_DEADLINE_S="0.5")
+               SCOUT_ROUND_DEADLINE_S="0.5", SCOUT_LOOP_CHECK_STEPS=str(LOOP_CHECK_STEPS))
     return env
 
 
@@ -132,28 +152,47 @@ def _reports(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
+def _named(records: Sequence[dict[str, Any]]) -> tuple[int, ...]:
+    return tuple(sorted({rank for r in records for rank in r.get("ranks", [])}))
+
+
+def _straggler(record: dict[str, Any]) -> bool:
+    return record.get("kind") == "straggler"
+
+
 def classify_job(cases: Sequence[DeviceCase], records: Sequence[dict[str, Any]], *, exit_code: int | None,
                  tail: str, wall_s: float, seed: int) -> list[CaseResult]:
-    """One result per fault, and one for the healthy stretches: the observer's reports of a fault
-    are those at its step; every other observer report is the healthy run's."""
+    """One result per fault, and one for the healthy stretches. A hang-type fault's reports are
+    the observer's at its step; the loop straggler's are the straggler reports from its first
+    slow step to the end of the job. Every other observer or straggler report is the healthy
+    run's."""
     observed = [r for r in records if r.get("source") == "observer" and r.get("kind") in OBSERVER_KINDS]
+    stragglers = [r for r in records if _straggler(r)]
     reproduce = "reproduce with: scout campaign --part device --seed " + str(seed)
     results = []
+    claimed: list[dict[str, Any]] = []
     for case in cases:
-        mine = [r for r in observed if r.get("step") == case.step]
-        named = tuple(sorted({rank for r in mine for rank in r.get("ranks", [])}))
-        expected = DEVICE_KINDS[case.kind]
-        ok = (len(mine) == 1 and mine[0]["kind"] == expected and mine[0]["ranks"] == [case.rank]
-              and mine[0]["evidence"].get("basis") == "completion")
-        detail = "; ".join(f"{r['kind']} {r['ranks']} {r['reason']} basis={r['evidence'].get('basis')}" for r in mine)
+        if case.kind == "loop-slow":
+            mine = [r for r in stragglers if (r.get("step") or 0) >= case.step]
+            confirmed = [r for r in mine if r.get("reason") == "loop-slow"]
+            ok = (len(confirmed) == 1 and confirmed[0]["ranks"] == [case.rank]
+                  and confirmed[0]["step"] <= case.step + LOOP_SLOW_STEPS and _named(mine) == (case.rank,))
+        else:
+            mine = [r for r in observed if r.get("step") == case.step]
+            expected = DEVICE_KINDS[case.kind]
+            ok = (len(mine) == 1 and mine[0]["kind"] == expected and mine[0]["ranks"] == [case.rank]
+                  and mine[0]["evidence"].get("basis") == "completion")
+        claimed += mine
+        named = _named(mine)
+        detail = "; ".join(f"{r['kind']} {r['ranks']} {r['reason']} at step {r.get('step')}"
+                           f"{' basis=' + str(r['evidence'].get('basis')) if r in observed else ''}" for r in mine)
         if not mine and exit_code != 0:
             detail = f"job exit {exit_code}: {tail[-600:]}"
         results.append(CaseResult("device", case.kind, WORLD, seed, classify((case.rank,), named, ok, bool(mine), False),
                                   (case.rank,), named, detail or "nothing reported", reproduce, wall_s / max(1, len(cases))))
-    fault_steps = {case.step for case in cases}
-    stray = [r for r in observed if r.get("step") not in fault_steps]
-    named = tuple(sorted({rank for r in stray for rank in r.get("ranks", [])}))
-    detail = "; ".join(f"{r['kind']} {r['ranks']} at step {r.get('step')}" for r in stray)
+    stray = [r for r in (*observed, *stragglers) if not any(r is c for c in claimed)]
+    named = _named(stray)
+    detail = "; ".join(f"{r['kind']} {r['ranks']} {r['reason']} at step {r.get('step')}" for r in stray)
     if exit_code != 0:
         detail = f"job exit {exit_code}; " + (detail or tail[-600:])
     outcome = classify((), named, exit_code == 0 and not stray, bool(stray) or exit_code != 0, True)

@@ -20,6 +20,9 @@ launch-withheld     bucket 0's kernel is not launched although the stream reache
 host-sleep          the training thread sleeps before it enqueues bucket 0
 thread-sleep        the communication thread sleeps before it enqueues bucket 1
 desync              bucket 0 is enqueued with another shape (same elements) and spins
+loop-slow           from STEP on, for ``--loop-slow-steps`` steps, the training thread spends
+                    ``--loop-slow-s`` more in every step before it enqueues bucket 0 (a slow
+                    host-side loop: a loop straggler, LOOP-1..5)
 ==================  =========================================================================
 
 Each fault prints ``DEVICE-FAULT KIND rank R step S at T`` on stderr when it strikes.
@@ -40,7 +43,7 @@ import attrs
 
 __all__ = ["FAULT_KINDS", "Fault", "parse_plan"]
 
-FAULT_KINDS: Final = ("gpu-hang", "launch-withheld", "host-sleep", "thread-sleep", "desync")
+FAULT_KINDS: Final = ("gpu-hang", "launch-withheld", "host-sleep", "thread-sleep", "desync", "loop-slow")
 VOCAB, WIDTH, LAYERS, SEQUENCE, BATCH = 64, 32, 3, 16, 8
 #: The comm thread's bound on one request (a wedged job still ends).
 QUEUE_WAIT_S: Final = 120.0
@@ -145,7 +148,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--plan", default="")
     parser.add_argument("--hold-s", type=float, default=6.0)
-    parser.add_argument("--step-s", type=float, default=0.0, help="extra host time per step (a slower loop)")
+    parser.add_argument("--loop-slow-steps", type=int, default=24)
+    parser.add_argument("--loop-slow-s", type=float, default=0.15)
     args = parser.parse_args(argv)
 
     import torch
@@ -160,6 +164,8 @@ def main(argv: list[str] | None = None) -> None:
     dist.init_process_group(emulated.BACKEND, timeout=timedelta(seconds=120))
     rank = dist.get_rank()
     faults = {f.step: f for f in parse_plan(args.plan) if f.rank == rank}
+    slow_steps = {step for f in faults.values() if f.kind == "loop-slow"
+                  for step in range(f.step, f.step + args.loop_slow_steps)}
     group = emulated.emulated_group()
     torch.manual_seed(0)
     model = _model()
@@ -189,6 +195,8 @@ def main(argv: list[str] | None = None) -> None:
                 time.sleep(args.hold_s)
             elif fault.kind == "desync":
                 group.withhold_completion(args.hold_s)
+        if step in slow_steps:
+            time.sleep(args.loop_slow_s)
         first = flats[0]
         if fault is not None and fault.kind == "desync":
             first = first.view(2, -1)  # the same elements, another shape: another fingerprint
@@ -206,8 +214,6 @@ def main(argv: list[str] | None = None) -> None:
                 offset += p.numel()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        if args.step_s:
-            time.sleep(args.step_s)
         job.step()
         if rank == 0 and step % 10 == 0:
             print(f"step {step} loss {loss.item():.4f}", flush=True)

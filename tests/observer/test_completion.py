@@ -178,7 +178,36 @@ def test_INSTR_12_fingerprints_leave_rank_dependent_all_to_all_shapes_out_and_sk
     p2p = dict(reduce_, is_p2p=True, collective_seq_id=2)
     only_p2p = dict(dump, entries=[dump["entries"][0], p2p])
     found = coordinate_from_trace(only_p2p, "0", group_ranks=None, started_known=True, wall_minus_monotonic_ns=0)
-    assert (found.pending_fingerprint, found.pending_state) == (0, PendingState.UNKNOWN)  # not in the ring
+    # Not in the ring: no fingerprint; started or not from the group's status.
+    assert (found.pending_fingerprint, found.pending_state) == (0, PendingState.ENQUEUED)
+
+
+def test_INSTR_12_a_status_only_dump_gives_the_numbers_and_a_full_dump_is_read_only_when_they_stand_still() -> None:
+    states = ["completed", "started"]
+    dump = dumps.nccl_dump(states)
+    status_only = {key: value for key, value in dump.items() if key != "entries"}
+    found = coordinate_from_trace(status_only, "0", group_ranks=None, started_known=True, wall_minus_monotonic_ns=0,
+                                  status_key="0")
+    assert (found.enqueued, found.completed, found.pending_state, found.pending_fingerprint) == (
+        2, 1, PendingState.STARTED, 0)
+    reads: list[bool] = []
+
+    def recorder(collectives: bool) -> dict[str, Any]:
+        reads.append(collectives)
+        current = dumps.nccl_dump(states)
+        return current if collectives else {k: v for k, v in current.items() if k != "entries"}
+
+    source = comp.TraceSource(recorder, 7, "0", (0, 1, 2, 3), started_known=True)
+    first = source.poll()
+    assert reads == [True] and first is not None  # the first poll learns the group's status key
+    states.append("scheduled")  # moving: status only
+    states[1] = "completed"
+    source.poll()
+    assert reads == [True, False]
+    described = source.poll()  # stood still since the last poll: one full dump describes it
+    assert reads == [True, False, False, True] and described is not None
+    assert described[0].pending_fingerprint == entry_fingerprint(dumps.nccl_dump(states)["entries"][2], (0, 1, 2, 3))
+    assert source.poll() == described and reads[-1] is False and source.full_dumps == 2
 
 
 def test_INSTR_12_a_dump_of_another_format_is_refused_naming_its_version() -> None:
@@ -298,3 +327,34 @@ def test_INSTR_10_without_a_process_group_nothing_is_tracked(caplog: pytest.LogC
             comp.start_tracking(publisher, source="nvml")
     finally:
         publisher.close()
+
+
+@pytest.mark.torchdist
+def test_INSTR_10_12_on_gloo_with_the_flight_recorder_a_collective_from_cpp_is_seen_pending(tmp_path: Any) -> None:
+    """Two gloo ranks with ``TORCH_FR_BUFFER_SIZE``: the source is PyTorch's Flight Recorder, and
+    a broadcast called straight from C++ (no scout wrapper) is pending on rank 0 while rank 1 is
+    late, then completed."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.transport.process_runs import REPO, worker_env
+
+    env = {**worker_env(), "TORCH_FR_BUFFER_SIZE": "64"}
+    ranks = [subprocess.Popen([sys.executable, "-m", "tests.observer.flight_recorder_worker", str(rank),
+                               str(tmp_path / "init"), str(tmp_path)], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for rank in (0, 1)]
+    outputs = []
+    try:
+        outputs = [process.communicate(timeout=120)[0] for process in ranks]
+    finally:
+        for process in ranks:
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+    path = tmp_path / "rank0.json"
+    assert path.exists(), "\n".join(o[-3000:] for o in outputs)
+    seen = json.loads(path.read_text())
+    assert seen["source"] == "PyTorch's Flight Recorder"
+    assert seen["while_waiting"] == [2, 1, int(PendingState.UNKNOWN)]  # gloo: started cannot be told
+    assert seen["after"] == [2, 2, int(PendingState.NONE)]

@@ -172,6 +172,7 @@ class EmulatedProcessGroup(_ProcessGroupBase):  # type: ignore[misc]
         self._gloo: Any = _c10d.ProcessGroupGloo(_c10d.PrefixStore("scoutemu", store), rank, size, timeout)
         self._rank = rank
         self._size = size
+        self._name = ""
         self._queue: collections.deque[Callable[[], None]] = collections.deque()
         self._queued = threading.Condition()
         self._aborted = threading.Event()
@@ -192,8 +193,11 @@ class EmulatedProcessGroup(_ProcessGroupBase):  # type: ignore[misc]
     @property
     def registered_name(self) -> str:
         """The group's name as torch.distributed registered it (a Python group's own
-        ``group_name`` is never set)."""
-        return group_name(self)
+        ``group_name`` is never set); looked up once it is known (a failed lookup costs a C++
+        exception)."""
+        if not self._name:
+            self._name = group_name(self)
+        return self._name
 
     def _get_sequence_number_for_group(self) -> int:
         return self._sequence
@@ -367,29 +371,36 @@ class EmulatedProcessGroup(_ProcessGroupBase):  # type: ignore[misc]
 
     # -- the recorder -------------------------------------------------------------------------
 
-    def flight_recorder_dump(self) -> dict[str, Any]:
+    def flight_recorder_dump(self, collectives: bool = True) -> dict[str, Any]:
         """This group's collectives in Flight Recorder's format (version 2.10's fields that
-        completion tracking reads, INSTR-12)."""
+        completion tracking reads, INSTR-12); without ``collectives`` only the status, as
+        ``_dump_fr_trace(includeCollectives=False)``."""
         with self._record_lock:
-            entries = [dict(e) for e in self._entries]
+            entries = [dict(e) for e in self._entries] if collectives else []
             status = dict(self._status)
-        return {
+        dump: dict[str, Any] = {
             "version": "2.10",
             "pg_config": {self.registered_name: {"name": self.registered_name, "desc": "scoutemu",
-                                            "ranks": str(list(range(self._size)))}},
+                                                 "ranks": str(list(range(self._size)))}},
             "pg_status": {"0": status},
-            "entries": entries,
         }
+        if collectives:
+            dump["entries"] = entries
+        return dump
 
 
 def group_name(group: Any) -> str:
-    """``group.group_name``, or the name torch.distributed keeps for a Python process group."""
+    """The name torch.distributed keeps for the group (a Python process group's own
+    ``group_name`` is never set, and asking costs a C++ exception), else ``group.group_name``."""
+    from torch.distributed import distributed_c10d
+
+    known = distributed_c10d._world.pg_names.get(group)
+    if known:
+        return str(known)
     try:
         return str(group.group_name)
-    except RuntimeError:  # "ProcessGroup name not set": a Python subclass
-        from torch.distributed import distributed_c10d
-
-        return str(distributed_c10d._world.pg_names.get(group, ""))
+    except RuntimeError:  # "ProcessGroup name not set": a Python subclass not registered (yet)
+        return ""
 
 
 def _create(store: Any, rank: int, size: int, timeout: datetime.timedelta) -> EmulatedProcessGroup:
