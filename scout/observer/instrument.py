@@ -246,13 +246,13 @@ class _Instrumentation:
     def depth(self, value: int) -> None:
         self.local.depth = value
 
-    def tracker_for(self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> CompletionTracker | None:
-        """The completion tracker when this call is on the tracked group (INSTR-11)."""
+    def on_tracked_group(self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """Whether this call is on the group completion tracking follows (INSTR-9)."""
         tracking = self.tracking
-        if tracking is None or tracking.tracker is None or op not in GROUP_ARGUMENT:
-            return None
+        if tracking is None or op not in GROUP_ARGUMENT:
+            return False
         index, name = GROUP_ARGUMENT[op]
-        return tracking.tracker if tracking.tracks(_arg(args, kwargs, index, name)) else None
+        return tracking.tracks(_arg(args, kwargs, index, name))
 
     def fingerprint_of(self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
         try:
@@ -277,14 +277,17 @@ class _Instrumentation:
             if not self.enabled or self.depth:
                 return original(*args, **kwargs)
             publish = threading.get_ident() == self.thread_id
-            tracker = self.tracker_for(op, args, kwargs)
-            if not publish and tracker is None:
+            tracked = self.on_tracked_group(op, args, kwargs)
+            if not publish and not tracked:
                 return original(*args, **kwargs)
+            # INSTR-11: markers when they are the source; LOOP-5: the loop timer times every
+            # collective the host publishes and every one of the tracked group, from any thread.
+            tracker = self.tracking.tracker if tracked and self.tracking is not None else None
             fingerprint = self.fingerprint_of(op, args, kwargs)
             if publish:
                 self.safely(self.publisher.enter_collective, fingerprint)
             entry = self.begin_tracked(tracker, fingerprint)
-            finishers = self.started_listeners() if publish else []
+            finishers = self.started_listeners()
             self.depth += 1
             result: Any = None
             try:
@@ -297,7 +300,7 @@ class _Instrumentation:
                     self.safely(tracker.end, entry, result if asynchronous else None)
                 if publish:
                     self.safely(self.publisher.exit_collective)
-                    self.safely(finish_at_completion, finishers, result if asynchronous else None)
+                self.safely(finish_at_completion, finishers, result if asynchronous else None)
 
         wrapper.__scout_instrumented__ = True  # type: ignore[attr-defined]
         return wrapper
@@ -428,7 +431,8 @@ def already_published() -> Iterator[None]:
 
 
 def add_collective_listener(listener: Callable[[], Callable[[], None]]) -> None:
-    """Call ``listener()`` at the entry of every collective the wrappers publish, and the
+    """Call ``listener()`` at the entry of every collective the wrappers publish or track (any
+    thread, on the tracked group), and the
     function it returns when that collective completed: when the call returned, or for an
     ``async_op`` call when its work's future completed (LOOP-5: on NCCL that callback's current
     stream waits for the collective, so a mark recorded there completes with it)."""

@@ -160,6 +160,25 @@ def _straggler(record: dict[str, Any]) -> bool:
     return record.get("kind") == "straggler"
 
 
+def host_only_finding(record: dict[str, Any]) -> str:
+    """What the host coordinates alone (rows 1-6 of spec/observer.md, no completion evidence)
+    make of a report's peers: the control that shows what completion tracking adds."""
+    from scout.core.observer import Evidence, ObserverConfig, Stage, assess
+
+    peers = record.get("evidence", {}).get("peers", [])
+    evidence = [
+        None if peer.get("missing") else Evidence(int(peer["step"]), int(peer["op"]), int(peer["fingerprint"], 16),
+                                                  Stage[str(peer["stage"]).upper()], float(peer["idle_s"]))
+        for peer in peers
+    ]
+    if len(evidence) < 2:
+        return "n/a"
+    found = assess(evidence, ObserverConfig(0, len(evidence), stall_threshold_s=STALL_THRESHOLD_S,
+                                            settle_idle_s=1e-3))
+    ranks = [peers[p]["rank"] for p in found.attributed]
+    return f"{found.outcome.value}{' ' + str(ranks) if ranks else ''}"
+
+
 def classify_job(cases: Sequence[DeviceCase], records: Sequence[dict[str, Any]], *, exit_code: int | None,
                  tail: str, wall_s: float, seed: int) -> list[CaseResult]:
     """One result per fault, and one for the healthy stretches. A hang-type fault's reports are
@@ -185,7 +204,8 @@ def classify_job(cases: Sequence[DeviceCase], records: Sequence[dict[str, Any]],
         claimed += mine
         named = _named(mine)
         detail = "; ".join(f"{r['kind']} {r['ranks']} {r['reason']} at step {r.get('step')}"
-                           f"{' basis=' + str(r['evidence'].get('basis')) if r in observed else ''}" for r in mine)
+                           + (f" basis={r['evidence'].get('basis')}, host progress alone: {host_only_finding(r)}"
+                              if r in observed else "") for r in mine)
         if not mine and exit_code != 0:
             detail = f"job exit {exit_code}: {tail[-600:]}"
         results.append(CaseResult("device", case.kind, WORLD, seed, classify((case.rank,), named, ok, bool(mine), False),

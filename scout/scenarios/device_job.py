@@ -2,11 +2,12 @@
 
 Run by ``torchrun --nproc-per-node 4 -m scout.scenarios.device_job --run-dir DIR --plan PLAN``:
 a small GPT-like model trained on the emulated NCCL backend (:mod:`scout.transport.nccl.emulated`)
-with ``scout.attach``, its gradients all-reduced in two buckets the way NCCL jobs overlap them --
-bucket 0 issued by the training thread, bucket 1 by a communication thread (as FSDP2's backward
-issues from autograd threads), both ``async_op`` -- and one sync point per step where the host
-waits for both (as ``.item()`` or an optimizer reading the gradients does on a GPU). So every
-rank's host blocks at the same place whatever went wrong on a device.
+with ``scout.attach``, its gradients all-reduced in two buckets the way FSDP2 issues its
+reduce-scatters -- from a communication thread (FSDP2's are autograd threads), bucket 1 from
+inside backward as soon as its gradients are ready, bucket 0 after backward, both ``async_op`` --
+and one sync point per step where the host waits for both (as ``.item()`` or an optimizer
+reading the gradients does on a GPU). The training thread issues no collective itself, so every
+rank's host coordinate is the same at the sync point whatever went wrong, wherever.
 
 ``PLAN`` is a comma-separated list of ``KIND:RANK:STEP`` faults, each held ``--hold-s`` seconds
 and then released, so one job runs the whole matrix:
@@ -14,14 +15,14 @@ and then released, so one job runs the whole matrix:
 ==================  =========================================================================
 kind                injected on RANK at STEP
 ==================  =========================================================================
-gpu-hang            a kernel that does not end is queued before bucket 0: the stream never
-                    reaches the collective (``EmulatedProcessGroup.stall_stream``)
-launch-withheld     bucket 0's kernel is not launched although the stream reached it
-host-sleep          the training thread sleeps before it enqueues bucket 0
-thread-sleep        the communication thread sleeps before it enqueues bucket 1
+gpu-hang            after backward a kernel that does not end is queued: the stream never reaches
+                    the next collective (``EmulatedProcessGroup.stall_stream``)
+launch-withheld     the next collective's kernel is not launched although the stream reached it
+host-sleep          the training thread sleeps after backward, before it hands bucket 0 over
+thread-sleep        the communication thread sleeps inside backward before it enqueues bucket 1
 desync              bucket 0 is enqueued with another shape (same elements) and spins
 loop-slow           from STEP on, for ``--loop-slow-steps`` steps, the training thread spends
-                    ``--loop-slow-s`` more in every step before it enqueues bucket 0 (a slow
+                    ``--loop-slow-s`` more in every step before it hands bucket 0 over (a slow
                     host-side loop: a loop straggler, LOOP-1..5)
 ==================  =========================================================================
 
@@ -111,11 +112,12 @@ def _model() -> Any:
 
 
 class _CommThread:
-    """Issues bucket 1's all-reduce from its own thread (FSDP2's backward does from autograd
-    threads); the training thread gets the ``Work`` back through a bounded queue."""
+    """Issues the gradient all-reduces from its own thread, in the order it is handed them (FSDP2's
+    backward issues from autograd threads): bucket 1 during backward, bucket 0 after it. The
+    training thread gets each ``Work`` back through a bounded queue, in the same order."""
 
     def __init__(self) -> None:
-        self.requests: queue.Queue[tuple[Any, float] | None] = queue.Queue(maxsize=4)
+        self.requests: queue.Queue[tuple[Any, float, Any] | None] = queue.Queue(maxsize=4)
         self.works: queue.Queue[Any] = queue.Queue(maxsize=4)
         self.thread = threading.Thread(target=self._run, name="device-job-comm", daemon=True)
         self.thread.start()
@@ -127,10 +129,15 @@ class _CommThread:
             request = self.requests.get(timeout=QUEUE_WAIT_S)
             if request is None:
                 return
-            tensor, sleep_s = request
+            tensor, sleep_s, before = request
             if sleep_s:
                 time.sleep(sleep_s)
-            self.works.put(dist.all_reduce(tensor, async_op=True))
+            if before is not None:
+                before()
+            self.works.put(dist.all_reduce(tensor, async_op=True), timeout=QUEUE_WAIT_S)
+
+    def issue(self, tensor: Any, *, sleep_s: float = 0.0, before: Any = None) -> None:
+        self.requests.put((tensor, sleep_s, before), timeout=QUEUE_WAIT_S)
 
     def close(self) -> None:
         self.requests.put(None, timeout=QUEUE_WAIT_S)
@@ -177,37 +184,48 @@ def main(argv: list[str] | None = None) -> None:
     buckets = (parameters[:half], parameters[half:])
     comm = _CommThread()
     world = dist.get_world_size()
+    # Bucket 1 (the later layers, whose gradients backward computes first) is handed to the
+    # communication thread from inside backward, once its last gradient accumulated.
+    state: dict[str, Any] = {"ready": 0, "flat1": None, "sleep_s": 0.0}
+
+    def accumulated(_parameter: torch.Tensor) -> None:
+        state["ready"] += 1
+        if state["ready"] == len(buckets[1]):
+            flat = torch.cat([p.grad.reshape(-1) for p in buckets[1]]).div_(world)
+            state["flat1"] = flat
+            comm.issue(flat, sleep_s=state["sleep_s"])
+
+    for parameter in buckets[1]:
+        parameter.register_post_accumulate_grad_hook(accumulated)
     for step in range(start + 1, args.steps + 1):
         fault = faults.get(step)
+        state.update(ready=0, flat1=None, sleep_s=args.hold_s if fault is not None and fault.kind == "thread-sleep" else 0.0)
+        if fault is not None:
+            _announce(fault)
         generator = torch.Generator().manual_seed(1_000_003 * step + rank)
         tokens = torch.randint(0, VOCAB, (BATCH, SEQUENCE + 1), generator=generator)
         logits = model(tokens[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
         loss.backward()  # type: ignore[no-untyped-call]
-        flats = [torch.cat([p.grad.reshape(-1) for p in bucket]).div_(world) for bucket in buckets]
-        if fault is not None:
-            _announce(fault)
-            if fault.kind == "gpu-hang":
-                group.stall_stream(args.hold_s)
-            elif fault.kind == "launch-withheld":
-                group.withhold_launch(args.hold_s)
-            elif fault.kind == "host-sleep":
-                time.sleep(args.hold_s)
-            elif fault.kind == "desync":
-                group.withhold_completion(args.hold_s)
+        flat0 = torch.cat([p.grad.reshape(-1) for p in buckets[0]]).div_(world)
+        before = None
+        if fault is not None and fault.kind == "gpu-hang":
+            group.stall_stream(args.hold_s)
+        elif fault is not None and fault.kind == "launch-withheld":
+            group.withhold_launch(args.hold_s)
+        elif fault is not None and fault.kind == "host-sleep":
+            time.sleep(args.hold_s)
+        elif fault is not None and fault.kind == "desync":
+            before = lambda: group.withhold_completion(args.hold_s)  # noqa: E731 - right before bucket 0
         if step in slow_steps:
             time.sleep(args.loop_slow_s)
-        first = flats[0]
-        if fault is not None and fault.kind == "desync":
-            first = first.view(2, -1)  # the same elements, another shape: another fingerprint
-        work0 = dist.all_reduce(first, async_op=True)
-        comm.requests.put((flats[1], args.hold_s if fault is not None and fault.kind == "thread-sleep" else 0.0),
-                          timeout=QUEUE_WAIT_S)
-        work1 = comm.works.get(timeout=QUEUE_WAIT_S)
+        # The same elements in another shape is another collective: another fingerprint.
+        comm.issue(flat0.view(2, -1) if fault is not None and fault.kind == "desync" else flat0, before=before)
         # The sync point: the host reads the reduced gradients.
-        work0.wait()
-        work1.wait()
-        for bucket, flat in zip(buckets, flats, strict=True):
+        works = [comm.works.get(timeout=QUEUE_WAIT_S) for _ in buckets]
+        for work in works:
+            work.wait()
+        for bucket, flat in zip(buckets, (flat0, state["flat1"]), strict=True):
             offset = 0
             for p in bucket:
                 p.grad.copy_(flat[offset: offset + p.numel()].view_as(p))
