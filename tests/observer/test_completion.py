@@ -328,33 +328,3 @@ def test_INSTR_10_without_a_process_group_nothing_is_tracked(caplog: pytest.LogC
     finally:
         publisher.close()
 
-
-@pytest.mark.torchdist
-def test_INSTR_10_12_on_gloo_with_the_flight_recorder_a_collective_from_cpp_is_seen_pending(tmp_path: Any) -> None:
-    """Two gloo ranks with ``TORCH_FR_BUFFER_SIZE``: the source is PyTorch's Flight Recorder, and
-    a broadcast called straight from C++ (no scout wrapper) is pending on rank 0 while rank 1 is
-    late, then completed."""
-    import json
-    import subprocess
-    import sys
-
-    from tests.transport.process_runs import REPO, worker_env
-
-    env = {**worker_env(), "TORCH_FR_BUFFER_SIZE": "64"}
-    ranks = [subprocess.Popen([sys.executable, "-m", "tests.observer.flight_recorder_worker", str(rank),
-                               str(tmp_path / "init"), str(tmp_path)], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for rank in (0, 1)]
-    outputs = []
-    try:
-        outputs = [process.communicate(timeout=120)[0] for process in ranks]
-    finally:
-        for process in ranks:
-            if process.poll() is None:
-                process.kill()
-                process.communicate()
-    path = tmp_path / "rank0.json"
-    assert path.exists(), "\n".join(o[-3000:] for o in outputs)
-    seen = json.loads(path.read_text())
-    assert seen["source"] == "PyTorch's Flight Recorder"
-    assert seen["while_waiting"] == [2, 1, int(PendingState.UNKNOWN)]  # gloo: started cannot be told
-    assert seen["after"] == [2, 2, int(PendingState.NONE)]

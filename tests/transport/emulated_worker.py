@@ -28,6 +28,16 @@ def main(rank: int, init_file: str, out_dir: str) -> None:
                             timeout=datetime.timedelta(seconds=30))
     group = emulated.emulated_group()
     seen["backend"] = dist.get_backend()
+    # INSTR-10: completion tracking picks the emulated backend's recorder.
+    from scout.observer import completion
+    from scout.observer.progress import ProgressPublisher, RecordIdentity
+
+    publisher = ProgressPublisher(RecordIdentity(f"emulated-{os.path.basename(out_dir)}", 0, rank))
+    tracking = completion.start_tracking(publisher)
+    seen["completion_source"] = None if tracking is None else tracking.source_name
+    if tracking is not None:
+        tracking.stop()
+    publisher.close()
 
     # A collective returns at enqueue; its result is there after wait.
     tensor = torch.ones(3) * (rank + 1)
@@ -73,6 +83,10 @@ def main(rank: int, init_file: str, out_dir: str) -> None:
     seen["ddp_weight_grad"] = model.weight.grad.tolist()
     seen["ddp_buffer"] = model.mask.tolist()
 
+    # PyTorch's Flight Recorder on a gloo group (TORCH_FR_BUFFER_SIZE is set by the test): a
+    # broadcast called straight from C++, as DDP calls it, is seen pending while rank 1 is late.
+    seen.update(_flight_recorder(rank, out_dir))
+
     # A timed wait that expires aborts the communicator; later collectives fail at once.
     if rank == 0:
         work = dist.all_reduce(tensor, async_op=True)
@@ -93,6 +107,47 @@ def main(rank: int, init_file: str, out_dir: str) -> None:
         json.dump(seen, file)
     sys.stdout.flush()
     os._exit(0)
+
+
+def _flight_recorder(rank: int, out_dir: str) -> dict[str, Any]:
+    import threading
+
+    import torch
+    import torch.distributed as dist
+
+    from scout.observer import completion
+    from scout.observer.progress import ProgressPublisher, ProgressReader, RecordIdentity
+
+    gloo = dist.new_group(backend="gloo")
+    publisher = ProgressPublisher(RecordIdentity(f"fr-{os.path.basename(out_dir)}", 0, rank))
+    tracking = completion.start_tracking(publisher, group=gloo, poll_interval_s=0.05)
+    seen: dict[str, Any] = {"fr_source": None if tracking is None else tracking.source_name}
+    reader = ProgressReader(publisher.name, publisher.token, claim=False)
+    dist.all_reduce(torch.ones(2), group=gloo)
+    looker = None
+    if rank == 0:
+        def look() -> None:
+            time.sleep(0.8)
+            snapshot = reader.read()
+            section = None if snapshot is None else snapshot.completion
+            seen["fr_while_waiting"] = None if section is None else [section.enqueued, section.completed,
+                                                                      section.pending_state]
+        looker = threading.Thread(target=look)
+        looker.start()
+    else:
+        time.sleep(1.5)
+    # Not through scout's wrappers: the Flight Recorder sees it all the same.
+    torch._C._distributed_c10d._broadcast_coalesced(gloo, [torch.ones(3)], 1 << 20, 0)
+    if looker is not None:
+        looker.join(10)
+        time.sleep(0.2)
+        section = reader.read().completion  # type: ignore[union-attr]
+        seen["fr_after"] = None if section is None else [section.enqueued, section.completed, section.pending_state]
+    if tracking is not None:
+        tracking.stop()
+    reader.close()
+    publisher.close()
+    return seen
 
 
 if __name__ == "__main__":

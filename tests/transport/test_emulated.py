@@ -1,5 +1,7 @@
-"""The emulated NCCL backend (scout/transport/nccl/emulated.py, spec/observer.md INSTR-14): two
-real processes on loopback, every check in one run (tests/transport/emulated_worker.py)."""
+"""The emulated NCCL backend (scout/transport/nccl/emulated.py, spec/observer.md INSTR-14), and
+completion tracking's sources on it and on a gloo group with the Flight Recorder (INSTR-10,
+INSTR-12): two real processes on loopback, every check in one run
+(tests/transport/emulated_worker.py)."""
 
 from __future__ import annotations
 
@@ -20,8 +22,9 @@ RUN_TIMEOUT_S = 120
 def seen(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     directory = tmp_path_factory.mktemp("emulated")
     init_file = directory / "init"
+    env = {**worker_env(), "TORCH_FR_BUFFER_SIZE": "64"}  # for the gloo group's Flight Recorder check
     ranks = [subprocess.Popen([sys.executable, "-m", "tests.transport.emulated_worker", str(rank), str(init_file),
-                               str(directory)], cwd=REPO, env=worker_env(), stdout=subprocess.PIPE,
+                               str(directory)], cwd=REPO, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for rank in (0, 1)]
     outputs = []
     for process in ranks:
@@ -43,6 +46,7 @@ def seen(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
 def test_INSTR_14_a_collective_returns_at_enqueue_and_completes_later(seen: list[dict[str, Any]]) -> None:
     zero, one = seen
     assert zero["backend"] == "scoutemu"
+    assert zero["completion_source"] == one["completion_source"] == "the emulated backend's recorder"  # INSTR-10
     # Rank 0 enqueued while rank 1 was still asleep: it returned at once, not completed.
     assert zero["completed_at_enqueue"] is False and zero["enqueue_s"] < 0.2
     assert zero["all_reduce"] == one["all_reduce"] == [3.0, 3.0, 3.0]
@@ -67,3 +71,15 @@ def test_INSTR_14_a_timed_wait_that_expires_aborts_the_communicator(seen: list[d
     zero, _ = seen
     assert "did not complete within 0.5 s; the communicator was aborted" in zero["timed_wait"]
     assert zero["aborted"] is True and "was aborted" in zero["after_abort"]
+
+
+def test_INSTR_10_12_on_gloo_with_the_flight_recorder_a_collective_from_cpp_is_seen_pending(
+    seen: list[dict[str, Any]],
+) -> None:
+    """A gloo group with ``TORCH_FR_BUFFER_SIZE``: the source is PyTorch's Flight Recorder, and a
+    broadcast called straight from C++ (no scout wrapper) is pending on rank 0 while rank 1 is
+    late, then completed."""
+    zero, one = seen
+    assert zero["fr_source"] == one["fr_source"] == "PyTorch's Flight Recorder"
+    assert zero["fr_while_waiting"] == [2, 1, 3]  # PendingState.UNKNOWN: gloo cannot tell started
+    assert zero["fr_after"] == [2, 2, 0]
