@@ -44,7 +44,7 @@ import attrs
 
 from scout.core.observer import Completion, PendingState
 from scout.observer.flight_recorder import TraceCoordinate, TraceError, coordinate_from_trace
-from scout.observer.progress import CompletionWriter, ProgressPublisher
+from scout.observer.progress import COMPLETION_HEARTBEAT_S, CompletionWriter, ProgressPublisher
 
 __all__ = [
     "ENTRIES_MAX",
@@ -309,7 +309,8 @@ class Source(Protocol):
 
 class CompletionWatcher:
     """INSTR-13: one daemon thread that polls ``source`` every ``poll_interval_s`` and publishes
-    the coordinate through ``writer`` when it changed. A source that fails
+    the coordinate through ``writer`` when it changed, and at least every
+    ``COMPLETION_HEARTBEAT_S`` (PROGRESS-10). A source that fails
     ``FAILED_POLLS_MAX`` times in a row, or overflows, withdraws the section and stops the
     watcher: the observer then judges by host coordinates alone, as without tracking."""
 
@@ -324,6 +325,7 @@ class CompletionWatcher:
         self.failed_polls = 0
         self.withdrawn_reason: str | None = None
         self._last: tuple[Completion, int] | None = None
+        self._published_s = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="scout-completion", daemon=True)
 
@@ -347,13 +349,17 @@ class CompletionWatcher:
         if found is None:
             self._withdraw(f"more than {ENTRIES_MAX} collectives pending at once")
             return
-        if found != self._last:
+        now_s = time.monotonic()
+        # PROGRESS-10: an unchanged coordinate is published again as a heartbeat, so that a
+        # reader can tell a watcher that cannot run from one with nothing new to say.
+        if found != self._last or now_s - self._published_s >= COMPLETION_HEARTBEAT_S:
             completion, since_ns = found
             self.writer.publish(completion.source, completion.enqueued, completion.completed,
                                 completion.pending_fingerprint, int(completion.pending_state), since_ns,
                                 completion.completed_fingerprint)
             self.publishes += 1
             self._last = found
+            self._published_s = now_s
 
     def _withdraw(self, reason: str) -> None:
         self.withdrawn_reason = reason

@@ -230,7 +230,7 @@ class _World:
             return None
         if snapshot.closed:
             self.record_closed = True
-        return snapshot.progress()
+        return snapshot.progress(time.monotonic_ns())
 
     def join(self) -> bool | str:
         try:

@@ -68,6 +68,8 @@ import attrs
 from scout.core.observer import Completion, PendingState, Progress, Stage
 
 __all__ = [
+    "COMPLETION_HEARTBEAT_S",
+    "COMPLETION_STALE_S",
     "LAYOUT_VERSION",
     "RECORD_BYTES",
     "CompletionSnapshot",
@@ -142,6 +144,11 @@ _COMPLETION: Final = struct.Struct("<QQQQQIxxxxqqQ")
 assert _HEADER.size <= _SEQ_OFFSET and _PAYLOAD_OFFSET + _PAYLOAD.size <= _COMPLETION_SEQ_OFFSET
 assert _COMPLETION_OFFSET + _COMPLETION.size <= RECORD_BYTES
 
+# PROGRESS-10: the watcher republishes an unchanged coordinate at least this often, and a
+# reader counts a section not published for COMPLETION_STALE_S as absent.
+COMPLETION_HEARTBEAT_S: Final = 0.25
+COMPLETION_STALE_S: Final = 1.0
+COMPLETION_STALE_NS: Final = round(COMPLETION_STALE_S * 1e9)
 # A reader gives up on one read after this many attempts (a few microseconds each): a writer
 # that stays mid-publish that long is stopped, and the caller keeps its last snapshot.
 READ_ATTEMPTS_MAX: Final = 1000
@@ -395,11 +402,15 @@ class Snapshot:
     def coordinate(self) -> tuple[int, int]:
         return (self.step, self.op)
 
-    def progress(self) -> Progress:
+    def progress(self, now_ns: int | None = None) -> Progress:
         """The observer machine's view of this snapshot (times on the monotonic clock in
-        seconds). A completion section whose values break PROGRESS-9 counts as absent."""
+        seconds). A completion section whose values break PROGRESS-9 counts as absent, and so
+        does one not published for ``COMPLETION_STALE_S`` before ``now_ns`` (PROGRESS-10: its
+        watcher cannot run, so it may lag what the trainer did)."""
         completion, since_s = None, 0.0
         section = self.completion
+        if section is not None and now_ns is not None and now_ns - section.publish_ns > COMPLETION_STALE_NS:
+            section = None
         if section is not None:
             try:
                 completion = Completion(section.source, section.enqueued, section.completed,

@@ -269,6 +269,7 @@ class Behaviour(enum.Enum):
     HOST_LATE = "host asleep before enqueueing b"
     THREAD_LATE = "host at the sync point; the thread that issues b never does"
     DEVICE_OTHER = "host at the sync point; b enqueued and started with fingerprint F'"
+    DEVICE_FROZEN = "stopped (SIGSTOP) before b: its watcher stopped too, its completion reads absent"
 
 
 SOURCE = 0x5C0
@@ -293,6 +294,7 @@ _STUCK_AT = {
     Behaviour.HOST_LATE: Progress(1, 2, 0, Stage.COMPUTE, _completion(_B - 1, _B - 1)),
     Behaviour.THREAD_LATE: Progress(1, 3, 0, Stage.COMPUTE, _completion(_B - 1, _B - 1)),
     Behaviour.DEVICE_OTHER: Progress(1, 3, 0, Stage.COMPUTE, _completion(_B, _B - 1, F_PRIME, PendingState.STARTED)),
+    Behaviour.DEVICE_FROZEN: Progress(1, 2, 0, Stage.COMPUTE),  # PROGRESS-10: a stale section reads absent
 }
 DEATH_S = 1
 DEVICE_EVIDENCE = (

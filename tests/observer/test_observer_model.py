@@ -180,6 +180,7 @@ NAMED_DEVICE_MIXES = [
     (B.DEVICE_PAST, B.DEVICE_WAITING, B.DEVICE_OTHER),  # a broadcast let rank 0 through; rank 2 differs
     (B.DEAD, B.DEVICE_WAITING, B.DEVICE_WAITING, B.GPU_HANG, B.DEVICE_WAITING),
     (B.HOST_LATE, B.HOST_LATE, B.DEVICE_WAITING),  # the majority never enqueued b: rank 2 is not named
+    (B.DEVICE_WAITING, B.DEVICE_FROZEN, B.DEVICE_WAITING, B.DEVICE_WAITING),  # PROGRESS-10: host rules
 ]
 
 
@@ -198,7 +199,7 @@ def test_COMPLETION_3_to_7_the_named_device_mixes_are_judged_as_the_spec_says() 
     assert found == [
         ("behind", (0,)), ("behind", (2,)), ("behind", (3,)), ("behind", (1,)), ("behind", (2,)),
         ("desync", (1,)), ("group_stall", ()), None, ("behind", (2,)), ("desync", (2,)), ("behind", (3,)),
-        ("inconclusive", ()),
+        ("inconclusive", ()), ("behind", (1,)),
     ]
 
 
@@ -292,6 +293,21 @@ def test_OBS_model_behaviours_cover_every_outcome() -> None:
 def test_OBS_1_to_45_hold_on_long_random_runs(mix: tuple[Behaviour, ...], choices: list[int]) -> None:
     """Beyond the explorer's horizon: 20 seconds (ten rounds and rechecks), 3 to 6 observers,
     one lost or delayed message anywhere. Every property is checked after every event."""
+    long_random_run(mix, choices)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    mix=st.lists(st.sampled_from(m.DEVICE_BEHAVIOURS), min_size=3, max_size=6).map(tuple),
+    choices=st.lists(st.integers(0, 10_000), min_size=50, max_size=400),
+)
+def test_OBS_46_47_and_COMPLETION_1_to_8_hold_on_long_random_runs_under_nccl_semantics(
+    mix: tuple[Behaviour, ...], choices: list[int]
+) -> None:
+    long_random_run(mix, choices)
+
+
+def long_random_run(mix: tuple[Behaviour, ...], choices: list[int]) -> None:
     group = ObserverGroup(mix, horizon_s=20, faults_max=1)
     state_properties = [p for p in group.properties if p.scope == "state"]
     step_properties = [p for p in group.properties if p.scope == "step"]

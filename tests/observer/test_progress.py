@@ -344,3 +344,34 @@ def test_PROGRESS_9_the_coordinate_is_checked_and_becomes_the_observers_progress
                          *fields[:-1], hash(fields[:-1]) & progress._CHECKSUM_MASK)
         assert reader.read().progress().completion is None  # type: ignore[union-attr]
         writer.release()
+
+
+def test_PROGRESS_10_a_section_its_watcher_stopped_publishing_reads_absent_and_a_live_one_heartbeats() -> None:
+    from scout.observer import completion as comp
+
+    with ProgressPublisher(unique_identity()) as publisher, ProgressReader(publisher.name, publisher.token) as reader:
+        writer = publisher.completion_writer()
+        writer.publish(9, 4, 3, 0xF, 2, 1, 0xE)
+        section = reader.read().completion  # type: ignore[union-attr]
+        assert section is not None
+        fresh = section.publish_ns + round(progress.COMPLETION_STALE_S * 1e9)
+        assert reader.read().progress(fresh).completion is not None  # type: ignore[union-attr]
+        assert reader.read().progress(fresh + 1).completion is None  # type: ignore[union-attr]
+        writer.release()
+
+        class Still:
+            key = 9
+
+            def poll(self) -> Any:
+                from scout.core.observer import Completion, PendingState
+
+                return Completion(9, 4, 3, 0xF, PendingState.STARTED, 0xE), 1
+
+        watcher = comp.CompletionWatcher(Still(), publisher.completion_writer())
+        watcher.poll_once()
+        watcher.poll_once()
+        assert watcher.publishes == 1  # nothing new, and the heartbeat is not due
+        watcher._published_s -= progress.COMPLETION_HEARTBEAT_S
+        watcher.poll_once()
+        assert watcher.publishes == 2  # the heartbeat: the same coordinate, published again
+        watcher.stop()

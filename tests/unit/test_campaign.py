@@ -25,6 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 QUICK_TIMEOUT_S = 600  # the target is well under 5 minutes on 2 cores; this bounds a hang
 
 
+@pytest.mark.timeout(QUICK_TIMEOUT_S + 60)
 def test_campaign_quick_localizes_every_injected_fault_with_no_false_attribution(tmp_path: Path) -> None:
     out = tmp_path / "campaign.json"
     completed = processes.run([sys.executable, "-m", "scout.cli", "campaign", "--quick", "--json", str(out)],
