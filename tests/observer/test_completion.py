@@ -328,3 +328,26 @@ def test_INSTR_10_without_a_process_group_nothing_is_tracked(caplog: pytest.LogC
     finally:
         publisher.close()
 
+
+
+def test_INSTR_11_on_cuda_events_a_stream_stuck_in_a_kernel_leaves_the_collective_enqueued_and_nothing_drains() -> None:
+    """The NCCL marker path with scout's event timer (spec/replay.md TIMING-2) on the fake CUDA
+    of tests/fake_cuda.py: a kernel that runs for 10 s before the collective keeps its start
+    event pending (the stream has not reached it) -- a GPU-side hang -- and no poll ever
+    synchronizes (the fake raises if anything does)."""
+    from scout.transport.nccl.timing import CudaEventTimer
+    from tests.fake_cuda import FakeCuda
+
+    cuda = FakeCuda()
+    tracker = comp.CompletionTracker(comp.Contract.DEVICE, CudaEventTimer(0, cuda=cuda))
+    cuda.launch(10_000.0)  # the kernel that does not end (yet)
+    work = FakeWork()
+    tracker.launched(F, work)  # async_op: the start event, then the Work
+    blocking = tracker.begin(G)
+    tracker.end(blocking)  # a blocking call: an end event after it
+    assert tracker.coordinate()[:4] == (2, 0, F, PendingState.ENQUEUED)
+    cuda.run_all()  # the kernel ends: the stream reaches both collectives
+    assert tracker.coordinate()[:4] == (2, 0, F, PendingState.STARTED)  # the first still waits for its Work
+    work.done = True
+    assert tracker.coordinate()[:4] == (2, 2, 0, PendingState.NONE)  # the second's end event completed too
+    assert cuda.drains == 0
