@@ -454,7 +454,9 @@ def start_tracking(
         return None
     group = dist.group.WORLD if group is None else group
     ranks = tuple(int(r) for r in dist.get_process_group_ranks(group))
-    name = _group_name(group)
+    from scout.transport.nccl.groups import group_name
+
+    name = group_name(group)
     backend = str(dist.get_backend(group)).lower()
     label = f"group {name!r} ({len(ranks)} ranks, {backend})"
     emulated = getattr(group, "flight_recorder_dump", None)
@@ -504,19 +506,6 @@ def start_tracking(
         raise
     logger.info("scout: completion tracking of %s by %s", label, how)
     return CompletionTracking(group, ranks, how.split(":", 1)[0], watcher, tracker)
-
-
-def _group_name(group: Any) -> str:
-    """The group's name as torch.distributed knows it (equal on every rank of the group)."""
-    from torch.distributed import distributed_c10d
-
-    known = distributed_c10d._world.pg_names.get(group)
-    if known:
-        return str(known)
-    try:
-        return str(group.group_name)
-    except RuntimeError:  # a Python process group torch has not registered
-        return ""
 
 
 def torch_c10d() -> Any:

@@ -56,7 +56,7 @@ WORLD: Final = 4
 #: Thresholds of the job's observers: a loaded 2-core machine keeps a healthy step well under
 #: STALL_THRESHOLD_S; a fault is held long enough to be found and then released.
 STALL_THRESHOLD_S: Final = 3.0
-HOLD_S: Final = 7.0
+HOLD_S: Final = 5.5
 FIRST_FAULT_STEP: Final = 8
 STEPS_BETWEEN_FAULTS: Final = 8
 TAIL_STEPS: Final = 8
@@ -65,7 +65,7 @@ TAIL_STEPS: Final = 8
 LOOP_SLOW_STEPS: Final = 24
 LOOP_SLOW_S: Final = 0.15
 LOOP_CHECK_STEPS: Final = 2
-LOOP_TAIL_STEPS: Final = 24
+LOOP_TAIL_STEPS: Final = 12
 JOB_TIMEOUT_S: Final = 420.0
 #: kind -> (report kind, how the quick matrix picks ranks)
 DEVICE_KINDS: Final = {

@@ -45,6 +45,8 @@ from typing import Any, Final
 import torch
 import torch.distributed as dist
 
+from scout.transport.nccl.groups import group_name
+
 __all__ = [
     "BACKEND",
     "CommunicatorAborted",
@@ -387,20 +389,6 @@ class EmulatedProcessGroup(_ProcessGroupBase):  # type: ignore[misc]
         if collectives:
             dump["entries"] = entries
         return dump
-
-
-def group_name(group: Any) -> str:
-    """The name torch.distributed keeps for the group (a Python process group's own
-    ``group_name`` is never set, and asking costs a C++ exception), else ``group.group_name``."""
-    from torch.distributed import distributed_c10d
-
-    known = distributed_c10d._world.pg_names.get(group)
-    if known:
-        return str(known)
-    try:
-        return str(group.group_name)
-    except RuntimeError:  # "ProcessGroup name not set": a Python subclass not registered (yet)
-        return ""
 
 
 def _create(store: Any, rank: int, size: int, timeout: datetime.timedelta) -> EmulatedProcessGroup:
