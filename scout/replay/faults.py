@@ -166,12 +166,14 @@ class SlowOps(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """FAULT-5: a slow CPU device. While active (``with SlowOps(1.5):``, or ``enter()`` ...
     ``exit()`` around a whole training loop), this process's thread computes ``factor``
     times as long -- forward, backward, optimizer, replay: after each tensor operation it
-    dispatches, the thread computes for ``(factor - 1)`` times the CPU time it used since the
-    previous one ended (the operation, and the Python between operations, as on a slower
-    core). Collective operators are not slowed, nor is time spent blocked, nor a stretch of
+    dispatches, the thread computes for ``(factor - 1)`` times the CPU time the operation used,
+    plus the Python since the previous one ended when that gap is at most ``gap_max_s`` (as on a
+    slower core). Collective operators are not slowed, nor is time spent blocked, nor a gap of
     more than ``gap_max_s`` of CPU without any operation (its extra time would be paid late,
-    inside whatever the next operation belongs to -- a collective's entry, say). ``operations``
-    counts the operations seen."""
+    inside whatever the next operation belongs to -- a collective's entry, say). The operation
+    itself is always slowed, however long it takes: on a slower CPU a matmul may take longer
+    than ``gap_max_s``, and must not escape the fault (a CI run once saw no slowdown at all).
+    ``operations`` counts the operations seen."""
 
     def __init__(self, factor: float, *, gap_max_s: float = 200e-6) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
@@ -189,14 +191,18 @@ class SlowOps(TorchDispatchMode):  # type: ignore[no-untyped-call]
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
+        clock = time.thread_time
+        started = clock()
         result = func(*args, **(kwargs or {}))
         if func.namespace in _UNSLOWED_NAMESPACES:
             return result
-        clock = time.thread_time
         now = clock()
+        spent = now - started
         last = getattr(self._local, "last", None)
-        if last is not None and self.factor > 1.0 and now - last <= self.gap_max_s:
-            compute_for((self.factor - 1.0) * (now - last))
+        if last is not None and started - last <= self.gap_max_s:
+            spent += started - last  # the Python between two operations (FAULT-5)
+        if self.factor > 1.0:
+            compute_for((self.factor - 1.0) * spent)
         self._local.last = clock()
         self.operations += 1
         return result

@@ -446,10 +446,38 @@ class Running:
     launch: Launch
 
 
+def _descendants(root: int) -> list[int]:
+    """Every process below ``root`` (Linux ``/proc``; empty elsewhere), bounded."""
+    found: list[int] = []
+    pending = [root]
+    while pending and len(found) < 10_000:
+        pid = pending.pop()
+        for task in _listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError):
+                with open(f"/proc/{pid}/task/{task}/children", "rb") as file:
+                    children = [int(item) for item in file.read().split()]
+                found.extend(children)
+                pending.extend(children)
+    return found
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
 def _kill_group(process: subprocess.Popen[bytes]) -> None:
-    """SIGKILL the case's process group (it was started in a session of its own)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)
+    """SIGKILL the case's process group (it was started in a session of its own) and every process
+    below it: torchrun starts its ranks in sessions of their own, so killing its group alone
+    leaves them running. The tree is listed before anything dies (an orphan loses its parent)."""
+    below = _descendants(process.pid)
+    for pid in [process.pid, *below]:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)  # the group a rank leads, if it leads one
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:

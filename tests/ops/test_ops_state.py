@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from scout import reports
+from scout.reports.kinds import ReportKind
 
 prometheus_client = pytest.importorskip("prometheus_client", reason="the metrics extra (prometheus_client) is not installed")
 from prometheus_client.exposition import generate_latest  # noqa: E402
@@ -20,7 +21,8 @@ from scout.ops.state import NodeState, RankProgress  # noqa: E402
 
 
 def _record(kind: str, reason: str, reporter: int | None, ranks: list[int] = (), **evidence: Any) -> dict[str, Any]:
-    return reports.make_record(kind, source="observer" if kind == "hang" else "job", reason=reason, job_id="j",
+    # Each kind's own source (scout.reports.kinds): a straggler comes from replay, a hang from an observer.
+    return reports.make_record(kind, source=ReportKind(kind).source.value, reason=reason, job_id="j",
                                generation=0, ranks=list(ranks), hosts=["h1"] if ranks else [], step=5,
                                evidence=evidence, reporter_rank=reporter)
 
