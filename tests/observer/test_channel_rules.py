@@ -216,6 +216,19 @@ def test_OBS_AUTH_7_the_window_equals_the_naive_rule_on_every_edge() -> None:
     for script in scripts:
         window, reference = _SeenWindow(), _ReferenceWindow()
         assert [window.accept(s) for s in script] == [reference.accept(s) for s in script], script
+        # The memory is bounded: one bit per sequence number of the window, no more.
+        assert 0 <= window.bits < 1 << REPLAY_WINDOW, script
+
+
+def test_OBS_AUTH_7_a_jump_of_any_size_is_accepted_at_once() -> None:
+    """A sender's sequence number is a 64-bit counter: the window moves by any distance in
+    constant time and memory (a shift by the distance itself would not)."""
+    window = _SeenWindow()
+    assert window.accept(1) is None
+    assert window.accept(2**63) is None
+    assert window.accept(2**64 - 1) is None
+    assert (window.accept(2**64 - 1), window.accept(2**63)) == ("duplicate", "stale")
+    assert window.bits == 1
 
 
 def test_OBS_AUTH_constructor_refuses_a_short_key_a_wrong_group_id_and_a_position_out_of_range() -> None:
@@ -238,7 +251,6 @@ def test_OBS_AUTH_constructor_refuses_a_short_key_a_wrong_group_id_and_a_positio
             assert (made.sent, made.received, made.send_errors, made.peers) == (0, 0, 0, {})
         finally:
             made.close()
-    assert UdpChannel.__init__.__kwdefaults__ == {"host": "127.0.0.1"}
 
 
 def test_OBS_AUTH_an_address_that_cannot_be_bound_says_which_setting_to_change() -> None:
@@ -272,7 +284,8 @@ def test_OBS_AUTH_send_refuses_a_body_too_large_and_counts_what_the_socket_refus
     # An address the socket cannot send to is a lost message, counted, not an exception.
     sender.peers[2] = Peer("127.0.0.1", 0, group.channels[2].nonce)
     sender.send(2, b"lost")
-    assert (sender.sent, sender.send_errors) == (1, 1)
+    sender.send(2, b"lost again")
+    assert (sender.sent, sender.send_errors) == (1, 2)
     assert group.channels[0].receive(5.0) == [(1, largest)]
 
 
@@ -296,6 +309,58 @@ def test_OBS_AUTH_receive_delivers_at_most_a_batch_and_waits_at_most_its_timeout
         if got:
             break
     assert got == [(1, b"after")] and receiver.refused == {"size": 1}
+
+
+class _RecordingSelector:
+    """The channel's selector, recording the bound of every wait it is asked for."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.waits: list[float] = []
+
+    def select(self, timeout: float) -> Any:
+        self.waits.append(timeout)
+        return self.real.select(timeout)
+
+    def close(self) -> None:
+        self.real.close()
+
+
+def test_OBS_AUTH_receive_waits_at_most_its_timeout_and_never_a_negative_one(group: Group) -> None:
+    receiver = group.channels[0]
+    receiver.selector = _RecordingSelector(receiver.selector)  # type: ignore[assignment]
+    assert receiver.receive(0.0) == [] and receiver.receive(-3.0) == [] and receiver.receive(0.01) == []
+    assert receiver.selector.waits == [0.0, 0.0, 0.01]  # type: ignore[attr-defined]
+
+
+class _FailingSocket:
+    """The channel's socket, whose receive fails with a socket error after ``good`` datagrams."""
+
+    def __init__(self, real: socket.socket, good: int) -> None:
+        self.real = real
+        self.good = good
+
+    def recvfrom(self, size: int) -> tuple[bytes, Any]:
+        if self.good == 0:
+            raise ConnectionRefusedError(111, "Connection refused")
+        self.good -= 1
+        return self.real.recvfrom(size)
+
+    def close(self) -> None:
+        self.real.close()
+
+
+def test_OBS_AUTH_a_socket_error_ends_the_batch_and_keeps_what_was_received(group: Group) -> None:
+    receiver, sender = group.channels[0], group.channels[1]
+    sender.send(0, b"one")
+    sender.send(0, b"two")
+    receiver.socket = _FailingSocket(receiver.socket, good=1)  # type: ignore[assignment]
+    got: list[tuple[int, bytes]] = []
+    for _ in range(100):
+        got += receiver.receive(0.1)
+        if got:
+            break
+    assert got == [(1, b"one")]
 
 
 class _Clock:
@@ -323,6 +388,55 @@ def test_OBS_AUTH_refusals_are_counted_by_reason_and_logged_at_most_once_per_int
         "scout: observer 0 refused a datagram from ('127.0.0.1', 9): size (1 refused so far)",
         "scout: observer 0 refused a datagram from ('127.0.0.1', 9): foreign-group (4 refused so far)",
     ]
+
+
+class _Stderr:
+    def __init__(self) -> None:
+        self.written: list[str] = []
+        self.flushed_after: list[int] = []
+
+    def write(self, text: str) -> int:
+        self.written.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        self.flushed_after.append(len(self.written))
+
+
+def test_OBS_AUTH_every_refusal_reason_logs_the_source_and_is_flushed_at_once(
+    group: Group, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The log line leaves the process when it is written (stderr may be a pipe to a launcher
+    that buffers), and names where the datagram came from, whatever the reason."""
+    clock = _Clock(100.0)
+    monkeypatch.setattr(channel_module, "time", clock)
+    stderr = _Stderr()
+    monkeypatch.setattr(channel_module.sys, "stderr", stderr)
+    receiver = group.channels[0]
+    a1, a2 = group.channels[1].address, group.channels[2].address
+    forged = bytearray(group.datagram(1, 1))
+    forged[PREFIX.size] ^= 1
+    cases = [
+        (b"short", a1, "size"),
+        (group.datagram(1, 1, version=9), a1, "not-scout"),
+        (group.datagram(1, 1, group=b"xxxxxxxx"), a1, "foreign-group"),
+        (bytes(forged), a1, "bad-tag"),
+        (_datagram(0, receiver.nonce, 1, b""), receiver.address, "unknown-sender"),
+        (group.datagram(1, 1), a2, "wrong-address"),
+        (_datagram(1, bytes(8), 1, b""), a1, "old-incarnation"),
+        (group.datagram(1, 5), a1, None),
+        (group.datagram(1, 5), a1, "duplicate"),
+    ]
+    expected = []
+    for datagram, source, why in cases:
+        clock.now_s += channel_module.LOG_INTERVAL_S
+        assert (receiver.check(datagram, source) is None) == (why is not None)
+        if why is not None:
+            expected.append(f"scout: observer 0 refused a datagram from {source}: {why} "
+                            f"({sum(receiver.refused.values())} refused so far)\n")
+    lines = "".join(stderr.written).splitlines(keepends=True)
+    assert lines == expected
+    assert len(stderr.flushed_after) == len(expected) and stderr.flushed_after[-1] == len(stderr.written)
 
 
 def test_OBS_AUTH_close_releases_the_socket() -> None:

@@ -168,6 +168,22 @@ def test_MOE_6_a_per_expert_loop_qualifies_as_a_multiset_less_empty_operations()
     assert qualify_template(layer, [0, 4, 0], [ExecRecord("mm", shapes=((4, 8),))], {1: _expert(4)}).qualified
 
 
+def test_MOE_6_the_multiset_comparison_and_a_count_of_one() -> None:
+    # Counts 2 and 10: records whose natural order (2 < 10) and text order ("10" < "2") differ;
+    # either order compares multisets, as long as both sides use the same one.
+    layer = build_layer_catalog(0, (0, 1), [_launch(n, (1,)) for n in (1, 2, 10)])
+    per_expert = {0: _expert(2), 1: _expert(10)}
+    ran = [ExecRecord("mm", shapes=((2, 8),)), ExecRecord("mm", shapes=((10, 8),))]
+    assert qualify_template(layer, (2, 10), ran, per_expert).qualified
+    assert qualify_template(layer, (2, 10), ran[::-1], per_expert).qualified
+    # An expert with one token is an expert with tokens: profiled, and its records expected.
+    assert qualify_template(layer, (1, 2), [ExecRecord("mm", shapes=((2, 8),))], {0: _expert(1), 1: _expert(2)}) == (
+        Template(0, (1, 2), False, "the call ran 1 record(s) that do not decompose into the experts' own 2: its "
+                 "kernels depend on the whole count vector"))
+    assert qualify_template(_layer(), (1, 2), [], {0: _expert(1), 1: _expert(2)}) == Template(
+        0, (1, 2), False, "counts [1] were not profiled")
+
+
 def test_MOE_6_every_reason_a_template_is_not_qualified() -> None:
     layer = _layer()
     per_expert = {0: _expert(2), 1: _expert(4)}
