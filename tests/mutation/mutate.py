@@ -295,7 +295,7 @@ def render_summary(targets: dict[str, dict[str, Any]], explained: dict[str, dict
     for row in table_rows(targets, explained):
         modules = ", ".join(f"`{m}`" for m in row["mutate"])
         if row["record"] is None:
-            lines.append(f"| {row['target']} | {modules} | no run record | | | | | | |")
+            lines.append(f"| {row['target']} | {modules} | not recorded (earlier rounds: survivors.md) | | | | | | |")
             continue
         killable = row["mutants"] - row["equivalent"] - row["not_killable"] - row["not_reached"]
         lines.append(
