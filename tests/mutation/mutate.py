@@ -211,6 +211,8 @@ def record(name: str) -> Path:
     if path.exists():
         history = json.loads(path.read_text(encoding="utf-8")).get("invocations", [])
     entry = {key: summary.get(key) for key in ("invocation", "finished_utc", "elapsed_s", "mutmut_exit_code")}
+    if entry["invocation"]:
+        entry["invocation"] = _short_invocation(entry["invocation"])
     if entry not in history:
         history.append(entry)
     statuses_by_kind = {status: count for status, count in sorted(summary["counts"].items())}
@@ -225,6 +227,25 @@ def record(name: str) -> Path:
     RUNS.mkdir(exist_ok=True)
     path.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     return path
+
+
+def _short_invocation(invocation: str) -> str:
+    """The command with a long list of ``--only NAME`` (a rerun of one run's survivors) counted
+    instead of spelled out."""
+    words = invocation.split()
+    names = [words[i + 1] for i, word in enumerate(words[:-1]) if word == "--only"]
+    if len(names) <= 3:
+        return invocation
+    kept: list[str] = []
+    skip = False
+    for word in words:
+        if skip:
+            skip = False
+        elif word == "--only":
+            skip = True
+        else:
+            kept.append(word)
+    return " ".join([*kept, f"--only <{len(names)} mutant names>"])
 
 
 def load_explained() -> dict[str, dict[str, str]]:

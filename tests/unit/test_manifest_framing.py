@@ -715,3 +715,87 @@ def test_GATE_33_an_old_generation_that_is_already_gone_does_not_stop_the_prunin
         assert writer.commit({"gate": 3}) == 3
         monkeypatch.undo()
     assert _generation_files(tmp_path) == ["manifest.000000000002.json", "manifest.000000000003.json"]
+
+
+def test_GATE_M2_a_generation_is_plain_ascii_json() -> None:
+    data = encode_manifest(JOB, 1, {"note": "détail"})
+    assert b'"note": "d\\u00e9tail"' in data and data.isascii()
+
+
+def test_GATE_30_a_prune_seen_twice_is_listed_again_twice_and_a_vanished_only_generation_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _committed(tmp_path)
+    real, calls = os.listdir, []
+
+    def listing(path: object) -> list[str]:
+        calls.append(path)
+        names = real(path)  # type: ignore[call-overload]
+        # The generation listings of the first two attempts (calls 2 and 4) show a generation
+        # pruned since; the third attempt sees the directory as it is.
+        return [*names, "manifest.000000000007.json"] if len(calls) in (2, 4) else names
+
+    monkeypatch.setattr(manifest_module.os, "listdir", listing)
+    found = read_manifest_set(tmp_path, JOB)
+    assert len(calls) == 6 and found.highest_named == 1 and found.lost == ()
+    # No good generation at all, and the only one listed vanished: listed again, no crash.
+    (tmp_path / "manifest.000000000001.json").unlink()
+    calls.clear()
+    found = read_manifest_set(tmp_path, JOB)
+    assert len(calls) == 6 and found.newest is None
+    monkeypatch.undo()
+
+
+def test_GATE_31_every_witness_of_a_lost_generation_is_named_newest_first(tmp_path: Path) -> None:
+    _committed(tmp_path)
+    good = tmp_path / "manifest.000000000001.json"
+    # The head names generation 3 and the log generation 3 and 2: nothing good holds them.
+    _head(tmp_path, generation=3)
+    with (tmp_path / LOG_NAME).open("ab") as log:
+        for sequence, generation in ((5, 2), (6, 3)):
+            log.write(log_line({"sequence": sequence, "generation": generation, "job_id": JOB}))
+    found = read_manifest_set(tmp_path, JOB)
+    assert [(lost.generation, lost.why) for lost in found.lost] == [
+        (3, "manifest.head names it, but no good generation file holds it (the newest good one is 1): deleted?; "
+            "trust.log records trust changes committed in it, but no good generation file holds it (the newest good "
+            "one is 1)"),
+    ]
+    assert found.highest_named == 3
+    _head(tmp_path, generation=5)
+    (tmp_path / "manifest.000000000004.json").write_bytes(b"torn")
+    found = read_manifest_set(tmp_path, JOB)
+    assert [lost.generation for lost in found.lost] == [5, 4, 3] and found.highest_named == 5
+    # With no good generation at all, the reasons say so.
+    good.unlink()
+    (tmp_path / "manifest.000000000004.json").unlink()
+    found = read_manifest_set(tmp_path, JOB)
+    assert [lost.why for lost in found.lost] == [
+        "manifest.head names it, but no good generation file holds it (the newest good one is none): deleted?",
+        "trust.log records trust changes committed in it, but no good generation file holds it (the newest good one "
+        "is none)",
+    ]
+
+
+def test_GATE_31_a_newest_generation_that_is_not_the_file_the_head_names_is_lost(tmp_path: Path) -> None:
+    _committed(tmp_path, 2)
+    newest = tmp_path / "manifest.000000000002.json"
+    newest.write_bytes(encode_manifest(JOB, 2, {"gate": "rewritten"}))  # verifies, but is not what was committed
+    found = read_manifest_set(tmp_path, JOB)
+    assert [(lost.generation, lost.why) for lost in found.lost] == [
+        (2, "manifest.000000000002.json is not the file the writer committed (manifest.head records another digest): "
+            "replaced?")]
+    # A head naming an older generation with another digest is no witness against the newest.
+    _head(tmp_path, generation=1, sha256="b" * 64)
+    assert read_manifest_set(tmp_path, JOB).lost == ()
+
+
+def test_GATE_33_a_head_that_cannot_even_be_started_is_a_warning_too(tmp_path: Path) -> None:
+    with ManifestWriter(tmp_path, JOB) as writer:
+        blocked = tmp_path / f".manifest.head.{os.getpid()}.tmp"
+        blocked.mkdir()  # the temporary head can be neither created nor removed
+        with pytest.warns(ManifestRepairWarning) as caught:
+            writer.commit({"gate": 1})
+    assert [str(w.message) for w in caught if isinstance(w.message, ManifestRepairWarning)] == [
+        f"{tmp_path / HEAD_NAME}: writing the head failed (Is a directory); the generation is committed; the head is "
+        "rewritten at the next commit"]
+    assert read_manifest_set(tmp_path, JOB).newest is not None
