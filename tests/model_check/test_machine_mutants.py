@@ -14,6 +14,7 @@ from __future__ import annotations
 import enum
 import functools
 import importlib.resources
+import locale
 import sys
 from collections import Counter
 from pathlib import Path
@@ -307,6 +308,28 @@ def test_a_table_without_its_sections_says_what_is_missing() -> None:
         "  - [[invariant]]: must be an array of tables ([[invariant]] entries), got [1]")
 
 
+def test_every_field_that_is_not_a_string_is_named_with_its_place() -> None:
+    data = {
+        "machine": {"name": 1, "actions": 2, "initial": 3},
+        "states": {"A": "a"},
+        "events": {"go": "g"},
+        "transition": [{"source": "A", "trigger": "go", "dest": "A", "guard": 4, "effect": 5, "why": 6}],
+        "invariant": [{"id": 7, "predicate": "p", "text": 8, "kind": 9, "scope": 10}],
+    }
+    assert str(_error(SpecError, parse_table, data, "n.toml")) == (
+        "n.toml: invalid machine table (10 problem(s)):\n"
+        "  - [machine]: name = 1 must be a string\n"
+        "  - [machine]: actions = 2 must be a string\n"
+        "  - [machine]: initial = 3 must be a string\n"
+        "  - [[transition]] row 1: guard = 4 must be a string\n"
+        "  - [[transition]] row 1: effect = 5 must be a string\n"
+        "  - [[transition]] row 1: why = 6 must be a string\n"
+        "  - [[invariant]] 1: id = 7 must be a string\n"
+        "  - [[invariant]] 1 (): text = 8 must be a string\n"
+        "  - [[invariant]] 1 (): kind = 9 must be a string\n"
+        "  - [[invariant]] 1 (): scope = 10 must be a string")
+
+
 def test_an_unreachable_state_is_named_with_the_initial_state() -> None:
     table = {**PROBE, "states": {**PROBE["states"], "LOST": "nothing leads here"}}
     assert str(_error(SpecError, parse_table, table, "spec/probe.toml")) == (
@@ -517,6 +540,8 @@ def test_explore_counts_and_summaries_for_each_bound() -> None:
                 result.cut_by_states) == counts
         assert (result.depth_max, result.states_max) == (kwargs["depth_max"], kwargs["states_max"])
         assert result.summary() == summary
+    two = _explore(depth_max=20, states_max=100, extra_properties=[Property.sometimes("X-9", "lit", lambda s: s.control is Lamp.ON)])
+    assert "; witnessed: PROBE-2, X-9; " in two.summary()
     witness = _explore(depth_max=20, states_max=100).witnesses["PROBE-2"]
     assert witness.events == (Push(5),) and witness.states[-1] == MachineState(Lamp.BROKEN, Level(0))
 
@@ -840,6 +865,13 @@ def test_packaged_tables_are_the_spec_tables_and_an_unknown_or_unreadable_one_is
         def read_text(self, encoding: str) -> str:
             raise OSError(5, "Input/output error")
 
+    # Read as UTF-8 whatever the locale (two tables hold non-ASCII text).
+    previous = locale.setlocale(locale.LC_CTYPE)
+    try:
+        locale.setlocale(locale.LC_CTYPE, "C")
+        assert loader_module.packaged_table_text("gate") == (REPO / "spec" / "gate.toml").read_text(encoding="utf-8")
+    finally:
+        locale.setlocale(locale.LC_CTYPE, previous)
     monkeypatch.setattr(importlib.resources, "files", lambda package: Unreadable())
     assert str(_error(SpecError, loader_module.packaged_table_text, "gate")) == (
         "the packaged machine table scout.core.tables/gate.toml cannot be read ([Errno 5] Input/output error); "
