@@ -9,7 +9,7 @@ as bytes of the tensor per second, medians of CUDA-event-timed repeats, for 1 Gi
 of bf16. Several launch shapes are timed; the goal uses the one the library uses.
 Without CUDA or Triton it writes the reason and exits 0 (nothing to measure here).
 
-Run on a GPU host: python bench/signature_gpu.py   (tests/gpu/run_gpu_tests.sh runs it)
+Run on a GPU host: python bench/signature_gpu.py   (the GPU script tests/gpu/run.py runs it)
 """
 
 from __future__ import annotations

@@ -4,10 +4,13 @@ marked ``# scout`` are all it takes (README, "scout on your training job").
     torchrun --nproc-per-node 4 examples/train_gpt.py --run-dir runs/gpt --checkpoint-dir ckpt/gpt
 
 Faults, injected the way they happen in life, for the demo and the tests (``--fault`` or the
-environment variable EXAMPLE_FAULT; only in the first attempt, so a restart runs clean):
+environment variable EXAMPLE_FAULT, several separated by commas; only in the first attempt --
+neither a torchrun restart nor a Slurm requeue -- so a restart runs clean):
 
 - ``sdc:RANK:STEP``             from STEP on, RANK's second block computes one wrong bit in its
                                 output -- every time it runs, replays included (a faulty unit);
+- ``hang-before-forward:RANK:STEP:SECONDS``   RANK sleeps before its forward (so before DDP's
+                                buffer broadcast: the causal mask is a registered buffer);
 - ``hang-before-backward:RANK:STEP:SECONDS``  RANK sleeps between forward and backward;
 - ``hang-in-backward:RANK:STEP:SECONDS``      RANK sleeps inside backward (a block's gradient);
 - ``freeze:RANK:STEP:SECONDS``  RANK's process is stopped (SIGSTOP) before backward, and continued
@@ -15,7 +18,10 @@ environment variable EXAMPLE_FAULT; only in the first attempt, so a restart runs
 - ``slow:RANK:FACTOR``          every torch operation of RANK takes FACTOR times as long (a slow
                                 device, throttled or degraded);
 - ``loop-slow:RANK:FACTOR``     RANK's host-side loop work takes FACTOR times the step (a slow
-                                data path).
+                                data path);
+- ``gpu-hang:RANK:STEP:SECONDS``  RANK's GPU runs a kernel that spins for SECONDS before the
+                                forward of STEP (a kernel that does not end); its CPU goes on
+                                until it has to wait for the GPU (CUDA only).
 """
 
 from __future__ import annotations
@@ -46,6 +52,9 @@ class Block(nn.Module):
         self.projection = nn.Linear(width, width)
         self.norm_mlp = nn.LayerNorm(width)
         self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+        # The causal mask is a buffer, as in most real models: DDP (broadcast_buffers=True, its
+        # default) then broadcasts the buffers from rank 0 at every forward, from C++.
+        self.register_buffer("mask", torch.ones(SEQUENCE, SEQUENCE, dtype=torch.bool).triu(1), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, length, width = x.shape
@@ -55,7 +64,7 @@ class Block(nn.Module):
             return t.view(batch, length, self.heads, width // self.heads).transpose(1, 2)
 
         scores = heads(q) @ heads(k).transpose(-1, -2) / math.sqrt(width // self.heads)
-        mask = torch.ones(length, length, dtype=torch.bool).triu(1)
+        mask = self.mask[:length, :length]
         mixed = (scores.masked_fill(mask, float("-inf")).softmax(-1) @ heads(v)).transpose(1, 2)
         x = x + self.projection(mixed.reshape(batch, length, width))
         return x + self.mlp(self.norm_mlp(x))
@@ -81,6 +90,25 @@ def batch(step: int, rank: int) -> torch.Tensor:
     return torch.randint(0, VOCAB, (BATCH, SEQUENCE + 1), generator=generator)
 
 
+class FaultSet:
+    """Several injected faults, each told of every point of the step."""
+
+    def __init__(self, specs: str, rank: int, model: GPT) -> None:
+        self.faults = [Faults(spec.strip(), rank, model) for spec in specs.split(",") if spec.strip()]
+
+    def before_forward(self, step: int) -> None:
+        for fault in self.faults:
+            fault.before_forward(step)
+
+    def before_backward(self, step: int) -> None:
+        for fault in self.faults:
+            fault.before_backward(step)
+
+    def loop(self, step_s: float) -> None:
+        for fault in self.faults:
+            fault.loop(step_s)
+
+
 class Faults:
     """The injected fault (see the module docstring)."""
 
@@ -88,7 +116,8 @@ class Faults:
         self.kind, *fields = spec.split(":") if spec else ("none",)
         self.rank = rank
         self.model = model
-        self.active = bool(spec) and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0
+        self.active = (bool(spec) and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0
+                       and int(os.environ.get("SLURM_RESTART_COUNT", "0")) == 0)
         self.target = int(fields[0]) if fields else -1
         self.values = [float(f) for f in fields[1:]]
         self.mine = self.active and rank == self.target
@@ -111,6 +140,12 @@ class Faults:
         Slow().__enter__()  # for the life of the process: every op of this rank
 
     def before_forward(self, step: int) -> None:
+        if self.mine and self.kind == "gpu-hang" and step == int(self.values[0]):
+            self.announce(step)
+            torch.cuda._sleep(self._cycles(self.values[1]))
+        if self.mine and self.kind == "hang-before-forward" and step == int(self.values[0]):
+            self.announce(step)
+            time.sleep(self.values[1])
         if self.mine and self.kind == "sdc" and step == int(self.values[0]):
             self.announce(step)
 
@@ -133,6 +168,17 @@ class Faults:
                 output.register_hook(sleep)
 
             self._handle = self.model.layers[2].register_forward_hook(slow_gradient)
+
+    @staticmethod
+    def _cycles(seconds: float) -> int:
+        """GPU clock cycles in ``seconds``, measured on a short spin (the clock varies by GPU)."""
+        probe = 10_000_000
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(probe)
+        end.record()
+        end.synchronize()
+        return int(seconds * probe / (start.elapsed_time(end) / 1e3))
 
     def announce(self, step: int) -> None:
         """One line on stderr when the fault strikes (the tests time detection from it)."""
@@ -173,11 +219,13 @@ def main() -> None:
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    dist.init_process_group("nccl" if args.device == "cuda" and torch.cuda.device_count() > 1 else "gloo")
+    # NCCL needs a GPU of its own per rank; ranks that share GPUs use gloo (on CUDA tensors).
+    one_gpu_each = int(os.environ.get("WORLD_SIZE", "1")) <= torch.cuda.device_count()
+    dist.init_process_group("nccl" if args.device == "cuda" and one_gpu_each else "gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
     model = GPT().to(device)
-    faults = Faults(args.fault, rank, model)
+    faults = FaultSet(args.fault, rank, model)
     ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=3e-3)
     job = scout.attach(ddp, optimizer, run_dir=args.run_dir, checkpoint_dir=args.checkpoint_dir)  # scout

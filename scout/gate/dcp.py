@@ -5,16 +5,24 @@ rank calls :func:`save_checkpoint` at a cycle boundary (a collective); when it r
 are complete on storage, and only then does the gate's writer feed ``CheckpointCaptured(step)``
 to the gate. After a failure, :func:`restore_for_failure` asks the recovery decision
 (:mod:`scout.gate.recovery`) which checkpoint to restore and loads it on every rank: model,
-optimizer, this rank's RNG state and the step.
+optimizer, this rank's RNG states (CPU, and CUDA for every device) and the step.
 
 A checkpoint lives in ``<root>/t<timeline>-s<step>``: the timeline is part of the name because a
 restarted job re-runs steps. torch is imported lazily, so importing this module costs nothing.
 RNG state is per rank (dropout masks differ by rank), saved under a rank-unique key, so DCP's
 de-duplication of replicated entries cannot drop it; restoring needs the same world size.
+
+The CUDA RNG states (``torch.cuda.get_rng_state_all()``, one per visible device) are saved when
+the process has initialized CUDA -- a process that never did has drawn nothing from them, and
+saving would initialize CUDA on a CPU job -- and restored when the checkpoint holds them and
+this process sees the same number of devices; with another number a device's index may name
+another GPU, so nothing is restored and a warning names both counts (docs/gate.md, "Checkpoint
+bytes"). A checkpoint saved before CUDA states were kept restores the rest as before.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,6 +38,8 @@ if TYPE_CHECKING:
 
 __all__ = ["checkpoint_path", "load_checkpoint", "restore_for_failure", "save_checkpoint"]
 
+logger = logging.getLogger("scout.gate")
+
 
 def checkpoint_path(root: str | os.PathLike[str], checkpoint: CheckpointId) -> Path:
     return Path(root) / f"t{checkpoint.timeline}-s{checkpoint.step:012d}"
@@ -37,6 +47,17 @@ def checkpoint_path(root: str | os.PathLike[str], checkpoint: CheckpointId) -> P
 
 def _rng_key(rank: int) -> str:
     return f"rng_rank_{rank}"
+
+
+def _cuda_rng_key(rank: int) -> str:
+    return f"cuda_rng_rank_{rank}"
+
+
+def _cuda_module() -> Any:
+    """``torch.cuda``; tests replace it with a fake that has the same RNG calls."""
+    import torch
+
+    return torch.cuda
 
 
 def _state(model: nn.Module, optimizer: torch.optim.Optimizer, rank: int, step: int) -> dict[str, Any]:
@@ -50,6 +71,53 @@ def _state(model: nn.Module, optimizer: torch.optim.Optimizer, rank: int, step: 
         _rng_key(rank): torch.get_rng_state(),
         "step": torch.tensor(step, dtype=torch.int64),
     }
+
+
+def _saved_cuda_rng(rank: int) -> dict[str, Any]:
+    """This process's CUDA RNG states, one row per device, if it has initialized CUDA."""
+    import torch
+
+    cuda = _cuda_module()
+    if not (cuda.is_available() and cuda.is_initialized()):
+        return {}
+    states = [torch.as_tensor(s, dtype=torch.uint8).cpu() for s in cuda.get_rng_state_all()]
+    return {_cuda_rng_key(rank): torch.stack(states)} if states else {}
+
+
+def _cuda_rng_template(path: Path, rank: int) -> dict[str, Any]:
+    """A tensor to load this rank's CUDA RNG states into, if the checkpoint holds them."""
+    import torch
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    key = _cuda_rng_key(rank)
+    stored = FileSystemReader(str(path)).read_metadata().state_dict_metadata.get(key)
+    if stored is None:
+        return {}
+    if not isinstance(stored, TensorStorageMetadata):
+        raise ValueError(f"checkpoint at {path}: {key} is not a tensor ({type(stored).__name__})")
+    return {key: torch.empty(tuple(stored.size), dtype=torch.uint8)}
+
+
+def _restore_cuda_rng(path: Path, rank: int, states: Any) -> None:
+    cuda = _cuda_module()
+    if not cuda.is_available():
+        logger.warning(
+            "scout: checkpoint %s holds CUDA RNG states for %d device(s) but CUDA is not available "
+            "here; only the CPU RNG state was restored",
+            path, len(states),
+        )
+        return
+    devices = cuda.device_count()
+    if devices != len(states):
+        logger.warning(
+            "scout: checkpoint %s holds CUDA RNG states for %d device(s), this process sees %d; "
+            "a device index may name another GPU now, so no CUDA RNG state was restored (set "
+            "CUDA_VISIBLE_DEVICES as in the saved run to restore it)",
+            path, len(states), devices,
+        )
+        return
+    cuda.set_rng_state_all(list(states))
 
 
 def save_checkpoint(
@@ -70,7 +138,8 @@ def save_checkpoint(
     if (path / ".metadata").exists():
         raise FileExistsError(f"checkpoint {checkpoint} already exists at {path}; a step is saved once per timeline")
     rank = dist.get_rank(process_group)
-    state_dict_saver.save(_state(model, optimizer, rank, checkpoint.step), checkpoint_id=str(path), process_group=process_group)
+    state = _state(model, optimizer, rank, checkpoint.step) | _saved_cuda_rng(rank)
+    state_dict_saver.save(state, checkpoint_id=str(path), process_group=process_group)
     return path
 
 
@@ -82,7 +151,7 @@ def load_checkpoint(
     *,
     process_group: Any = None,
 ) -> int:
-    """Collective: load model, optimizer and this rank's RNG state in place; returns the step."""
+    """Collective: load model, optimizer and this rank's RNG states in place; returns the step."""
     import torch
     import torch.distributed as dist
     from torch.distributed.checkpoint import state_dict_loader
@@ -92,10 +161,12 @@ def load_checkpoint(
     if not (path / ".metadata").exists():
         raise FileNotFoundError(f"checkpoint {checkpoint} has no complete DCP checkpoint at {path}")
     rank = dist.get_rank(process_group)
-    state = _state(model, optimizer, rank, 0)
+    state = _state(model, optimizer, rank, 0) | _cuda_rng_template(path, rank)
     state_dict_loader.load(state, checkpoint_id=str(path), process_group=process_group)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     torch.set_rng_state(state[_rng_key(rank)])
+    if _cuda_rng_key(rank) in state:
+        _restore_cuda_rng(path, rank, state[_cuda_rng_key(rank)])
     step = int(state["step"].item())
     if step != checkpoint.step:
         raise ValueError(f"checkpoint {checkpoint} at {path} holds step {step}; the directory was renamed or reused")

@@ -283,12 +283,53 @@ def _unframe(data: bytes, magic: str) -> bytes:
     return body
 
 
+class _Undecodable(ValueError):
+    """A verified body that is not JSON this reader can hold (GATE-38)."""
+
+
+#: GATE-38: the deepest nesting a manifest document may have. scout writes 12 levels (a
+#: certificate inside a checkpoint entry inside the payload; measured on tests/gate_story.py).
+#: The bound is checked on the raw text before parsing: deep nesting is damage, never a
+#: RecursionError.
+NESTING_MAX: Final = 64
+
+
+_JSON_STRING: Final = re.compile(rb'"(?:[^"\\]|\\.)*"')
+
+
+def _nesting_depth(body: bytes) -> int:
+    """The deepest bracket nesting of a JSON text, strings left out (numpy: a manifest may be
+    hundreds of MiB)."""
+    import numpy as np
+
+    codes = np.frombuffer(_JSON_STRING.sub(b'""', body), dtype=np.uint8)
+    steps = (codes == ord("[")).astype(np.int64) + (codes == ord("{")) - (codes == ord("]")) - (codes == ord("}"))
+    return int(np.cumsum(steps).max(initial=0))
+
+
+def _json_document(body: bytes) -> Any:
+    """Parse a verified JSON body; any failure -- not ASCII, not JSON, nesting deeper than
+    ``NESTING_MAX``, an integer too long for Python to convert -- is :class:`_Undecodable`, so
+    the reader treats the file as damaged and fails closed instead of crashing (GATE-38)."""
+    try:
+        text = body.decode("ascii")
+    except UnicodeDecodeError as error:
+        raise _Undecodable(f"not ASCII ({error.reason} at byte {error.start})") from None
+    depth = _nesting_depth(body)
+    if depth > NESTING_MAX:
+        raise _Undecodable(f"nested {depth} levels deep, more than {NESTING_MAX}")
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as error:  # JSONDecodeError; int digits over the limit
+        raise _Undecodable(str(error)[:200]) from None
+
+
 def _document(body: bytes) -> dict[str, Any]:
     try:
-        document = json.loads(body.decode("ascii"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        document = _json_document(body)
+    except _Undecodable as error:
         # The digest matched, so whoever wrote this wrote bad JSON on purpose: not a crash artefact.
-        raise _Damaged(f"verified body is not JSON: {error}") from error
+        raise _Damaged(f"verified body is not JSON scout can read: {error}") from None
     if not isinstance(document, dict):
         raise _Damaged(f"verified body is {type(document).__name__}, not a JSON object")
     version = document.get("format_version")
@@ -475,9 +516,13 @@ def _parse_log(data: bytes, path: Path, job_id: str | None) -> tuple[list[dict[s
             problems.append(f"{path} line {number}: checksum does not match (altered); skipped")
             continue
         try:
-            record = json.loads(body.decode("ascii"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            problems.append(f"{path} line {number}: verified line is not JSON; skipped")
+            record = _json_document(body)
+        except _Undecodable as error:
+            problems.append(f"{path} line {number}: verified line is not JSON scout can read ({error}); skipped")
+            continue
+        if not isinstance(record, dict):
+            problems.append(f"{path} line {number}: verified line is {type(record).__name__}, not a JSON object; "
+                            "skipped")
             continue
         sequence, generation = record.get("sequence"), record.get("generation")
         if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in (sequence, generation)):

@@ -1,15 +1,21 @@
 """``scout.attach``'s configuration: every key, its default, and why (docs/attach.md).
 
 The same keys come, in rising priority, from the defaults below, a TOML file
-(``config="scout.toml"``; keys at the top level or under ``[scout]``), environment variables
-``SCOUT_<KEY>`` (upper case) and keyword arguments of ``scout.attach``. Every value is checked
-when the job attaches, and an error names the key, the value, where it came from and what is
-allowed. No torch here.
+(``config="scout.toml"``; keys at the top level or under ``[scout]``, not both), environment
+variables ``SCOUT_<KEY>`` (upper case) and keyword arguments of ``scout.attach``. Every value is
+checked when the job attaches, and an error names the key, the value, where it came from (the
+keyword, the variable, or the file and line) and what is allowed. A ``SCOUT_*`` variable that is
+not a setting but looks like one (``SCOUT_STALL_TRESHOLD_S``) is an error with the setting it
+probably meant: a misspelt variable must never leave the user believing a policy is on. No
+torch here.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
+import re
+import shlex
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -24,11 +30,24 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-__all__ = ["CONFIG_BYTES_MAX", "Config", "ConfigError", "POLICIES", "load_config"]
+__all__ = ["CONFIG_BYTES_MAX", "Config", "ConfigError", "OTHER_VARIABLES", "POLICIES", "load_config",
+           "unknown_variables"]
 
 POLICIES: Final = ("report", "restart")
 CONFIG_BYTES_MAX: Final = 1 << 20
 ENV_PREFIX: Final = "SCOUT_"
+#: ``SCOUT_*`` variables that are not settings: the job's identity (RecordIdentity), adopting a
+#: run directory, the signature path (scout/replay/_native.py), the simulator's memory budget,
+#: and the variables of scout's own test and GPU scripts (prefixes ending in ``_``).
+OTHER_VARIABLES: Final = (
+    "SCOUT_JOB_ID", "SCOUT_GENERATION", "SCOUT_ADOPT_RUN_DIR", "SCOUT_SIGNATURE_PATH", "SCOUT_SIM_MEMORY_MIB",
+    "SCOUT_REPORT_AUDIT_FILE", "SCOUT_TORCHRUN_DEVICE", "SCOUT_GPUS", "SCOUT_CASES", "SCOUT_GPU_GOALS",
+    "SCOUT_CRASH_SEED", "SCOUT_TEST_",
+)
+#: How alike an unknown variable's name must be to a setting's (difflib's ratio) to be taken
+#: for a misspelling of it: ``SCOUT_ONSDC`` -> ``SCOUT_ON_SDC`` is 0.95, two unrelated names of
+#: this length rarely pass 0.6.
+_MISSPELLING_RATIO: Final = 0.8
 
 
 class ConfigError(ValueError):
@@ -63,6 +82,28 @@ def _flag(name: str) -> Any:
     def check(_instance: object, _attribute: object, value: object) -> None:
         if not isinstance(value, bool):
             raise ConfigError(f"{name} must be true or false, got {value!r}")
+
+    return check
+
+
+def _optional_port(name: str) -> Any:
+    def check(_instance: object, _attribute: object, value: object) -> None:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535):
+            raise ConfigError(f"{name} must be a TCP port in [0, 65535] (0: any free port), or unset; got {value!r}")
+
+    return check
+
+
+def _optional_command(name: str) -> Any:
+    def check(_instance: object, _attribute: object, value: object) -> None:
+        if value is None:
+            return
+        if not isinstance(value, str) or not value.strip() or len(value) > 4096:
+            raise ConfigError(f"{name} must be a command line of at most 4096 characters, or unset; got {value!r}")
+        try:
+            shlex.split(value)
+        except ValueError as error:
+            raise ConfigError(f"{name} {value!r} is not a valid command line: {error}") from None
 
     return check
 
@@ -135,6 +176,18 @@ class Config:
     #: The golden canary (spec/canary.md): recorded at the first cycle end, re-checked at every
     #: cycle end on every rank; a change -- on one rank or on all (common mode) -- is SDC.
     canary: bool = attrs.field(default=False, validator=_flag("canary"))
+    #: Prometheus metrics of this node (docs/metrics.md), served by scout's per-node sidecar
+    #: process, not by a trainer (a frozen trainer does not freeze them); unset: off. 0 picks
+    #: a free port (written to ``run_dir/ops/node-<host>-r<rank>.json``).
+    metrics_port: int | None = attrs.field(default=None, validator=_optional_port("metrics_port"))
+    #: The address the metrics endpoint binds: loopback by default; ``0.0.0.0`` (or the node's
+    #: address) for a Prometheus server on another host.
+    metrics_addr: str = attrs.field(default="127.0.0.1", validator=_optional_text("metrics_addr"))
+    #: A command run by the sidecar for each new report, the record as JSON on stdin
+    #: (spec/ops.md OPS-4); e.g. ``python examples/alert_webhook.py``. Unset: off.
+    on_report: str | None = attrs.field(default=None, validator=_optional_command("on_report"))
+    #: An ``on_report`` command still running this long after it started is killed (and logged).
+    on_report_timeout_s: float = attrs.field(default=10.0, validator=_positive_s("on_report_timeout_s", 600.0))
 
     def __attrs_post_init__(self) -> None:
         if self.round_deadline_s > self.recheck_interval_s:
@@ -162,6 +215,8 @@ class Config:
 
 
 _FIELDS: Final = {field.name: field for field in attrs.fields(Config)}
+#: Keys whose default is None but whose values are ints (read from the environment as ints).
+_OPTIONAL_INTS: Final = frozenset({"metrics_port"})
 
 
 def _from_text(key: str, text: str, source: str) -> Any:
@@ -169,6 +224,8 @@ def _from_text(key: str, text: str, source: str) -> Any:
     field = _FIELDS[key]
     default = field.default
     try:
+        if key in _OPTIONAL_INTS:
+            return int(text)
         if isinstance(default, bool):
             lowered = text.strip().lower()
             if lowered not in ("1", "0", "true", "false", "yes", "no"):
@@ -179,32 +236,102 @@ def _from_text(key: str, text: str, source: str) -> Any:
         if isinstance(default, float):
             return float(text)
     except ValueError:
-        raise ConfigError(f"{source}: {text!r} is not a valid {type(default).__name__} for {key}") from None
+        expected = "int" if key in _OPTIONAL_INTS else type(default).__name__
+        raise ConfigError(f"{source}: {text!r} is not a valid {expected} for {key}") from None
     return text
 
 
 def _check_keys(values: Mapping[str, Any], source: str) -> None:
     unknown = sorted(set(values) - set(_FIELDS))
     if unknown:
-        raise ConfigError(f"{source}: unknown key(s) {unknown}; the keys are {sorted(_FIELDS)}")
+        hints = [f"{key!r} (did you mean {close[0]!r}?)" if (close := difflib.get_close_matches(
+            key, _FIELDS, n=1, cutoff=_MISSPELLING_RATIO)) else repr(key) for key in unknown]
+        raise ConfigError(f"{source}: unknown key(s) {', '.join(hints)}; the keys are {sorted(_FIELDS)}")
 
 
-def _read_file(path: Path) -> dict[str, Any]:
+def _line_of(text: str, key: str) -> int | None:
+    """The line of ``key = ...`` in a TOML text (the first one), for error messages."""
+    pattern = re.compile(rf'^[ \t]*["\']?{re.escape(key)}["\']?[ \t]*=', re.MULTILINE)
+    match = pattern.search(text)
+    return None if match is None else text.count("\n", 0, match.start()) + 1
+
+
+def _read_file(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """The file's settings and, per key, where it came from (``file:line``)."""
     try:
         if not path.is_file():
             raise ConfigError(f"config file {path} does not exist or is not a regular file")
         if path.stat().st_size > CONFIG_BYTES_MAX:
             raise ConfigError(f"config file {path} is over {CONFIG_BYTES_MAX} bytes")
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        data = tomllib.loads(text)
     except PermissionError as error:
         raise ConfigError(f"config file {path} cannot be read: {error.strerror}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
         raise ConfigError(f"config file {path} is not valid TOML: {error}") from None
-    table = data.get("scout", data)
-    if not isinstance(table, dict):
-        raise ConfigError(f"config file {path}: [scout] must be a table")
+    if "scout" in data:
+        others = sorted(key for key in data if key != "scout")
+        if others:
+            raise ConfigError(f"config file {path} has a [scout] table and top-level keys {others}: put every "
+                              "setting under [scout], or every setting at the top level, not both")
+        table = data["scout"]
+        if not isinstance(table, dict):
+            raise ConfigError(f"config file {path}: scout must be a [scout] table, got {type(table).__name__}")
+    else:
+        table = data
     _check_keys(table, f"config file {path}")
-    return dict(table)
+    sources = {}
+    for key in table:
+        line = _line_of(text, key)
+        sources[key] = f"config file {path}" + ("" if line is None else f":{line}")
+    return dict(table), sources
+
+
+def _setting_variables() -> dict[str, str]:
+    return {ENV_PREFIX + key.upper(): key for key in _FIELDS}
+
+
+def _other_variable(name: str) -> bool:
+    return any(name == other or (other.endswith("_") and name.startswith(other)) for other in OTHER_VARIABLES)
+
+
+def unknown_variables(environ: Mapping[str, str] | None = None) -> list[str]:
+    """``SCOUT_*`` variables that are neither settings nor scout's other variables and do not
+    look like a setting either (those are errors in :func:`load_config`): ignored, and worth a
+    warning."""
+    env = os.environ if environ is None else environ
+    settings = _setting_variables()
+    return sorted(name for name in env if name.startswith(ENV_PREFIX) and name not in settings
+                  and not _other_variable(name))
+
+
+def _check_variables(env: Mapping[str, str]) -> None:
+    """A ``SCOUT_*`` variable one typo away from a setting is an error naming the setting."""
+    settings = _setting_variables()
+    for name in unknown_variables(env):
+        close = difflib.get_close_matches(name, settings, n=1, cutoff=_MISSPELLING_RATIO)
+        if close:
+            raise ConfigError(f"environment variable {name} is not a scout setting; did you mean {close[0]}? "
+                              f"(unset it or rename it; the settings are in docs/attach.md)")
+
+
+def _validate(values: Mapping[str, Any], sources: Mapping[str, str]) -> Config:
+    """``Config(**values)``, every error prefixed by where the offending value came from."""
+    for key, value in values.items():
+        validator = _FIELDS[key].validator
+        if validator is None:
+            continue
+        try:
+            validator(None, _FIELDS[key], value)
+        except ConfigError as error:
+            raise ConfigError(f"{sources[key]}: {error}") from None
+    try:
+        return Config(**values)
+    except ConfigError as error:
+        # A rule between two keys (round_deadline_s < stall_threshold_s): name both sources.
+        involved = [key for key in sorted(_FIELDS) if re.search(rf"\b{key}\b", str(error))]
+        origin = "; ".join(f"{key} from {sources.get(key, 'the default')}" for key in involved)
+        raise ConfigError(f"{error} ({origin})" if origin else str(error)) from None
 
 
 def load_config(
@@ -214,22 +341,27 @@ def load_config(
 ) -> Config:
     """Defaults < file (or a Config / mapping) < ``SCOUT_*`` environment < ``overrides``."""
     values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
     if isinstance(config, Config):
         values.update(attrs.asdict(config))
+        sources.update(dict.fromkeys(values, "the Config passed as config"))
     elif isinstance(config, Mapping):
-        _check_keys(config, "config")
+        _check_keys(config, "config mapping")
         values.update(config)
+        sources.update({key: f"config mapping key {key}" for key in config})
     elif config is not None:
-        values.update(_read_file(Path(config)))
+        from_file, file_sources = _read_file(Path(config))
+        values.update(from_file)
+        sources.update(file_sources)
     env = os.environ if environ is None else environ
-    for key in _FIELDS:
-        name = ENV_PREFIX + key.upper()
+    _check_variables(env)
+    for name, key in _setting_variables().items():
         if name in env:
-            values[key] = _from_text(key, env[name], f"environment variable {name}")
+            source = f"environment variable {name}"
+            values[key] = _from_text(key, env[name], source)
+            sources[key] = source
     if overrides:
         _check_keys(overrides, "scout.attach keyword arguments")
         values.update(overrides)
-    try:
-        return Config(**values)
-    except TypeError as error:
-        raise ConfigError(str(error)) from None
+        sources.update({key: f"scout.attach keyword {key}" for key in overrides})
+    return _validate(values, sources)

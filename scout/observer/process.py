@@ -5,7 +5,9 @@ so it starts in well under a second and stays small. The trainer starts it
 (:func:`scout.observer.launch.start_observer`) and talks to it over two pipes:
 
 - stdin, line 1: the spec (JSON: rank, group, record name and token, group key, thresholds,
-  report file, fault policy); line 2, after the rendezvous: the peers of its group. Later the
+  report file, fault policy, and with metrics on the rounds file where it leaves the latency of
+  each round it opened for the node's ops sidecar, spec/ops.md OPS-5); line 2, after the
+  rendezvous: the peers of its group. Later the
   pipe stays open; its end-of-file means the trainer is gone;
 - stdout, line 1: ``{"address": [host, port], "nonce": ...}`` once the UDP socket is bound; then
   one ``{"report": {...}}`` line per report, for the trainer's callbacks.
@@ -49,6 +51,7 @@ from scout.observer.channel import UdpChannel
 from scout.observer.driver import DriverOp, ObserverRun, Pause, Receive, Transmit
 from scout.observer.progress import ProgressError, ProgressReader, RecordNotFound, process_alive
 from scout.observer.rendezvous import RendezvousFailed, peers_from_records
+from scout.reports.kinds import ReportKind
 
 __all__ = ["EXIT_FAILED", "main"]
 
@@ -59,10 +62,9 @@ SPEC_BYTES_MAX: Final = 1 << 20
 #: interval; this only fires when it is blocked (a report file on a hung mount, a wedged lock).
 EXIT_DEADLINE_S: Final = 3.0
 WATCHDOG_INTERVAL_S: Final = 0.1
-#: Finding kinds after which ``on_hang = "restart"`` ends the trainer.
-RESTART_KINDS: Final = frozenset({"hang", "data_stall", "checkpoint_stall", "desync", "group_stall",
-                                  "unresponsive", "inconclusive"})
 _PR_SET_PDEATHSIG: Final = 1
+#: Round latencies kept in the rounds file (the ops sidecar reads it about once a second).
+ROUNDS_KEPT: Final = 64
 
 
 def _set_parent_death_signal() -> None:
@@ -230,7 +232,7 @@ class _World:
             return None
         if snapshot.closed:
             self.record_closed = True
-        return Progress(snapshot.step, snapshot.op, snapshot.fingerprint, snapshot.stage)
+        return snapshot.progress(time.monotonic_ns())
 
     def join(self) -> bool | str:
         try:
@@ -257,7 +259,7 @@ class _World:
         record = wire.report_record(report, group_ranks=self.group_ranks, job_id=self.spec["job_id"],
                                     generation=self.spec["generation"], hosts=self.hosts)
         self._publish(record)
-        if self.spec.get("on_hang") == "restart" and record["kind"] in RESTART_KINDS:
+        if self.spec.get("on_hang") == "restart" and ReportKind(record["kind"]).on_hang_restart:
             self._restart(record)
 
     def fail(self, reason: str) -> None:
@@ -315,6 +317,35 @@ def _execute(ops: Generator[DriverOp, Any, ObserverRun], channel: UdpChannel) ->
             assert_never(op)
 
 
+class _RoundLog:
+    """The latencies of the rounds this observer opened, for the node's ops sidecar (spec/ops.md
+    OPS-5): one small file rewritten whole at each round's end (rounds come only while a rank
+    is stuck, seconds apart), holding the count and the newest ``ROUNDS_KEPT`` latencies."""
+
+    def __init__(self, path: str, rank: int) -> None:
+        self.path = path
+        self.rank = rank
+        self.rounds = 0
+        self.recent: list[float] = []
+        self.broken = False
+
+    def closed(self, latency_s: float) -> None:
+        self.rounds += 1
+        self.recent = [*self.recent[-(ROUNDS_KEPT - 1):], round(latency_s, 6)]
+        if self.broken:
+            return
+        target = Path(self.path)
+        temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            temporary.write_text(json.dumps({"rank": self.rank, "rounds": self.rounds, "recent": self.recent}),
+                                 encoding="utf-8")
+            os.replace(temporary, target)
+        except OSError as error:
+            self.broken = True  # said once; the observer's own job goes on
+            print(f"scout: observer of rank {self.rank} cannot write {self.path}: {error}", file=sys.stderr, flush=True)
+
+
 def _config(spec: dict[str, Any]) -> ObserverConfig:
     group = list(spec["group_ranks"])
     return ObserverConfig(group.index(spec["rank"]), len(group), **spec.get("config", {}))
@@ -344,8 +375,10 @@ def main() -> int:
     run = ObserverRun(-1)
     code = 0
     try:
-        run = _execute(driver.drive(_config(spec), world, poll_interval_s=float(spec.get("poll_interval_s", 0.05))),
-                       channel)
+        rounds_path = spec.get("rounds_path")
+        on_round = _RoundLog(rounds_path, world.rank).closed if rounds_path else None
+        run = _execute(driver.drive(_config(spec), world, poll_interval_s=float(spec.get("poll_interval_s", 0.05)),
+                                    on_round_closed=on_round), channel)
         run.rank = world.rank
         code = EXIT_FAILED if run.failed else 0
     except Exception as error:  # the observer must never die silently

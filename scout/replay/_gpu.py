@@ -7,21 +7,37 @@ this kernel makes one pass over the data: each program sums ``mix(w_i + (i+1)·K
 program, a few thousand for 512 MiB) are added on the device. Only the 8-byte total reaches the
 host. Integer addition mod 2^64 is order-free, so the value is bit-identical to the C kernel's
 and to the definition (SIG-9); ``tests/replay/test_signature_gpu.py`` checks that under Triton's
-CPU interpreter (``TRITON_INTERPRET=1``) here and on the GPU in ``tests/gpu/run_gpu_tests.sh``.
+CPU interpreter (``TRITON_INTERPRET=1``) here and on the GPU by the GPU script ``tests/gpu/run.py``.
 
 Triton is optional: without it (or without CUDA) ``available()`` is False and CUDA tensors use
-the torch-ops path, which gives the same value more slowly.
+the torch-ops path, which gives the same value more slowly. The signature uses the kernel
+through :func:`content_or_none` (SIG-13): on each device it first self-tests the kernel against
+the torch-ops path, and a compile or launch failure or a mismatch disables the kernel for the
+process with one warning -- the torch-ops path takes over with the same values.
+:func:`compile_ahead` compiles the kernel for a GPU architecture without a GPU (SIG-14).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from typing import Any
 
 import torch
 
-__all__ = ["BLOCK_WORDS", "BLOCKS_PER_PROGRAM", "available", "content", "unavailable_reason"]
+__all__ = [
+    "BLOCK_WORDS",
+    "BLOCKS_PER_PROGRAM",
+    "available",
+    "compile_ahead",
+    "content",
+    "content_or_none",
+    "self_test_lengths",
+    "unavailable_reason",
+]
+
+logger = logging.getLogger("scout.replay")
 
 BLOCK_WORDS = 1024  # words per program per step (8 KiB)
 BLOCKS_PER_PROGRAM = 4  # steps per program: 32 KiB per program, fewer partials to add
@@ -81,6 +97,9 @@ def _load() -> Any:
 
 def unavailable_reason(device: torch.device | None = None) -> str | None:
     """Why CUDA tensors cannot use the Triton kernel, or None if they can."""
+    disabled = _state.get("disabled")
+    if disabled is not None:
+        return str(disabled)
     kernel = _load()
     if isinstance(kernel, str):
         return kernel
@@ -135,6 +154,105 @@ def content_words(
             num_warps=num_warps,
         )
     return partials.sum()  # int64 addition wraps: the sum mod 2**64, on the device
+
+
+def self_test_lengths() -> tuple[int, ...]:
+    """Byte lengths around every boundary of the kernel: one word, the tail word, the end of a
+    block and of a program, and a second program."""
+    block_bytes = 8 * BLOCK_WORDS
+    program_bytes = block_bytes * BLOCKS_PER_PROGRAM
+    return (1, 7, 8, 9, block_bytes - 8, block_bytes, block_bytes + 1, program_bytes - 1,
+            program_bytes, program_bytes + 9, 2 * program_bytes + 5)
+
+
+def _self_test(device: torch.device) -> str | None:
+    """SIG-13: the kernel against the torch-ops path on ``device``; None if every length agrees."""
+    from scout.replay.signature import _content_torch
+
+    for length in self_test_lengths():
+        data = (torch.arange(length, dtype=torch.int64) * 131 + 17).remainder_(256).to(torch.uint8)
+        on_device = data.to(device)
+        got, want = content(on_device, length), _content_torch(on_device)
+        if got != want:
+            return (
+                f"self-test on {device}: the kernel gives {got:#x} for {length} bytes, the "
+                f"torch-ops path {want:#x}"
+            )
+    return None
+
+
+def _disable(reason: str) -> None:
+    _state["disabled"] = reason
+    logger.warning(
+        "scout: the Triton signature kernel is disabled for this process (%s); CUDA tensors use "
+        "torch ops, which give identical signatures more slowly",
+        reason,
+    )
+
+
+def content_or_none(tensor: torch.Tensor, byte_count: int) -> int | None:
+    """SIG-13: :func:`content` through the Triton kernel if it works on the tensor's device,
+    else None (the caller uses the torch-ops path). The first use on a device self-tests the
+    kernel there; a compile or launch failure, or a self-test mismatch, disables it for the
+    process with one warning."""
+    if unavailable_reason(tensor.device) is not None:
+        return None
+    tested: set[str] = _state.setdefault("self_tested", set())
+    try:
+        if str(tensor.device) not in tested:
+            mismatch = _self_test(tensor.device)
+            if mismatch is not None:
+                _disable(mismatch)
+                return None
+            tested.add(str(tensor.device))
+        return content(tensor, byte_count)
+    except Exception as exc:  # Triton raises its own compile errors; launches raise RuntimeError
+        _disable(f"the kernel failed to compile or launch on {tensor.device}: {exc!r}")
+        return None
+
+
+#: The kernel's parameters as Triton types, for :func:`compile_ahead`; follows _content_kernel.
+_SIGNATURE = {
+    "words_ptr": "*i64",
+    "word_count": "i64",
+    "partials_ptr": "*i64",
+    "key_step": "u64",
+    "mix_1": "u64",
+    "mix_2": "u64",
+    "BLOCK": "constexpr",
+    "STEPS": "constexpr",
+}
+
+
+def compile_ahead(
+    capability: int,
+    *,
+    block_words: int = BLOCK_WORDS,
+    blocks_per_program: int = BLOCKS_PER_PROGRAM,
+    num_warps: int = 4,
+) -> Any:
+    """SIG-14: the kernel compiled for an NVIDIA GPU of compute ``capability`` (80: A100, 90:
+    H100/H200, 100: B200), no GPU needed: Triton's compiler and the ptxas its wheel ships.
+    Returns Triton's compiled kernel (``.asm["ptx"]``, ``.asm["cubin"]``, ``.metadata``)."""
+    if isinstance(capability, bool) or not isinstance(capability, int) or capability < 1:
+        raise ValueError(f"compile_ahead: capability must be an int such as 80 or 90, got {capability!r}")
+    if _interpreting():
+        raise RuntimeError("compile_ahead: TRITON_INTERPRET=1 is set; the interpreter compiles nothing")
+    kernel = _load()
+    if isinstance(kernel, str):
+        raise RuntimeError(f"compile_ahead: the Triton signature kernel is unavailable: {kernel}")
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    source = ASTSource(
+        fn=kernel,
+        signature=_SIGNATURE,
+        constexprs={"BLOCK": block_words, "STEPS": blocks_per_program},
+    )
+    # The kernel is integer arithmetic only: floating-point fusion changes nothing.
+    options = {"num_warps": num_warps, "enable_fp_fusion": False}
+    return triton.compile(source, target=GPUTarget("cuda", capability, 32), options=options)
 
 
 def content(tensor: torch.Tensor, byte_count: int) -> int:

@@ -27,13 +27,15 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import attrs
 import torch
 import torch.distributed as dist
 
-from scout.transport.base import DeadlineExceeded, check_timeout_s
+from scout.transport._binding import PollSettings
+from scout.transport.base import DeadlineExceeded, TransportError, check_timeout_s
+from scout.transport.nccl.work import WORK_POLL, TimedOut, wait_work
 
 __all__ = [
     "CollectiveTimer",
@@ -208,7 +210,16 @@ class TorchPeerGroup:
     one group, because every rank must create every group, in the same order
     (``torch.distributed.new_group`` is collective over the world). :meth:`from_mesh` and
     :meth:`from_process_group` compute the partition (PEER-1..PEER-3).
+
+    ``timeout_s`` bounds each collective: past it the call raises DeadlineExceeded and leaves
+    the operation in flight, never aborting the communicator (spec/transport.md WAIT-1, WAIT-2).
+    ``backend_timeout_s`` is the replay groups' own backend timeout, after which NCCL's watchdog
+    aborts them (WAIT-4); it must exceed ``timeout_s`` (default: the larger of
+    ``DEFAULT_BACKEND_TIMEOUT_S`` and 10 x ``timeout_s``).
     """
+
+    #: WAIT-4: the replay groups' backend timeout unless given (NCCL's default is 10 minutes).
+    DEFAULT_BACKEND_TIMEOUT_S: Final = 1800.0
 
     def __init__(
         self,
@@ -218,6 +229,8 @@ class TorchPeerGroup:
         timeout_s: float = 60.0,
         backend: str = "gloo",
         device: torch.device | str = "cpu",
+        backend_timeout_s: float | None = None,
+        poll: PollSettings = WORK_POLL,
     ) -> None:
         if not dist.is_initialized():
             raise RuntimeError(
@@ -225,6 +238,16 @@ class TorchPeerGroup:
                 "a replay peer group"
             )
         self.timeout_s = check_timeout_s(timeout_s, "TorchPeerGroup")
+        if backend_timeout_s is None:
+            backend_timeout_s = max(self.DEFAULT_BACKEND_TIMEOUT_S, 10 * self.timeout_s)
+        self.backend_timeout_s = check_timeout_s(backend_timeout_s, "TorchPeerGroup backend")
+        if not self.backend_timeout_s > self.timeout_s:
+            raise ValueError(
+                f"TorchPeerGroup: backend_timeout_s={backend_timeout_s!r} must exceed "
+                f"timeout_s={timeout_s!r}, or the backend's watchdog aborts a late collective "
+                "before scout's deadline names who is late (spec/transport.md WAIT-4)"
+            )
+        self._poll = poll
         world_size = dist.get_world_size()
         if ranks is not None and partition is not None:
             raise ValueError("give the peer ranks or a partition into peer groups, not both")
@@ -240,7 +263,9 @@ class TorchPeerGroup:
         # Every rank of the world takes part in creating every group, members or not.
         for members in groups:
             group = dist.new_group(
-                list(members), timeout=datetime.timedelta(seconds=self.timeout_s), backend=backend
+                list(members),
+                timeout=datetime.timedelta(seconds=self.backend_timeout_s),
+                backend=backend,
             )
             if rank in members:
                 own = (members, group)
@@ -309,12 +334,16 @@ class TorchPeerGroup:
         return self._ranks
 
     def _wait(self, work: dist.Work, operation: str, posted: float) -> None:
+        """WAIT-1, WAIT-2: poll the work until ``timeout_s`` after it was handed to the backend;
+        ``wait()`` only once it completed, so a deadline never aborts the communicator."""
         try:
-            work.wait(timeout=datetime.timedelta(seconds=self.timeout_s))
-        except RuntimeError as exc:
-            raise DeadlineExceeded(operation, self.timeout_s, ()) from exc
+            outcome = wait_work(work, posted + self.timeout_s, self._poll)
         finally:
             self.timer.returned(posted)
+        if isinstance(outcome, TimedOut):
+            raise DeadlineExceeded(operation, self.timeout_s, ())
+        if outcome is not None:
+            raise TransportError(f"{operation} failed in the backend ({outcome})") from outcome
 
     def all_gather_int64(self, row: Sequence[int]) -> list[list[int]]:
         operation = f"replay all_gather of {len(row)} int64"

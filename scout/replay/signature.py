@@ -290,8 +290,9 @@ def _content(tensor: torch.Tensor, byte_count: int, path: str | None = None) -> 
     elif tensor.device.type == "cuda" and path is None:
         from scout.replay import _gpu  # deferred: imports triton, needed only for CUDA tensors
 
-        if _gpu.available():
-            return _gpu.content(tensor, byte_count)
+        value = _gpu.content_or_none(tensor, byte_count)  # SIG-13: None falls back
+        if value is not None:
+            return value
     return _content_torch(_flat_bytes(tensor))
 
 
@@ -316,6 +317,18 @@ def _tensor_signature_on_path(tensor: torch.Tensor, path: str) -> int:
         raise ValueError(f"native paths hash CPU tensors; this one is on {prepared.device}")
     byte_count = prepared.numel() * prepared.element_size()
     content = _content(prepared, byte_count, path)
+    meta = _meta_digest(prepared.dtype, tuple(prepared.shape), byte_count)
+    return _to_signed(mix64(content ^ meta))
+
+
+def _tensor_signature_triton(tensor: torch.Tensor) -> int:
+    """``tensor_signature`` through the Triton kernel wherever the tensor lives, without the
+    self-test or fallback (tests run it under Triton's interpreter; raises if unavailable)."""
+    from scout.replay import _gpu
+
+    prepared = _prepared(tensor)
+    byte_count = prepared.numel() * prepared.element_size()
+    content = _gpu.content(prepared, byte_count) if byte_count else 0
     meta = _meta_digest(prepared.dtype, tuple(prepared.shape), byte_count)
     return _to_signed(mix64(content ^ meta))
 

@@ -1,4 +1,4 @@
-"""One rank of the torchrun conformance run (see run_gpu_tests.sh):
+"""One rank of the torchrun conformance run (the GPU script's case ``nccl_conformance``):
 
     torchrun --standalone --nproc-per-node=<gpus> -m tests.gpu.gpu_worker OUT_DIR
 

@@ -1,13 +1,15 @@
-"""One rank of the replay SDC case under torchrun (run by tests/gpu/run_gpu_tests.sh):
+"""One rank of the replay SDC case under torchrun (the GPU script's case ``replay_sdc``):
 
     torchrun --standalone --nproc-per-node=<gpus> -m tests.gpu.replay_worker OUT_DIR
 
 The bit-flip scenario of tests/replay (spec/replay.md FAULT-1, REPLAY-6) on real GPUs: a tiny
 transformer trained with DDP over NCCL, replay over a NCCL peer group of its own with every
 tensor on the GPU (signatures computed on the device, SIG-7), and one rank whose hidden
-layer 1 flips bit 20 of one output element on every call. With ``SCOUT_TORCHRUN_DEVICE=cpu``
-the same run uses gloo on CPU (how the launch is exercised without a GPU). Each rank writes
-``OUT_DIR/replay_rank<r>.json``.
+layer 1 flips bit 20 of one output element on every call. ``SCOUT_REPLAY_BACKEND=gloo`` runs
+more ranks than GPUs (they share the GPUs; DDP over gloo on CUDA tensors, replay's peer group
+over gloo on the CPU), so that three replicas can attribute the flip on a host with fewer GPUs.
+With ``SCOUT_TORCHRUN_DEVICE=cpu`` the same run uses gloo on CPU (how the launch is exercised
+without a GPU). Each rank writes ``OUT_DIR/replay_rank<r>.json``.
 
     python -m tests.gpu.replay_worker --check OUT_DIR SIZE
 
@@ -61,20 +63,25 @@ def run(out_dir: Path) -> None:
         dist.init_process_group("gloo", timeout=timedelta(seconds=120))
         backend = "gloo"
     else:
-        device = torch.device("cuda", local_rank)
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device, timeout=timedelta(seconds=120))
-        backend = "nccl"
+        backend = os.environ.get("SCOUT_REPLAY_BACKEND", "nccl")
+        if backend == "nccl":
+            dist.init_process_group("nccl", device_id=device, timeout=timedelta(seconds=120))
+        else:  # ranks share GPUs: NCCL refuses two ranks on one device
+            dist.init_process_group("gloo", timeout=timedelta(seconds=120))
     rank, size = dist.get_rank(), dist.get_world_size()
     result: dict[str, Any] = {"device": str(device), "backend": backend}
     try:
         torch.manual_seed(0)
         model = TinyLM().to(device)
         ddp = DistributedDataParallel(
-            model, device_ids=[local_rank] if device.type == "cuda" else None
+            model, device_ids=[device.index] if device.type == "cuda" else None
         )
         optimizer = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
-        peers = TorchPeerGroup(timeout_s=120.0, backend=backend, device=device)
+        # Over gloo the replay group's rows and broadcasts travel on the CPU.
+        peers = TorchPeerGroup(timeout_s=120.0, backend=backend,
+                               device=device if backend == "nccl" else torch.device("cpu"))
         replayer = Replayer(
             ddp,
             optimizer,

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from scout.job.config import Config, ConfigError, load_config
+from scout.job.config import Config, ConfigError, load_config, unknown_variables
+from scout.job.startup import check_directory, summary
 from scout.observer.progress import RecordIdentity, launcher_job_id
 
 
@@ -68,8 +69,65 @@ def test_CONFIG_a_bad_file_is_one_clear_error(tmp_path: Path) -> None:
         load_config(broken, None, environ={})
     unknown = tmp_path / "unknown.toml"
     unknown.write_text("[scout]\nthreshold = 3\n")
-    with pytest.raises(ConfigError, match=r"unknown key\(s\) \['threshold'\]"):
+    with pytest.raises(ConfigError, match=r"unknown\.toml: unknown key\(s\) 'threshold';"):
         load_config(unknown, None, environ={})
+
+
+def test_CONFIG_a_misspelt_key_or_variable_says_what_it_probably_meant(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) 'stall_treshold_s' \(did you mean 'stall_threshold_s'\?\)"):
+        load_config(None, {"stall_treshold_s": 3}, environ={})
+    for typo, meant in (("SCOUT_STALL_TRESHOLD_S", "SCOUT_STALL_THRESHOLD_S"), ("SCOUT_ONSDC", "SCOUT_ON_SDC"),
+                        ("SCOUT_ON_HANGS", "SCOUT_ON_HANG")):
+        with pytest.raises(ConfigError, match=rf"^environment variable {typo} is not a scout setting; did you mean "
+                                              rf"{meant}\?"):
+            load_config(None, None, environ={typo: "1"})
+    # Not a setting and not like one: ignored, and listed for attach's one warning.
+    environ = {"SCOUT_UNRELATED": "x", "SCOUT_JOB_ID": "j", "SCOUT_TEST_SCRATCH": "/tmp", "SCOUT_REPLAY": "1"}
+    assert load_config(None, None, environ=environ).replay is True
+    assert unknown_variables(environ) == ["SCOUT_UNRELATED"]
+
+
+def test_CONFIG_an_error_names_where_the_value_came_from(tmp_path: Path) -> None:
+    path = tmp_path / "scout.toml"
+    path.write_text('# settings\n[scout]\nreplay_rows = 2\n\nstall_threshold_s = -1\n')
+    with pytest.raises(ConfigError, match=rf"^config file {path}:5: stall_threshold_s must be"):
+        load_config(path, None, environ={})
+    with pytest.raises(ConfigError, match=r"^scout.attach keyword on_sdc: on_sdc must be one of"):
+        load_config(None, {"on_sdc": "reboot"}, environ={})
+    with pytest.raises(ConfigError, match=r"^environment variable SCOUT_REPLAY_ROWS: replay_rows must be an int"):
+        load_config(None, None, environ={"SCOUT_REPLAY_ROWS": "-2"})
+    with pytest.raises(ConfigError, match=r"^config mapping key canary: canary must be true or false"):
+        load_config({"canary": "on"}, None, environ={})
+    # A rule between two keys names both sources.
+    with pytest.raises(ConfigError, match=r"round_deadline_s from environment variable SCOUT_ROUND_DEADLINE_S; "
+                                          r"stall_threshold_s from scout.attach keyword stall_threshold_s"):
+        load_config(None, {"stall_threshold_s": 2.0}, environ={"SCOUT_ROUND_DEADLINE_S": "3"})
+
+
+def test_CONFIG_a_file_with_top_level_keys_and_a_scout_table_is_refused(tmp_path: Path) -> None:
+    mixed = tmp_path / "mixed.toml"
+    mixed.write_text('on_sdc = "restart"\n[scout]\nstall_threshold_s = 5\n')
+    with pytest.raises(ConfigError, match=r"has a \[scout\] table and top-level keys \['on_sdc'\]"):
+        load_config(mixed, None, environ={})
+    wrong = tmp_path / "wrong.toml"
+    wrong.write_text('scout = 3\n')
+    with pytest.raises(ConfigError, match=r"scout must be a \[scout\] table, got int"):
+        load_config(wrong, None, environ={})
+
+
+def test_CONFIG_directories_are_checked_with_one_clear_line(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigError, match=r"^run_dir '.*file/run' cannot be created: Not a directory; pass"):
+        check_directory(tmp_path / "file" / "run", "run_dir")
+    made = check_directory(tmp_path / "new" / "ckpt", "checkpoint_dir")
+    assert made.is_dir() and list(made.iterdir()) == []  # the write probe is gone
+
+
+def test_CONFIG_rank_problems_are_summarised_once_with_their_ranks() -> None:
+    assert summary([None, None], 2) is None
+    assert summary(["bad"] * 4, 4) == "bad [every rank]"
+    assert summary([None, "x", None, "x"], 4) == "x [ranks 1, 3]"
+    assert summary(["a", None, "b"], 3) == "a [rank 0]; b [rank 2]"
 
 
 def test_IDENTITY_the_job_id_comes_from_the_launcher_and_survives_restarts() -> None:

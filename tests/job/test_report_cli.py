@@ -80,3 +80,49 @@ def test_CERTIFICATE_accepts_the_run_directory(tmp_path: Path, capsys: pytest.Ca
     run = _run_dir(tmp_path)
     assert main(["certificate", str(run), "8"]) == 0
     assert "checkpoint t0/s8 (RECOVERY_VERIFIED)" in capsys.readouterr().out
+
+
+def _story(tmp_path: Path, records: list[tuple[str, str, dict[str, object]]]) -> Path:
+    run = tmp_path / "story"
+    path = run / reports.REPORTS_FILE
+    for kind, reason, fields in records:
+        reports.append_record(path, reports.make_record(kind, job_id="j", reason=reason, **fields))  # type: ignore[arg-type]
+    return run
+
+
+PERSISTENT_SDC = [("restart", "started", {"source": "job", "generation": 0, "step": 0, "evidence": {"world_size": 4}}),
+                  *[("sdc", "replay-mismatch", {"source": "replay", "generation": g, "ranks": [1], "hosts": ["h1"],
+                                                "step": s}) for g, s in ((0, 12), (0, 12), (0, 14))],
+                  ("restart", "sdc", {"source": "job", "generation": 0, "ranks": [1], "step": 14,
+                                      "evidence": {"policy": "on_sdc=restart"}}),
+                  ("restart", "restored", {"source": "job", "generation": 1, "step": 8,
+                                           "evidence": {"failure": "sdc", "choice": "verified"}}),
+                  ("sdc", "replay-mismatch", {"source": "replay", "generation": 1, "ranks": [1], "hosts": ["h1"],
+                                              "step": 12}),
+                  ("restart", "exhausted", {"source": "job", "generation": 1, "ranks": [1], "step": 12})]
+HANG_AND_STRAGGLER = [
+    ("restart", "started", {"source": "job", "generation": 0, "step": 0, "evidence": {"world_size": 4}}),
+    ("straggler", "device-slow", {"source": "replay", "generation": 0, "ranks": [3], "step": 6,
+                                  "evidence": {"performance_ratio": 1.52}}),
+    ("hang", "behind-majority", {"source": "observer", "generation": 0, "ranks": [2], "step": 20,
+                                 "evidence": {"peers": [{"rank": 2, "idle_s": 41.5}, {"rank": 0, "idle_s": 40.0}]}}),
+]
+
+
+@pytest.mark.parametrize(("story", "began", "ended"), [
+    (PERSISTENT_SDC, ["fresh start", "restored step 8 (verified checkpoint for a sdc failure)"],
+     ["stopped by on_sdc=restart at step 14", "job stopped at step 12: restarts spent"]),
+    (HANG_AND_STRAGGLER, ["fresh start"], ["no closing record after step 20: killed or interrupted"]),
+], ids=["persistent-sdc-restarts-spent", "hang-and-straggler-interrupted"])
+def test_REPORT_the_picture_tells_each_attempt_how_it_began_and_ended(
+        tmp_path: Path, story: list[tuple[str, str, dict[str, object]]], began: list[str], ended: list[str]) -> None:
+    from scout.job.picture import attempts_of, render_picture
+    from scout.job.summary import load_run
+
+    view = load_run(_story(tmp_path, story))
+    attempts = attempts_of(view)
+    assert [a.began for a in attempts] == began
+    assert [a.ended for a in attempts] == ended
+    assert all(a.ended_badly for a in attempts)
+    picture = render_picture(view, tmp_path / "story.png")
+    assert picture.read_bytes().startswith(b"\x89PNG") and picture.stat().st_size > 10_000

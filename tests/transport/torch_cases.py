@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from scout.transport import codec
 from scout.transport._binding import Op, Stream, group_key, pack_frame
-from scout.transport.base import DeadlineExceeded, Group
+from scout.transport.base import DeadlineExceeded, Group, TransportError
 from tests.transport import binding_cases as cases
 
 if TYPE_CHECKING:
@@ -126,7 +126,8 @@ def check_tensors(results: list[dict[str, Any]], size: int, binding: str) -> Non
 
 def run_tensor_silent_peer(t: TorchTransport, hooks: Any) -> dict[str, Any]:
     """A tensor deadline names the absent rank (store notices); the group's tensor path then
-    refuses to run while the exchange keeps working."""
+    refuses to run while the collective is in flight, the exchange keeps working, and once the
+    late peer completed it the group's tensors run again (spec/transport.md WAIT-2, WAIT-3)."""
     import torch
     import torch.distributed as dist
 
@@ -151,6 +152,22 @@ def run_tensor_silent_peer(t: TorchTransport, hooks: Any) -> dict[str, Any]:
             lambda: t.all_gather_tensor(mine, timeout_s=1, group=group)
         )
     out["exchange_missing"] = list(t.exchange(1, round_id=1300, timeout_s=LONG_TIMEOUT_S).missing)
+    # WAIT-3: the late peer entered #0, so it completes everywhere; the group is usable again.
+    # "Completes" is asynchronous on the ranks that gave up on it, so they look again (bounded).
+    retry_until_s = time.monotonic() + LONG_TIMEOUT_S
+    refusals = 0
+    while True:
+        try:
+            again = t.all_gather_tensor(mine, timeout_s=LONG_TIMEOUT_S, group=group)
+        except TransportError:
+            refusals += 1
+            if time.monotonic() >= retry_until_s:
+                raise
+            time.sleep(0.01)
+            continue
+        out["again"] = [x.tolist()[0] for x in again]
+        break
+    out["refusals_before_recovery"] = refusals
     return out
 
 
@@ -165,6 +182,7 @@ def check_tensor_silent_peer(results: list[dict[str, Any]], size: int, binding: 
             cases._assert_deadline_kept(r["elapsed_s"], SHORT_TIMEOUT_S, "all_gather_tensor")
             assert r["after"] == "TransportError"
         assert r["exchange_missing"] == []
+        assert r["again"] == [float(p) for p in range(size)]
 
 
 def run_any_store(t: TorchTransport, hooks: Any) -> dict[str, Any]:

@@ -4,12 +4,15 @@ Design (docs/transports.md has the long form):
 
 * **Tensor collectives** (:meth:`TorchTransport.all_gather_tensor`,
   :meth:`TorchTransport.broadcast_tensor`) go through the process group's backend -- NCCL for
-  CUDA tensors, gloo for CPU tensors -- with ``async_op=True`` and ``work.wait(timeout=...)``.
-  A backend cannot say who is missing, so a member whose collective #n is still running after
-  a short grace records "I entered tensor collective #n of this group" under one store key per
-  member; on a deadline the members whose key is below ``n`` are the missing ones. After a deadline the group's tensor
-  collectives are unusable (the operation is still in flight inside the backend, and NCCL may
-  abort the communicator); the exchange keeps working.
+  CUDA tensors, gloo for CPU tensors -- with ``async_op=True``, and are waited for by polling
+  ``work.is_completed()`` (:func:`scout.transport.nccl.work.wait_work`): a timed ``work.wait``
+  would abort an NCCL communicator (spec/transport.md WAIT-1). A backend cannot say who is
+  missing, so a member whose collective #n is still running after a short grace records "I
+  entered tensor collective #n of this group" under one store key per member; on a deadline
+  the members whose key is below ``n`` are the missing ones. After a deadline the operation is
+  still in flight inside the backend: the group's tensor collectives refuse to run until it
+  completes (a late peer entered) and work again after that (WAIT-3); the exchange keeps
+  working throughout.
 * **Evidence** (exchange, all_gather, broadcast, barrier of codec payloads) goes through a
   ``torch.distributed.Store``, not the process group: a Store keeps working while NCCL streams
   are busy or stuck, and keys give partial results for free (a member that did not answer is
@@ -34,6 +37,7 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
+import attrs
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import TCPStore
@@ -57,16 +61,13 @@ from scout.transport.base import (
     TransportError,
     check_timeout_s,
 )
+from scout.transport.nccl.work import WORK_POLL, TimedOut, completed_now, wait_work
 
 __all__ = ["TorchTransport"]
 
-# torch treats a zero timeout as "no timeout" in Work.wait, so a tensor wait is never shorter.
-_MIN_WORK_WAIT_S = 0.001
 # A tensor collective still running after this long (or a quarter of its timeout, if less)
 # records in the store that this member entered it; see _tensor_collective.
 _NOTICE_GRACE_S = 0.05
-# How early a backend's timeout may fire (it rounds to milliseconds) and still be a timeout.
-_WAIT_ROUNDING_S = 0.01
 # Reads of keys already seen by check() get at least this long, one store round trip.
 _MIN_READ_TIMEOUT_S = 1.0
 # Transports built on the same namespace in this process, so that every rank numbers its
@@ -141,7 +142,9 @@ class TorchTransport(PieceBinding):
         self._own_keys: dict[tuple[Stream, int], collections.deque[str]] = {}
         self._tensor_groups: dict[int, dist.ProcessGroup] = {group_key(self._world): pg}
         self._tensor_numbers: dict[int, int] = {}
-        self._tensor_unusable: dict[int, str] = {}
+        # Per group whose tensor collectives refuse to run: the collective still in flight past
+        # its deadline (usable again once it completes, WAIT-3), or why they never will again.
+        self._tensor_unusable: dict[int, _InFlight | str] = {}
 
     @property
     def process_group(self) -> dist.ProcessGroup:
@@ -250,9 +253,7 @@ class TorchTransport(PieceBinding):
         self, operation: str, group: Group, launch: Callable[[], Any], timeout_s: float
     ) -> None:
         key = group_key(group)
-        reason = self._tensor_unusable.get(key)
-        if reason is not None:
-            raise TransportError(reason)
+        self._check_tensor_usable(key)
         number = self._tensor_numbers.get(key, 0)
         self._tensor_numbers[key] = number + 1
         start_s = time.monotonic()
@@ -262,26 +263,46 @@ class TorchTransport(PieceBinding):
         # Only one still running tells the store "I entered #number", so that a peer reaching
         # its deadline can name who never came; the healthy path makes no store round trip.
         grace_s = min(_NOTICE_GRACE_S, timeout_s / 4)
-        failure = _wait_work(work, start_s + grace_s)
-        if isinstance(failure, _TimedOut):
+        failure = wait_work(work, start_s + grace_s, WORK_POLL)
+        if isinstance(failure, TimedOut):
             self._store_op(operation, self._store.set, f"t/{key:x}/{self._rank}", str(number))
-            failure = _wait_work(work, deadline_s)
+            failure = wait_work(work, deadline_s, WORK_POLL)
         if failure is None:
             return
         missing = [r for r in group.ranks if r != self._rank and not self._entered(key, r, number)]
-        self._tensor_unusable[key] = (
-            f"{operation}: tensor collective #{number} on group {group.name!r} did not complete "
-            f"(ranks {missing} never entered it); the backend cannot cancel it, so this group's "
-            "tensor collectives are unusable. exchange() still works; rebuild the process group "
-            "(or restart the job) for tensors"
-        )
-        if isinstance(failure, _TimedOut):
+        if isinstance(failure, TimedOut):
+            # WAIT-2, WAIT-3: the work stays in flight (never a timed wait, so an NCCL
+            # communicator is not aborted); the group's tensors wait for it to complete.
+            self._tensor_unusable[key] = _InFlight(operation, number, group.name, missing, work)
             self._stats.deadlines_exceeded += 1
             raise DeadlineExceeded(f"{operation} on group {group.name!r}", timeout_s, missing)
+        self._tensor_unusable[key] = _broken(operation, number, group.name, failure)
         raise TransportError(
             f"{operation} on group {group.name!r} failed in the backend ({failure}); "
             f"ranks {missing} never entered it"
         ) from failure
+
+    def _check_tensor_usable(self, key: int) -> None:
+        """WAIT-3: a group whose last collective passed its deadline runs again once that
+        collective completed without error (one look, never a wait); else TransportError."""
+        unusable = self._tensor_unusable.get(key)
+        if unusable is None:
+            return
+        if isinstance(unusable, str):
+            raise TransportError(unusable)
+        outcome = completed_now(unusable.work)
+        if isinstance(outcome, TimedOut):
+            raise TransportError(
+                f"{unusable.operation}: tensor collective #{unusable.number} on group "
+                f"{unusable.group_name!r} is still in flight (ranks {unusable.missing} had not "
+                "entered it by its deadline); this group's tensor collectives run again once it "
+                "completes. exchange() still works"
+            )
+        if outcome is not None:
+            broken = _broken(unusable.operation, unusable.number, unusable.group_name, outcome)
+            self._tensor_unusable[key] = broken
+            raise TransportError(broken) from outcome
+        del self._tensor_unusable[key]
 
     def _entered(self, key: int, member: int, number: int) -> bool:
         notice_key = f"t/{key:x}/{member}"
@@ -394,23 +415,23 @@ class TorchTransport(PieceBinding):
             ) from exc
 
 
-class _TimedOut:
-    """Marker: a backend wait ran past its deadline."""
+@attrs.frozen
+class _InFlight:
+    """A tensor collective that passed its deadline and is still in the backend (WAIT-3)."""
+
+    operation: str
+    number: int
+    group_name: str
+    missing: list[int]
+    work: Any
 
 
-_TIMED_OUT = _TimedOut()
-
-
-def _wait_work(work: Any, deadline_s: float) -> _TimedOut | Exception | None:
-    """Wait for a backend work handle until ``deadline_s``: None when done, else why not."""
-    remaining_s = max(deadline_s - time.monotonic(), _MIN_WORK_WAIT_S)
-    try:
-        completed = work.wait(timeout=timedelta(seconds=remaining_s))
-    except Exception as exc:  # the backends raise RuntimeError / DistBackendError subclasses
-        # torch counts the timeout in whole milliseconds, so it may fire a little early.
-        timed_out = time.monotonic() >= deadline_s - _WAIT_ROUNDING_S and not work.is_completed()
-        return _TIMED_OUT if timed_out else exc
-    return None if completed is not False else _TIMED_OUT
+def _broken(operation: str, number: int, group_name: str, failure: Exception) -> str:
+    return (
+        f"{operation}: tensor collective #{number} on group {group_name!r} failed in the backend "
+        f"({failure}); this group's tensor collectives are unusable. exchange() still works; "
+        "rebuild the process group (or restart the job) for tensors"
+    )
 
 
 def _evidence_key(stream: Stream, gkey: int, number: int, rank: int) -> str:

@@ -1,0 +1,69 @@
+"""Waiting for a backend work handle without ever aborting its communicator (spec/transport.md
+WAIT-1..WAIT-4).
+
+On NCCL a ``Work.wait(timeout)`` whose timeout expires aborts the communicator (and the
+watchdog may then end the process): every later collective on it fails. A deadline of scout's
+must not do that -- a peer that is merely late would break replay for the rest of the run. So
+scout never passes a timeout to ``wait``: :func:`wait_work` polls ``work.is_completed()`` (a
+query of the work's end event on NCCL, a flag on gloo; neither blocks) with the transports'
+bounded backoff, and calls ``work.wait()`` only once the work has completed, to surface a
+backend error and, on NCCL, order the current stream after it. At the deadline it returns
+:data:`TIMED_OUT` and leaves the work in flight: the communicator stays usable, and a late peer
+still completes the collective.
+
+Every process group that scout waits on this way must have a backend timeout (the
+``timeout=`` of ``init_process_group``/``new_group``, which NCCL's watchdog enforces) well above
+scout's deadlines, or the watchdog aborts first (WAIT-4).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from scout.transport._binding import PollSettings, wait_until
+
+__all__ = ["TIMED_OUT", "WORK_POLL", "TimedOut", "completed_now", "wait_work"]
+
+
+class TimedOut:
+    """Marker: the work had not completed by the deadline; it is still in flight."""
+
+    def __repr__(self) -> str:
+        return "TIMED_OUT"
+
+
+TIMED_OUT: Final = TimedOut()
+
+#: How scout polls a work handle unless its caller has settings of its own: yield for 2 ms (a
+#: replay collective usually completes within that), then sleep doubling up to 1 ms -- a query
+#: costs a microsecond, and a longer sleep would add its length to a collective of milliseconds.
+WORK_POLL: Final = PollSettings(busy_poll_s=0.002, poll_interval_s=0.001, min_sleep_s=0.00005)
+
+
+def wait_work(work: Any, deadline_s: float, poll: PollSettings = WORK_POLL) -> TimedOut | Exception | None:
+    """WAIT-1: None once ``work`` completed without error; the backend's exception if it
+    failed; :data:`TIMED_OUT` if it has not completed by ``deadline_s`` (``time.monotonic``).
+    ``work.wait`` is called without a timeout, and only after ``work.is_completed()``."""
+    failure: list[Exception] = []
+
+    def done() -> bool:
+        try:
+            return bool(work.is_completed())
+        except Exception as exc:  # a backend may raise its error from the query itself
+            failure.append(exc)
+            return True
+
+    if not wait_until(done, deadline_s, poll):
+        return TIMED_OUT
+    if failure:
+        return failure[0]
+    try:
+        completed = work.wait()
+    except Exception as exc:  # the backends raise RuntimeError / DistBackendError subclasses
+        return exc
+    return None if completed is not False else TIMED_OUT
+
+
+def completed_now(work: Any) -> TimedOut | Exception | None:
+    """WAIT-3: :func:`wait_work` with a deadline already past: one look, never a wait."""
+    return wait_work(work, float("-inf"))
