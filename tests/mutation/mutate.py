@@ -125,12 +125,34 @@ def prepare(name: str, defaults: dict[str, Any], target: dict[str, Any], fresh: 
             shutil.copytree(source, destination, ignore=IGNORED)
         else:
             shutil.copy2(source, destination)
+    mutated = set()
     for pattern in target["mutate"]:
         for path in sorted(work.glob(pattern)):
             register_after_definition(path, target.get("register_after", []))
+            mutated.add(path.relative_to(work))
+    refresh_unmutated(work, mutated)
     pyproject = work / "pyproject.toml"
     pyproject.write_text(pyproject.read_text(encoding="utf-8") + mutmut_table(defaults, target, debug), encoding="utf-8")
     return work
+
+
+def refresh_unmutated(work: Path, mutated: set[Path]) -> None:
+    """Bring mutmut's tree (``mutants/``) up to date for every file it does not mutate. mutmut
+    copies the other files there once and never again, so a rerun after the repository changed
+    (a merge) ran the mutants against stale modules, tests and spec tables; found when a rerun of
+    core-machine failed its clean test on an old spec/observer.toml. The mutated files and
+    mutmut's ``.meta`` results are left to mutmut (it regenerates a file whose source changed
+    and retests only the functions whose text changed)."""
+    tree = work / "mutants"
+    if not any(tree.iterdir()):
+        return
+    for item in ("scout", "tests", "spec"):
+        for source in (work / item).rglob("*"):
+            relative = source.relative_to(work)
+            if source.is_file() and relative not in mutated:
+                destination = tree / relative
+                destination.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(source, destination)
 
 
 def statuses(work: Path) -> dict[str, str]:
