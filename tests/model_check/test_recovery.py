@@ -7,7 +7,9 @@ restart from."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
+from typing import Any
 
 import pytest
 import tomllib
@@ -108,7 +110,10 @@ def test_generated_module_matches_the_table() -> None:
     assert (REPO / table.python_path).read_text(encoding="utf-8") == render_python(table)
 
 
-def _gate_states():
+@functools.cache
+def _gate_states() -> tuple[Any, ...]:
+    """The story's states and every state a 2-recipe catalog reaches with up to 2 captures
+    (2,701 states, about 9 s; cached: test_recovery_restores.py walks them too)."""
     states = [state for _event, state, _effects in run_story()]
     system = CheckedGate()
     environment = checked_environment(class_vectors, captures_max=2)
@@ -122,7 +127,7 @@ def _gate_states():
             if successor not in seen:
                 seen.add(successor)
                 frontier.append(successor)
-    return states
+    return tuple(states)
 
 
 def test_RECOVERY_the_chosen_checkpoint_is_one_the_gate_restarts_from() -> None:
