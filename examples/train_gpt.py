@@ -9,6 +9,8 @@ neither a torchrun restart nor a Slurm requeue -- so a restart runs clean):
 
 - ``sdc:RANK:STEP``             from STEP on, RANK's second block computes one wrong bit in its
                                 output -- every time it runs, replays included (a faulty unit);
+- ``flip:RANK:STEP``            at STEP only, RANK's second block computes one wrong bit in its
+                                live output (a transient fault: a forward hook for one step);
 - ``hang-before-backward:RANK:STEP:SECONDS``  RANK sleeps between forward and backward;
 - ``hang-in-backward:RANK:STEP:SECONDS``      RANK sleeps inside backward (a block's gradient);
 - ``freeze:RANK:STEP:SECONDS``  RANK's process is stopped (SIGSTOP) before backward, and continued
@@ -140,14 +142,10 @@ class Faults:
             torch.cuda._sleep(self._cycles(self.values[1]))
         if self.mine and self.kind == "sdc" and step == int(self.values[0]):
             self.announce(step)
-
-            def flip(_module: nn.Module, _inputs: object, output: torch.Tensor) -> torch.Tensor:
-                output = output.clone()
-                with torch.no_grad():
-                    output.view(-1)[:1].view(torch.int32).bitwise_xor_(1 << 20)
-                return output
-
-            self.model.layers[1].register_forward_hook(flip)
+            self.model.layers[1].register_forward_hook(self.flip)  # for good
+        if self.mine and self.kind == "flip" and step == int(self.values[0]):
+            self.announce(step)
+            self._handle = self.model.layers[1].register_forward_hook(self.flip)
         if self.mine and self.kind == "hang-in-backward" and step == int(self.values[0]):
             seconds = self.values[1]
 
@@ -160,6 +158,14 @@ class Faults:
                 output.register_hook(sleep)
 
             self._handle = self.model.layers[2].register_forward_hook(slow_gradient)
+
+    @staticmethod
+    def flip(_module: nn.Module, _inputs: object, output: torch.Tensor) -> torch.Tensor:
+        """One wrong bit in the first element of a block's output."""
+        output = output.clone()
+        with torch.no_grad():
+            output.view(-1)[:1].view(torch.int32).bitwise_xor_(1 << 20)
+        return output
 
     @staticmethod
     def _cycles(seconds: float) -> int:
@@ -187,7 +193,7 @@ class Faults:
             self.announce(step)
             subprocess.Popen(["sh", "-c", f"sleep {self.values[1]}; kill -CONT {os.getpid()}"])
             os.kill(os.getpid(), signal.SIGSTOP)
-        if self.mine and self.kind == "hang-in-backward" and step == int(self.values[0]):
+        if self.mine and self.kind in ("hang-in-backward", "flip") and step == int(self.values[0]):
             self._handle.remove()
 
     def loop(self, step_s: float) -> None:
