@@ -40,6 +40,7 @@ BENCHMARKS: dict[str, tuple[list[str], list[str], float]] = {
     "overhead": ([], [], 1800),
     "gate_model_check": ([], [], 1800),
     "observer_process": ([], [], 300),
+    "completion_watcher": ([], [], 600),
     "attach_overhead": ([], ["--rounds", "1", "--steps", "6", "--batch", "2"], 3600),
 }
 

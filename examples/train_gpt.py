@@ -11,6 +11,8 @@ neither a torchrun restart nor a Slurm requeue -- so a restart runs clean):
                                 output -- every time it runs, replays included (a faulty unit);
 - ``flip:RANK:STEP``            at STEP only, RANK's second block computes one wrong bit in its
                                 live output (a transient fault: a forward hook for one step);
+- ``hang-before-forward:RANK:STEP:SECONDS``   RANK sleeps before its forward (so before DDP's
+                                buffer broadcast: the causal mask is a registered buffer);
 - ``hang-before-backward:RANK:STEP:SECONDS``  RANK sleeps between forward and backward;
 - ``hang-in-backward:RANK:STEP:SECONDS``      RANK sleeps inside backward (a block's gradient);
 - ``freeze:RANK:STEP:SECONDS``  RANK's process is stopped (SIGSTOP) before backward, and continued
@@ -52,6 +54,9 @@ class Block(nn.Module):
         self.projection = nn.Linear(width, width)
         self.norm_mlp = nn.LayerNorm(width)
         self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+        # The causal mask is a buffer, as in most real models: DDP (broadcast_buffers=True, its
+        # default) then broadcasts the buffers from rank 0 at every forward, from C++.
+        self.register_buffer("mask", torch.ones(SEQUENCE, SEQUENCE, dtype=torch.bool).triu(1), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, length, width = x.shape
@@ -61,7 +66,7 @@ class Block(nn.Module):
             return t.view(batch, length, self.heads, width // self.heads).transpose(1, 2)
 
         scores = heads(q) @ heads(k).transpose(-1, -2) / math.sqrt(width // self.heads)
-        mask = torch.ones(length, length, dtype=torch.bool).triu(1)
+        mask = self.mask[:length, :length]
         mixed = (scores.masked_fill(mask, float("-inf")).softmax(-1) @ heads(v)).transpose(1, 2)
         x = x + self.projection(mixed.reshape(batch, length, width))
         return x + self.mlp(self.norm_mlp(x))
@@ -140,6 +145,9 @@ class Faults:
         if self.mine and self.kind == "gpu-hang" and step == int(self.values[0]):
             self.announce(step)
             torch.cuda._sleep(self._cycles(self.values[1]))
+        if self.mine and self.kind == "hang-before-forward" and step == int(self.values[0]):
+            self.announce(step)
+            time.sleep(self.values[1])
         if self.mine and self.kind == "sdc" and step == int(self.values[0]):
             self.announce(step)
             self.model.layers[1].register_forward_hook(self.flip)  # for good

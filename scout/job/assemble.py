@@ -73,11 +73,12 @@ def _instrument(model: nn.Module, identity: RecordIdentity) -> tuple[ProgressPub
     # Start-up is published as a checkpoint read (its long threshold): a slow start is never a hang report.
     publisher.begin_stage(Stage.CHECKPOINT_READ)
     instrument.instrument(publisher)
-    bucket_listeners: list[Callable[[int, int], None]] = []
+    # LOOP-5: a listener is told a collective started and returns what to call at its completion.
+    bucket_listeners: list[Callable[[], Callable[[], None]]] = []
     buckets = publish_ddp_buckets(model, publisher, bucket_listeners)
     instrument.instrument_module(model)
 
-    def listen(listener: Callable[[int, int], None]) -> None:
+    def listen(listener: Callable[[], Callable[[], None]]) -> None:
         instrument.add_collective_listener(listener)
         if buckets:
             bucket_listeners.append(listener)

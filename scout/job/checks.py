@@ -167,7 +167,7 @@ def build_checks(
     hosts: Sequence[str],
     exchange: Callable[[Any], list[Any]],
     run_dir: str,
-    add_collective_listener: Callable[[Callable[[int, int], None]], None],
+    add_collective_listener: Callable[[Callable[[], Callable[[], None]]], None],
 ) -> tuple[list[Any], int]:
     """Every check the configuration asks for, in the order they run at a step, and the
     replay cycle's length in steps (the longest schedule's). Collective over the world."""
@@ -188,7 +188,7 @@ def build_checks(
     # Loop stragglers: arrival at the step's collectives, timed by the instrumentation and DDP's
     # bucket hook, checked every loop_check_steps.
     loop = LoopTimer(peers, LoopConfig(check_every_steps=config.loop_check_steps))
-    add_collective_listener(loop.collective)
+    add_collective_listener(loop.collective_started)  # LOOP-5: waits timed from enqueue to completion
     checks: list[Any] = [LoopStragglerCheck(loop, dense, hosts), ReplayCheck("replay", replayer, dense, hosts)]
     if config.moe_catalog is not None:  # spec/moe.md: experts replicated like the dense layers (EP = 1)
         from scout.replay.moe import ExpertLayers, ExpertReplayConfig, ExpertReplayer

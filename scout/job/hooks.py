@@ -13,7 +13,6 @@ same coordinate, and the late peer is behind it.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -31,43 +30,61 @@ logger = logging.getLogger("scout")
 
 
 def publish_ddp_buckets(
-    model: Any, publisher: ProgressPublisher, listeners: Sequence[Callable[[int, int], None]] = ()
+    model: Any, publisher: ProgressPublisher, listeners: Sequence[Callable[[], Callable[[], None]]] = ()
 ) -> bool:
     """Register the publishing communication hook on a DDP model; False (and a warning) when the
     model is not DDP or already has a communication hook of its own. ``listeners`` (read at each
-    call, so they may be added later) get each bucket's launch and completion times in
-    monotonic ns (loop stragglers, LOOP-1)."""
+    call, so they may be added later) are called at each bucket's launch, and what each returns
+    when the bucket's all-reduce completed: in the callback of its work's future, which on NCCL
+    runs with a current stream that waits for the all-reduce, so a timer's mark recorded there
+    completes with it (loop stragglers, LOOP-5)."""
     if not isinstance(model, DistributedDataParallel):
         return False
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-    group = model.process_group
+    group = model.process_group if model.process_group is not None else dist.group.WORLD
     ranks = tuple(dist.get_process_group_ranks(group))
 
     def hook(state: Any, bucket: Any) -> Any:
+        buffer = bucket.buffer()
+        bucket_fingerprint = 0
         try:
-            buffer = bucket.buffer()
             call = CollectiveCall("all_reduce", ranks, (TensorMeta(str(buffer.dtype), (buffer.numel(),)),),
                                   reduce_op="SUM", detail=(("ddp_bucket", bucket.index()),))
-            publisher.enter_async_collective(fingerprint(call))
+            bucket_fingerprint = fingerprint(call)
+            publisher.enter_async_collective(bucket_fingerprint)
         except Exception:  # diagnostics never break the training step
             logger.debug("scout: could not publish a DDP bucket", exc_info=True)
-        entry_ns = time.monotonic_ns()
+        finishers = [_started(listener) for listener in tuple(listeners)]
+        tracker = instrument.completion_tracker(group)
+        entry = None
+        if tracker is not None:
+            try:
+                entry = tracker.begin(bucket_fingerprint)
+            except Exception:
+                logger.debug("scout: could not track a DDP bucket", exc_info=True)
+        # DDP's default hook, spelled out so that the bucket's Work is at hand for completion
+        # tracking (INSTR-11): average, then an asynchronous all-reduce.
+        buffer.div_(group.size())
         with instrument.already_published():
-            future = default_hooks.allreduce_hook(state, bucket)
-        if not listeners:
-            return future
-
+            work = dist.all_reduce(buffer, group=group, async_op=True)
+        if tracker is not None:
+            tracker.end(entry, work)
         def completed(done: Any) -> Any:
-            exit_ns = time.monotonic_ns()
-            for listener in tuple(listeners):
-                try:
-                    listener(entry_ns, exit_ns)
-                except Exception:  # diagnostics never break the training step
-                    logger.debug("scout: a bucket listener failed", exc_info=True)
-            return done.value()
+            for finish in finishers:
+                if finish is not None:
+                    try:
+                        finish()
+                    except Exception:  # diagnostics never break the training step
+                        logger.debug("scout: a bucket listener failed", exc_info=True)
+            return done.value()[0]
 
-        return future.then(completed)
+        return work.get_future().then(completed)
+
+    def _started(listener: Callable[[], Callable[[], None]]) -> Callable[[], None] | None:
+        try:
+            return listener()
+        except Exception:  # diagnostics never break the training step
+            logger.debug("scout: a bucket listener failed", exc_info=True)
+            return None
 
     # DDP checks the hook's annotations as objects (this module's are strings).
     hook.__annotations__ = {"state": object, "bucket": dist.GradBucket,  # type: ignore[attr-defined]

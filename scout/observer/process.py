@@ -232,7 +232,7 @@ class _World:
             return None
         if snapshot.closed:
             self.record_closed = True
-        return Progress(snapshot.step, snapshot.op, snapshot.fingerprint, snapshot.stage)
+        return snapshot.progress(time.monotonic_ns())
 
     def join(self) -> bool | str:
         try:

@@ -296,6 +296,7 @@ class CampaignResult:
             "false_alarms": sum(case.outcome is Outcome.FALSE_ALARM for case in healthy),
             "sim_scenarios": sum(case.part == "sim" for case in self.cases),
             "real_jobs": sum(case.part == "real" for case in self.cases),
+            "device_cases": sum(case.part == "device" for case in self.cases),
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -319,6 +320,7 @@ def render(result: CampaignResult) -> str:
     lines = [
         f"scout campaign ({'quick' if result.quick else 'full'}, seed {result.seed}): "
         f"{totals['sim_scenarios']} simulated scenarios, {totals['real_jobs']} real-process jobs, "
+        f"{totals['device_cases']} device-semantics cases, "
         f"{result.wall_s:.0f} s",
         "",
     ]
