@@ -40,6 +40,7 @@ def _nothing_certified(records: list[dict[str, Any]], run_dir: Path, captured: l
     assert "no RECOVERY_VERIFIED checkpoint" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # CI budget: the FSDP2 case below is the non-slow one; DDP's wiring is in the healthy run
 def test_SELF_1_SELF_4_a_one_step_hook_flip_under_ddp_is_named_and_nothing_is_certified(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """hidden.1 is captured at steps 4, 12, ... (REC-3: interval 2, 4 layers); the flip strikes
