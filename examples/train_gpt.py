@@ -9,6 +9,11 @@ neither a torchrun restart nor a Slurm requeue -- so a restart runs clean):
 
 - ``sdc:RANK:STEP``             from STEP on, RANK's second block computes one wrong bit in its
                                 output -- every time it runs, replays included (a faulty unit);
+- ``flip:RANK:STEP``            at STEP only, RANK's second block computes one wrong bit in its
+                                live output (a transient fault: a forward hook for one step);
+- ``param-flip:RANK:STEP``      before STEP, one bit of a weight of RANK's second block flips (a
+                                memory fault between steps);
+- ``state-flip:RANK:STEP``      before STEP, one bit of that weight's AdamW state ``exp_avg`` flips;
 - ``hang-before-forward:RANK:STEP:SECONDS``   RANK sleeps before its forward (so before DDP's
                                 buffer broadcast: the causal mask is a registered buffer);
 - ``hang-before-backward:RANK:STEP:SECONDS``  RANK sleeps between forward and backward;
@@ -93,8 +98,8 @@ def batch(step: int, rank: int) -> torch.Tensor:
 class FaultSet:
     """Several injected faults, each told of every point of the step."""
 
-    def __init__(self, specs: str, rank: int, model: GPT) -> None:
-        self.faults = [Faults(spec.strip(), rank, model) for spec in specs.split(",") if spec.strip()]
+    def __init__(self, specs: str, rank: int, model: GPT, optimizer: torch.optim.Optimizer | None = None) -> None:
+        self.faults = [Faults(spec.strip(), rank, model, optimizer) for spec in specs.split(",") if spec.strip()]
 
     def before_forward(self, step: int) -> None:
         for fault in self.faults:
@@ -112,10 +117,11 @@ class FaultSet:
 class Faults:
     """The injected fault (see the module docstring)."""
 
-    def __init__(self, spec: str, rank: int, model: GPT) -> None:
+    def __init__(self, spec: str, rank: int, model: GPT, optimizer: torch.optim.Optimizer | None = None) -> None:
         self.kind, *fields = spec.split(":") if spec else ("none",)
         self.rank = rank
         self.model = model
+        self.optimizer = optimizer
         self.active = (bool(spec) and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0
                        and int(os.environ.get("SLURM_RESTART_COUNT", "0")) == 0)
         self.target = int(fields[0]) if fields else -1
@@ -148,14 +154,17 @@ class Faults:
             time.sleep(self.values[1])
         if self.mine and self.kind == "sdc" and step == int(self.values[0]):
             self.announce(step)
-
-            def flip(_module: nn.Module, _inputs: object, output: torch.Tensor) -> torch.Tensor:
-                output = output.clone()
-                with torch.no_grad():
-                    output.view(-1)[:1].view(torch.int32).bitwise_xor_(1 << 20)
-                return output
-
-            self.model.layers[1].register_forward_hook(flip)
+            self.model.layers[1].register_forward_hook(self.flip)  # for good
+        if self.mine and self.kind == "flip" and step == int(self.values[0]):
+            self.announce(step)
+            self._handle = self.model.layers[1].register_forward_hook(self.flip)
+        if self.mine and self.kind in ("param-flip", "state-flip") and step == int(self.values[0]):
+            self.announce(step)
+            target = self.model.layers[1].mlp[0].weight
+            if self.kind == "state-flip":
+                assert self.optimizer is not None, "state-flip needs the optimizer"
+                target = self.optimizer.state[target]["exp_avg"]
+            self.flip_bit(target)
         if self.mine and self.kind == "hang-in-backward" and step == int(self.values[0]):
             seconds = self.values[1]
 
@@ -168,6 +177,19 @@ class Faults:
                 output.register_hook(sleep)
 
             self._handle = self.model.layers[2].register_forward_hook(slow_gradient)
+
+    @staticmethod
+    def flip_bit(tensor: torch.Tensor) -> None:
+        """One wrong bit in the first element of ``tensor``, in place."""
+        with torch.no_grad():
+            tensor.detach().view(-1)[:1].view(torch.int32).bitwise_xor_(1 << 20)
+
+    @staticmethod
+    def flip(_module: nn.Module, _inputs: object, output: torch.Tensor) -> torch.Tensor:
+        """One wrong bit in the first element of a block's output."""
+        output = output.clone()
+        Faults.flip_bit(output)
+        return output
 
     @staticmethod
     def _cycles(seconds: float) -> int:
@@ -195,7 +217,7 @@ class Faults:
             self.announce(step)
             subprocess.Popen(["sh", "-c", f"sleep {self.values[1]}; kill -CONT {os.getpid()}"])
             os.kill(os.getpid(), signal.SIGSTOP)
-        if self.mine and self.kind == "hang-in-backward" and step == int(self.values[0]):
+        if self.mine and self.kind in ("hang-in-backward", "flip") and step == int(self.values[0]):
             self._handle.remove()
 
     def loop(self, step_s: float) -> None:
@@ -225,9 +247,9 @@ def main() -> None:
     rank = dist.get_rank()
     torch.manual_seed(0)
     model = GPT().to(device)
-    faults = FaultSet(args.fault, rank, model)
     ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=3e-3)
+    faults = FaultSet(args.fault, rank, model, optimizer)
     job = scout.attach(ddp, optimizer, run_dir=args.run_dir, checkpoint_dir=args.checkpoint_dir)  # scout
     start = job.restore()  # scout
     for step in range(start + 1, args.steps + 1):

@@ -89,13 +89,15 @@ def _load(path: Path, job_id: str | None) -> tuple[GateMachineState, str] | None
 
 
 def _record_lines(role: str, record: CycleRecord, groups: tuple[str, ...]) -> list[str]:
-    lines = [f"cycle {record.cycle} ({role} capture, steps {record.start_step}..{record.end_step}): {len(record.replays)} replay(s)"]
+    live = sum(1 for replay in record.replays if replay.verdicts and all(v.self_checked for v in replay.verdicts))
+    lines = [f"cycle {record.cycle} ({role} capture, steps {record.start_step}..{record.end_step}): "
+             f"{len(record.replays)} replay(s), live path self-checked in {live} (AGREE+live, SELF-7)"]
     recipe_width = max([len("recipe"), *(len(r.recipe) for r in record.replays)])
     step_width = max([len("step"), *(len(str(r.step)) for r in record.replays)])
     header = f"  {'recipe':<{recipe_width}}  {'step':>{step_width}}  " + "  ".join(f"{g:<12}" for g in groups)
     lines.append(header.rstrip())
     for replay in record.replays:
-        by_group = {v.group: v.outcome.value for v in replay.verdicts}
+        by_group = {v.group: v.outcome.value + ("+live" if v.self_checked else "") for v in replay.verdicts}
         cells = "  ".join(f"{by_group.get(g, 'n/a'):<12}" for g in groups)
         lines.append(f"  {replay.recipe:<{recipe_width}}  {replay.step:>{step_width}}  {cells}".rstrip())
     return lines

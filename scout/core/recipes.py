@@ -19,6 +19,7 @@ from typing import Final
 
 import attrs
 
+from scout.core.self_check import SelfCheckOutcome, decide_self_check
 from scout.core.verdict import MISSING, Reason, Status, Verdict, classify_exact
 
 __all__ = [
@@ -385,6 +386,9 @@ class EvidenceKind(enum.Enum):
     PARAMETER_GRADIENT = "parameter_gradient"
     UPDATED = "updated"  # optimizer replay: updated parameter slice and state
     LIVE_UPDATED = "live_updated"  # optimizer: the live parameters after the real step
+    # SELF-1: each peer's code (scout.core.self_check.LiveCheck) -- did its live output equal
+    # its own replay of the call? Not a signature: voted by decide_self_check (SELF-4).
+    LIVE = "live"
 
 
 @attrs.frozen
@@ -394,6 +398,7 @@ class RecipeResult:
     ``status``: AGREE (accepted), ATTRIBUTED (corruption observed: ``outliers`` are peer
     positions, ``sources`` the evidence groups that named them) or INCONCLUSIVE (could not
     check; ``reason`` says why). Inconclusive is never reported as corruption.
+    ``self_checked``: every peer's live output was reproduced by its own replay (SELF-4, SELF-7).
     """
 
     recipe: RecipeId
@@ -402,6 +407,7 @@ class RecipeResult:
     outliers: tuple[int, ...] = ()
     sources: tuple[str, ...] = ()
     reason: str | None = None
+    self_checked: bool = False
 
     @property
     def accepted(self) -> bool:
@@ -436,7 +442,9 @@ def combine_evidence(
        kernel is not evidence of corruption.
     2. Each evidence group is voted exactly, separately. Any ATTRIBUTED group makes the recipe
        ATTRIBUTED with the union of outliers; otherwise any INCONCLUSIVE group makes it
-       INCONCLUSIVE; otherwise AGREE.
+       INCONCLUSIVE; otherwise AGREE. The ``live`` group holds self-check codes, not
+       signatures: its one exact vote is read by :func:`decide_self_check` (SELF-4), and when
+       no peer took part it contributes nothing.
     """
     if not status_codes:
         raise ValueError("no peers: a recipe result needs at least one status code")
@@ -458,6 +466,7 @@ def combine_evidence(
     outliers: set[int] = set()
     sources: list[str] = []
     inconclusive: list[str] = []
+    self_checked = False
     for kind in EvidenceKind:
         if kind not in evidence:
             continue
@@ -466,13 +475,19 @@ def combine_evidence(
             raise ValueError(
                 f"evidence {kind.value} has {len(values)} values for {len(status_codes)} peers"
             )
-        verdict = classify_exact(list(values))
-        if verdict.status is Status.ATTRIBUTED:
-            outliers.update(verdict.outliers)
+        if kind is EvidenceKind.LIVE:
+            live = decide_self_check(list(values))
+            status, found, why = live.status, live.outliers, live.reason
+            self_checked = live.outcome is SelfCheckOutcome.AGREE
+        else:
+            verdict = classify_exact(list(values))
+            status, found = verdict.status, verdict.outliers
+            why = None if verdict.reason is None else verdict.reason.value
+        if status is Status.ATTRIBUTED:
+            outliers.update(found)
             sources.append(kind.value)
-        elif verdict.status is Status.INCONCLUSIVE:
-            assert verdict.reason is not None
-            inconclusive.append(f"{kind.value}:{verdict.reason.value}")
+        elif status is Status.INCONCLUSIVE:
+            inconclusive.append(f"{kind.value}:{why}")
     if outliers:
         return RecipeResult(
             recipe, step, Status.ATTRIBUTED, tuple(sorted(outliers)), tuple(sources)
@@ -481,7 +496,7 @@ def combine_evidence(
         return RecipeResult(recipe, step, Status.INCONCLUSIVE, reason=" ".join(inconclusive))
     if not evidence:
         return RecipeResult(recipe, step, Status.INCONCLUSIVE, reason="no-evidence-groups")
-    return RecipeResult(recipe, step, Status.AGREE)
+    return RecipeResult(recipe, step, Status.AGREE, self_checked=self_checked)
 
 
 # --------------------------------------------------------------------------------------------

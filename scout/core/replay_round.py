@@ -71,9 +71,10 @@ __all__ = [
     "replay_round",
 ]
 
-#: EVID-3: the evidence groups each recipe class signs (REPLAY-3, REPLAY-6, OPT-2, MOE-1).
+#: EVID-3: the evidence groups each recipe class signs (REPLAY-3, REPLAY-6, OPT-2, MOE-1), and
+#: the live path's self-check of the module classes (SELF-1: a code, not a signature).
 _MODULE: Final = (EvidenceKind.PARAMETERS, EvidenceKind.INPUT, EvidenceKind.RNG, EvidenceKind.OUTPUT,
-                  EvidenceKind.INPUT_GRADIENT, EvidenceKind.PARAMETER_GRADIENT)
+                  EvidenceKind.INPUT_GRADIENT, EvidenceKind.PARAMETER_GRADIENT, EvidenceKind.LIVE)
 EVIDENCE_OF: Final[Mapping[RecipeClass, tuple[EvidenceKind, ...]]] = {
     RecipeClass.EMBEDDING: _MODULE,
     RecipeClass.HIDDEN: _MODULE,

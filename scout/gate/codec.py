@@ -49,8 +49,10 @@ CONTROL_STATES: Final = tuple(state.value for state in GateState)
 CERTIFICATE_CLAIM: Final = (
     "Every recipe of the catalog was replayed in the cycle before this checkpoint's capture and in "
     "the cycle after it, and every applicable peer group agreed (strict majority, no outlier, no "
-    "missing peer) on every replay listed. Nothing else is claimed: state no recipe covers, and "
-    "corruption shared by a majority of a group's replicas, are outside it."
+    "missing peer) on every replay listed; where a verdict is self_checked, every peer's live output "
+    "of that captured call also equalled its own replay of it. Nothing else is claimed: state no "
+    "recipe covers, the live computation of calls that were not self-checked, and corruption shared "
+    "by a majority of a group's replicas, are outside it."
 )
 
 GateMachineState = MachineState[GateContext]
@@ -76,6 +78,7 @@ def _verdict(verdict: GroupVerdict) -> dict[str, Any]:
         "outcome": verdict.outcome.value,
         "outliers": list(verdict.outliers),
         "reason": verdict.reason,
+        **({"self_checked": True} if verdict.self_checked else {}),  # SELF-7; absent: false
     }
 
 
@@ -218,6 +221,14 @@ def _checkpoint_from(value: Any, path: str) -> CheckpointId:
         raise CodecError(f"{path}: {error}") from error
 
 
+def _self_checked(value: Any, path: str) -> bool:
+    """SELF-7: optional (manifests written before the self-check hold none); a bool when present."""
+    flag = value.get("self_checked", False) if isinstance(value, Mapping) else False
+    if not isinstance(flag, bool):
+        raise CodecError(f"{path}.self_checked: expected true or false, got {flag!r}")
+    return flag
+
+
 def _verdict_from(value: Any, path: str) -> GroupVerdict:
     try:
         return GroupVerdict(
@@ -225,6 +236,7 @@ def _verdict_from(value: Any, path: str) -> GroupVerdict:
             _enum_value(Outcome, _get(value, "outcome", path), f"{path}.outcome"),
             _list(_get(value, "outliers", path), f"{path}.outliers", _int),
             _str(_get(value, "reason", path), f"{path}.reason"),
+            _self_checked(value, path),
         )
     except CodecError:
         raise

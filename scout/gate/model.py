@@ -209,6 +209,9 @@ class GroupVerdict:
     outcome: Outcome
     outliers: tuple[int, ...] = ()
     reason: str = ""
+    #: AGREE only: every peer's live output of the replayed call was reproduced by its own replay
+    #: (spec/replay.md SELF-4, SELF-7); certificates say which replays covered the live path.
+    self_checked: bool = False
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.group, str) or not self.group:
@@ -229,6 +232,9 @@ class GroupVerdict:
                              "(VERDICT-2)")
         if not isinstance(self.reason, str):
             raise TypeError(f"group {self.group!r}: reason must be a str, got {self.reason!r}")
+        if not isinstance(self.self_checked, bool) or (self.self_checked and self.outcome is not Outcome.AGREE):
+            raise ValueError(f"group {self.group!r}: self_checked must be a bool, true only with AGREE; got "
+                             f"{self.self_checked!r} with {self.outcome.value}")
         if (self.outcome is Outcome.ATTRIBUTED) != bool(self.outliers):
             raise ValueError(
                 f"group {self.group!r}: outliers {list(self.outliers)} with outcome "

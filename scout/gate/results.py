@@ -39,7 +39,7 @@ def group_verdict(group: str, result: RecipeResult | MissingType) -> GroupVerdic
         return GroupVerdict(group, outcome, tuple(result.outliers))
     if outcome is Outcome.INCONCLUSIVE:
         return GroupVerdict(group, outcome, (), result.reason or "inconclusive")
-    return GroupVerdict(group, outcome)
+    return GroupVerdict(group, outcome, self_checked=result.self_checked)
 
 
 def recipe_verdicts(

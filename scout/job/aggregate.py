@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from scout.core.recipes import RecipeId, RecipeResult
+from scout.core.recipes import EvidenceKind, RecipeId, RecipeResult
 from scout.core.verdict import Status
 from scout.reports.kinds import ReportKind
 from scout.transport.program import AllGather
@@ -32,23 +32,31 @@ from scout.transport.program import AllGather
 if TYPE_CHECKING:
     from scout.job.pipeline import CheckOutput, GateFeed
 
-__all__ = ["Merged", "exchange_outputs", "merge", "result_from_plain", "result_to_plain"]
+__all__ = ["Merged", "exchange_outputs", "finding_reason", "merge", "result_from_plain", "result_to_plain"]
 
-#: A RecipeResult as the exchange carries it: (recipe, step, status, outliers, sources, reason).
-PlainResult = tuple[str, int, str, tuple[int, ...], tuple[str, ...], str | None]
+#: A RecipeResult as the exchange carries it: (recipe, step, status, outliers, sources, reason,
+#: self_checked).
+PlainResult = tuple[str, int, str, tuple[int, ...], tuple[str, ...], str | None, bool]
 #: A leader's part of one check's output: (group index, results, straggler report arguments).
 PlainOutput = tuple[int, tuple[PlainResult, ...], tuple[Mapping[str, Any], ...]]
 
 
 def result_to_plain(result: RecipeResult) -> PlainResult:
     return (str(result.recipe), result.step, result.status.value, tuple(result.outliers), tuple(result.sources),
-            result.reason)
+            result.reason, result.self_checked)
 
 
 def result_from_plain(value: Sequence[Any]) -> RecipeResult:
-    recipe, step, status, outliers, sources, reason = value
+    recipe, step, status, outliers, sources, reason, self_checked = value
     return RecipeResult(RecipeId.parse(recipe), int(step), Status(status), tuple(int(p) for p in outliers),
-                        tuple(str(s) for s in sources), None if reason is None else str(reason))
+                        tuple(str(s) for s in sources), None if reason is None else str(reason), bool(self_checked))
+
+
+def finding_reason(result: RecipeResult) -> str:
+    """The reason code of an attributed result's ``sdc`` report: ``live-mismatch`` when only
+    the live path's self-check named its ranks (SELF-4: a transient fault of the live call),
+    ``replay-mismatch`` when a replay's evidence did."""
+    return "live-mismatch" if tuple(result.sources) == (EvidenceKind.LIVE.value,) else "replay-mismatch"
 
 
 def _plain(output: CheckOutput) -> PlainOutput:
@@ -104,7 +112,7 @@ def merge(outputs: Sequence[CheckOutput], gathered: Sequence[Any] | None, *, for
                 by_recipe.setdefault(recipe, {})[name] = result
                 if result.status is Status.ATTRIBUTED:
                     findings.setdefault(recipe, []).append(Finding(
-                        ReportKind.SDC, "replay-mismatch", tuple(members[p] for p in result.outliers), result.step,
+                        ReportKind.SDC, finding_reason(result), tuple(members[p] for p in result.outliers), result.step,
                         {"recipe": recipe, "group": name, "sources": list(result.sources),
                          "group_ranks": list(members)}))
         for recipe, results in by_recipe.items():

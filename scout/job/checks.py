@@ -3,8 +3,10 @@ dense replay and expert replay (one replay runner each, spec/replay.md REPLAY-9)
 stragglers (LOOP-1..LOOP-4) and the golden canary (spec/canary.md). Each gives its peer group's
 results and straggler reports as a ``CheckOutput``; the pipeline exchanges them once.
 
-A new kind of check (a live-vs-replay self-check, a failed checkpoint save) is one more class
-with ``run(step)`` returning a ``CheckOutput``, added to the list :func:`build_checks` returns.
+A new kind of check (a failed checkpoint save) is one more class with ``run(step)`` returning a
+``CheckOutput``, added to the list :func:`build_checks` returns. The live path's self-check
+(spec/replay.md SELF-1..8) is not a check of its own: it is one more evidence group of the dense
+replay, taken when a call is captured and exchanged in the rows replay already exchanges.
 """
 
 from __future__ import annotations
@@ -180,7 +182,7 @@ def build_checks(
     warmup_runs, timed_runs = (1 if repetitions else 0), max(1, repetitions)
     replayer = Replayer(model, optimizer, peers, ReplayConfig(
         intervals=intervals, max_capture_bytes=config.max_capture_bytes, replay_rows=config.replay_rows,
-        timing_warmup_runs=warmup_runs, timing_repetitions=timed_runs), modules)
+        timing_warmup_runs=warmup_runs, timing_repetitions=timed_runs, self_check=config.self_check), modules)
     dense = Layout.of(peers.partition, group_names("dp", len(peers.partition)), rank)
     cycle_steps = replayer.schedule.cycle_length_steps()
     # Loop stragglers: arrival at the step's collectives, timed by the instrumentation and DDP's

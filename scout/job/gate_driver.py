@@ -6,7 +6,8 @@ results (:meth:`GateDriver.feed`), cycle boundaries, captures, and the start of 
 restart with its typed cause, then the first boundary). Its dispatch is over the closed union
 ``GateEffect`` and ends in ``assert_never``: ``Persist`` is already committed when
 ``GateWriter.apply`` returns, a ``TrustChange`` is a ``checkpoint`` report, a ``GateReport`` an
-``unchecked`` report or the ``sdc`` reports of the feed whose recipe it names.
+``unchecked`` report or the ``sdc`` reports of the feed whose recipe it names -- a repetition of
+a persistent fault only when its count doubles or it names a new rank (GATE-41).
 
 :class:`Reporter` builds every record a job writes (``scout.reports.make_record``, the kind's
 source from :class:`~scout.reports.kinds.ReportKind`) and hands it to a :class:`ReportSink`:
@@ -23,6 +24,7 @@ import attrs
 from scout import reports
 from scout.core.compat import assert_never
 from scout.core.failure import FailureClass
+from scout.core.sdc_reports import SdcReportCounter
 from scout.gate.model import (
     CheckpointCaptured,
     CheckpointId,
@@ -114,6 +116,7 @@ class GateDriver:
     def __init__(self, writer: GateWriter, reporter: Reporter) -> None:
         self.writer = writer
         self.reporter = reporter
+        self.sdc_counts = SdcReportCounter()  # GATE-41, for this attempt
 
     def decide_restore(self, failure: FailureClass | None, *, checkpoints: bool) -> RestoreDecision:
         """The recovery decision for an attempt whose predecessor ended with ``failure`` (None:
@@ -191,11 +194,18 @@ class GateDriver:
                 "cycle": report.cycle, "recipes": list(report.recipes), "groups": list(report.groups),
                 "detail": report.detail})
         elif report.kind is GateReportKind.SDC:
+            # GATE-41: every finding is counted per (rank, recipe); a repetition is written only
+            # when it names a new rank or a rank's count doubled since its last report.
             findings = feed.findings if feed is not None else ()
             for finding in findings:  # the ranks the replay named, for the groups the gate names
-                self.reporter.record(finding.kind, finding.reason, ranks=finding.ranks, step=finding.step,
-                                     evidence={**finding.evidence, "cycle": report.cycle})
-            if not findings:  # the gate saw SDC that no check named ranks for: still reported
+                recipe = str(finding.evidence.get("recipe") or ",".join(report.recipes))
+                count = self.sdc_counts.observe(recipe, finding.ranks, finding.step)
+                if count.report:
+                    self.reporter.record(finding.kind, finding.reason, ranks=finding.ranks, step=finding.step,
+                                         evidence={**finding.evidence, "cycle": report.cycle,
+                                                   "counts": list(count.counts), "first_steps": list(count.first_steps)})
+            # The gate saw SDC that no check named ranks for: still reported.
+            if not findings and self.sdc_counts.observe(",".join(report.recipes), (), report.step).report:
                 self.reporter.record(ReportKind.SDC, "gate-sdc", step=report.step, evidence={
                     "cycle": report.cycle, "recipes": list(report.recipes), "groups": list(report.groups),
                     "detail": report.detail})

@@ -13,6 +13,11 @@ first, has just gathered them, so these are exactly the unsharded values the liv
 (CAP-7). Replay uses them instead of gathering shards again -- no collective on the training
 job's process groups, and none that one replica group could enter while another skips it.
 
+With ``self_check`` on, the pre-hook of a captured call also registers a one-shot forward hook
+for that call: it runs after every forward hook the module had when the call began, reads the
+live output and replays the call at once on this rank (``scout.replay.self_check``, SELF-1..3);
+the outcome is kept with the capture (:meth:`ModuleCapture.live`) and costs no memory beyond it.
+
 Memory is bounded (CAP-2): before copying, the bytes a capture would hold are added to what is
 already held; over ``max_capture_bytes`` the capture is refused and recorded as
 ``CAPTURE_TOO_LARGE`` (the check is then *not ready*, never "corrupt"). ``held_bytes`` reports
@@ -33,7 +38,9 @@ import torch
 from torch import nn
 
 from scout.core.recipes import RecipeId, ReplayStatus
+from scout.core.self_check import LiveCheck
 from scout.replay.rng import RngState, capture_rng_state
+from scout.replay.self_check import LiveOutcome, check_live_call
 from scout.replay.tree import describe, map_tensors, tensor_leaves
 
 __all__ = ["Capture", "CaptureFailure", "ModuleCapture", "is_sharded"]
@@ -142,6 +149,7 @@ class ModuleCapture:
         max_capture_bytes: int,
         with_parameters: Iterable[RecipeId] = (),
         rows: int = 0,
+        self_check: bool = False,
     ) -> None:
         if max_capture_bytes < 0:
             raise ValueError(f"max_capture_bytes must be >= 0, got {max_capture_bytes}")
@@ -154,6 +162,9 @@ class ModuleCapture:
         self._armed: frozenset[RecipeId] = frozenset()
         self._armed_step = 0
         self._records: dict[RecipeId, Capture | CaptureFailure] = {}
+        self.self_check = self_check  # SELF-1
+        self._live: dict[RecipeId, LiveOutcome] = {}
+        self._pending: list[Any] = []  # one-shot hooks of calls whose forward has not returned
         self._suspended = 0
         self._handles = [
             module.register_forward_pre_hook(self._hook_for(recipe), with_kwargs=True)
@@ -174,7 +185,7 @@ class ModuleCapture:
         unknown = armed - self._modules.keys()
         if unknown:
             raise ValueError(f"no module registered for recipes {sorted(map(str, unknown))}")
-        self._records.clear()
+        self._drop_records()
         self._armed, self._armed_step = armed, step
 
     def get(self, recipe: RecipeId, step: int) -> Capture | CaptureFailure:
@@ -190,8 +201,26 @@ class ModuleCapture:
             reason = f"{recipe} was not armed for step {step}"
         return CaptureFailure(recipe, step, ReplayStatus.NOT_READY, reason)
 
+    def live(self, recipe: RecipeId, step: int) -> LiveOutcome:
+        """SELF-1: the self-check of ``recipe``'s captured call at ``step`` (UNCHECKED with the
+        reason when there is none)."""
+        record = self._records.get(recipe)
+        if not self.self_check:
+            return LiveOutcome(LiveCheck.UNCHECKED, reason="self_check is off")
+        if not isinstance(record, Capture) or record.step != step:
+            return LiveOutcome(LiveCheck.UNCHECKED, reason=f"{recipe} has no capture at step {step}")
+        return self._live.get(recipe, LiveOutcome(LiveCheck.UNCHECKED, reason=(
+            f"the captured call of {recipe} did not return through its forward hooks")))
+
     def release(self) -> None:
+        self._drop_records()
+
+    def _drop_records(self) -> None:
         self._records.clear()
+        self._live.clear()
+        for handle in self._pending:
+            handle.remove()
+        self._pending.clear()
 
     @contextlib.contextmanager
     def suspended(self) -> Iterator[None]:
@@ -206,14 +235,16 @@ class ModuleCapture:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
-        self._records.clear()
+        self._drop_records()
 
     def _hook_for(self, recipe: RecipeId) -> Any:
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             if recipe not in self._armed or self._suspended or recipe in self._records:
                 return
             try:
-                self._records[recipe] = self._record(recipe, module, args, kwargs)
+                record = self._records[recipe] = self._record(recipe, module, args, kwargs)
+                if self.self_check and isinstance(record, Capture):
+                    self._watch(recipe, module, record)
             except Exception as exc:  # CAP-6: never into the training loop
                 logger.warning("scout: capture of %s failed: %r", recipe, exc)
                 self._records[recipe] = CaptureFailure(
@@ -221,6 +252,21 @@ class ModuleCapture:
                 )
 
         return hook
+
+    def _watch(self, recipe: RecipeId, module: nn.Module, capture: Capture) -> None:
+        """SELF-1: a one-shot forward hook for this call, registered now so that it runs after
+        every forward hook the module has (FSDP2's post-forward, a user's): it sees the output
+        the step goes on with."""
+
+        def after(hooked: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+            handle.remove()
+            if self._records.get(recipe) is capture:
+                self._live[recipe] = check_live_call(
+                    hooked, args, kwargs, output, rng=capture.rng, rows=self.rows,
+                    parameters=capture.parameters, buffers=capture.buffers, suspended=self.suspended)
+
+        handle = module.register_forward_hook(after, with_kwargs=True)
+        self._pending.append(handle)
 
     def _record(
         self, recipe: RecipeId, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]

@@ -42,6 +42,7 @@ from scout.core.recipes import (
     Schedule,
 )
 from scout.core.replay_round import EVIDENCE_ROW_LENGTH, READINESS_ROW_LENGTH, own_communication_ms
+from scout.core.self_check import LiveCheck
 from scout.core.straggler import DEFAULT_SEQUENTIAL_CONFIG, SequentialConfig
 from scout.core.straggler.tracking import StragglerTracker
 from scout.core.verdict import DEFAULT_TIMING_CONFIG, TimingConfig
@@ -55,6 +56,7 @@ from scout.replay.determinism import (
 from scout.replay.optimizer import OptimizerCapture, OptimizerSnapshot
 from scout.replay.rng import installed_rng_state
 from scout.replay.runner import TIMING_CLOCKS, ReplayRun, ReplayRunner, RunnerSettings, StepReport
+from scout.replay.self_check import WithoutOwnHooks
 from scout.replay.signature import structured_signature
 from scout.replay.tree import map_tensors, tensor_leaves
 
@@ -106,6 +108,9 @@ class ReplayConfig:
     device_floor_ms: float = 0.1
     straggler_trail_checks: int = 16  # STRAG-21: checks of evidence a report carries
     replay_rows: int = 0  # CAP-8: replay the first rows of the captured batch (0: all of it)
+    # SELF-1: each captured module call is also replayed at once on its own rank and compared
+    # with its live output (a transient fault in the live path); False: no rank takes part.
+    self_check: bool = True
 
     def __attrs_post_init__(self) -> None:
         if self.source_position < 0:
@@ -148,6 +153,8 @@ class ReplayConfig:
             raise ValueError(
                 f"straggler_trail_checks must be >= 1, got {self.straggler_trail_checks}"
             )
+        if not isinstance(self.self_check, bool):
+            raise TypeError(f"self_check must be True or False, got {self.self_check!r}")
 
 
     def runner_settings(self) -> RunnerSettings:
@@ -259,10 +266,11 @@ class DenseExecutor:
             recipe for recipe, module in by_recipe.items() if any(is_sharded(p) for p in module.parameters())
         )
         self.capture = ModuleCapture(by_recipe, config.max_capture_bytes, with_parameters=self.sharded_recipes,
-                                     rows=config.replay_rows)
+                                     rows=config.replay_rows, self_check=config.self_check)
         self.optimizer = (OptimizerCapture(optimizer, config.optimizer_slice_numel, config.max_capture_bytes)
                           if optimizer is not None else None)
         self._records: dict[RecipeId, Capture | OptimizerSnapshot | CaptureFailure] = {}
+        self._unchecked_reasons: set[str] = set()
 
     def held_bytes(self) -> int:
         """CAP-5: bytes currently held by captures."""
@@ -310,7 +318,21 @@ class DenseExecutor:
             return [lambda: {EvidenceKind.PARAMETERS: record.local_evidence()},
                     lambda: {EvidenceKind.LIVE_UPDATED: optimizer.live_evidence(record)}]
         module = self.capture.module(due.recipe)
-        return [lambda: {EvidenceKind.PARAMETERS: _module_state_signature(module)}]
+        return [lambda: {EvidenceKind.PARAMETERS: _module_state_signature(module)},
+                lambda: {EvidenceKind.LIVE: self._live_code(due)}]
+
+    def _live_code(self, due: DueRecipe) -> int:
+        """SELF-1: this rank's self-check code for the captured call; a DIFFER, and each new
+        reason a rank cannot check, is logged here (the vote decides what it means)."""
+        outcome = self.capture.live(due.recipe, due.step)
+        if outcome.code is LiveCheck.DIFFER:
+            logger.warning("scout: %s at step %d: the live output differs from its own replay on this rank (%s)",
+                           due.recipe, due.step, outcome.reason)
+        elif outcome.code is LiveCheck.UNCHECKED and outcome.reason not in self._unchecked_reasons:
+            self._unchecked_reasons.add(outcome.reason)
+            logger.info("scout: %s at step %d: the live path is not self-checked on this rank: %s",
+                        due.recipe, due.step, outcome.reason)
+        return int(outcome.code)
 
     def payload(self, due: DueRecipe) -> list[torch.Tensor]:
         record = self._record(due)
@@ -368,8 +390,8 @@ class DenseExecutor:
             # without its own hooks (FSDP2's would gather and reshard the live parameters and
             # reduce-scatter gradients into them); its submodules' hooks still run.
             own_parameters, own_buffers = capture.parameters, capture.buffers
-            target: nn.Module = _WithoutOwnHooks(module)
-            prefix = _WithoutOwnHooks.PREFIX
+            target: nn.Module = WithoutOwnHooks(module)
+            prefix = WithoutOwnHooks.PREFIX
         else:
             own_parameters = dict(module.named_parameters())
             own_buffers = dict(module.named_buffers())
@@ -469,20 +491,6 @@ class Replayer(ReplayRunner):
     def after_optimizer_step(self) -> StepReport:
         """Finish step ``step_count + 1``: run its due checks, arm the next step."""
         return self.step()
-
-
-class _WithoutOwnHooks(nn.Module):
-    """Calls ``inner.forward`` directly: the inner module's own hooks do not run, its
-    submodules' do. Holding ``inner`` as a child changes nothing in it."""
-
-    PREFIX: Final = "inner."
-
-    def __init__(self, inner: nn.Module) -> None:
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self.inner.forward(*args, **kwargs)
 
 
 def _module_state_signature(module: nn.Module) -> int:

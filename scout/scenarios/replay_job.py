@@ -8,7 +8,8 @@ What is simulated and nothing else:
 * the recipe executor (:class:`SimExecutor`): each replay computes for a jittered while of
   virtual time and signs its output with a value every healthy replica computes alike; a rank
   with an SDC fault flips one bit of its OUTPUT signature from a step on, a straggler computes
-  ``factor`` times longer;
+  ``factor`` times longer, and a rank with a transient fault in its live path answers DIFFER to
+  the self-check (SELF-1) of the one step it struck, MATCH otherwise;
 * the collectives: the round's gathers and the step's exchange are the simulator's
   ``AllGather`` (``scout.transport.sim``);
 * the manifest's storage (``scout.gate.recorder.MemoryRecorder``): the gate's writer commits
@@ -49,6 +50,7 @@ from scout.core.replay_round import (
     communication_slot,
     replay_round,
 )
+from scout.core.self_check import LiveCheck
 from scout.core.straggler import DEFAULT_SEQUENTIAL_CONFIG
 from scout.core.straggler.tracking import ReplayStragglers
 from scout.core.verdict import DEFAULT_TIMING_CONFIG
@@ -79,6 +81,8 @@ class Faults:
     straggler_rank: int | None = None
     straggler_step: int = 0
     straggler_factor: float = 1.0
+    live_rank: int | None = None  # SELF-1: a transient fault in this rank's live call at live_step
+    live_step: int = 0
 
 
 class SimExecutor:
@@ -100,10 +104,13 @@ class SimExecutor:
         began = yield Now()
         yield Sleep(duration_ms / 1e3)
         ended = yield Now()
-        evidence = {kind: _signature(self.group_index, str(due.recipe), due.step, kind)
-                    for kind in EVIDENCE_OF[due.recipe.recipe_class]}
+        evidence: dict[EvidenceKind, int] = {kind: _signature(self.group_index, str(due.recipe), due.step, kind)
+                    for kind in EVIDENCE_OF[due.recipe.recipe_class] if kind is not EvidenceKind.LIVE}
         if self.rank == faults.sdc_rank and due.step >= faults.sdc_step:
             evidence[EvidenceKind.OUTPUT] ^= 1 << faults.sdc_bit
+        if EvidenceKind.LIVE in EVIDENCE_OF[due.recipe.recipe_class]:  # SELF-1: a code, not a signature
+            struck = self.rank == faults.live_rank and due.step == faults.live_step
+            evidence[EvidenceKind.LIVE] = int(LiveCheck.DIFFER if struck else LiveCheck.MATCH)
         compute_s = round(ended - began, 9)
         return Executed(ReplayStatus.OK, compute_s, (compute_s,), evidence)
 

@@ -1,5 +1,7 @@
-"""A worker for tests/job/test_attach_fsdp.py: the example GPT under FSDP2 with HSDP on a 2 x 2
-CPU mesh (replicate x shard), scout attached with the replicas as peers. Run under torchrun."""
+"""A worker for tests/job/test_attach_fsdp.py: the example GPT under FSDP2 with HSDP on a CPU mesh
+(replicate x shard, 2 x 2 unless a fourth argument says e.g. ``4x1``), scout attached with the
+replicas as peers, and optionally one of the example's faults (fifth argument, e.g. ``flip:1:6``).
+Run under torchrun."""
 
 from __future__ import annotations
 
@@ -25,14 +27,17 @@ def main() -> None:
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
     run_dir, checkpoint_dir, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    replicas, shards = (int(n) for n in (sys.argv[4] if len(sys.argv) > 4 else "2x2").split("x"))
+    fault = sys.argv[5] if len(sys.argv) > 5 else ""
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
-    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+    mesh = init_device_mesh("cpu", (replicas, shards), mesh_dim_names=("replicate", "shard"))
     torch.manual_seed(0)
     model = example.GPT()
     for block in model.layers:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
+    faults = example.FaultSet(fault, dist.get_rank(), model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     peers = TorchPeerGroup.from_mesh(mesh, ("replicate",))
     job = scout.attach(model, optimizer, run_dir=run_dir, checkpoint_dir=checkpoint_dir, peers=peers,
@@ -41,7 +46,9 @@ def main() -> None:
     replica = mesh.get_local_rank("replicate")
     for step in range(start + 1, steps + 1):
         tokens = example.batch(step, replica)
+        faults.before_forward(step)
         loss = F.cross_entropy(model(tokens[:, :-1]).reshape(-1, example.VOCAB), tokens[:, 1:].reshape(-1))
+        faults.before_backward(step)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from scout import reports
+from scout.cli import main as scout_main
 
 pytestmark = pytest.mark.torchdist
 
@@ -56,7 +57,8 @@ def _time(record: dict[str, Any]) -> float:
     return datetime.datetime.fromisoformat(record["time"].replace("Z", "+00:00")).timestamp()
 
 
-def test_ATTACH_healthy_run_of_100_steps_writes_no_fault_report(tmp_path: Path) -> None:
+def test_ATTACH_healthy_run_of_100_steps_writes_no_fault_report(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
     run, records, run_dir = torchrun(tmp_path, steps=100)
     assert run.returncode == 0, run.stderr[-3000:]
     assert _faults(records) == [], [reports.record_line(r) for r in _faults(records)]
@@ -65,6 +67,11 @@ def test_ATTACH_healthy_run_of_100_steps_writes_no_fault_report(tmp_path: Path) 
                 and r["reason"] == "recovery-verified"]
     assert verified == ["t0/s40", "t0/s80"], verified
     assert not (run_dir / "exclude_hosts.txt").exists()
+    # SELF-7: every module replay of the certificate had its live path self-checked on every rank.
+    capsys.readouterr()
+    assert scout_main(["certificate", str(run_dir / "gate"), "80"]) == 0
+    certificate = capsys.readouterr().out
+    assert certificate.count("replay(s), live path self-checked in 6 (AGREE+live") == 2, certificate
 
 
 def test_ATTACH_sdc_on_rank_1_restarts_once_from_a_verified_checkpoint_before_it(tmp_path: Path) -> None:

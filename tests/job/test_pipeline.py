@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from scout.core.failure import FailureClass
@@ -109,7 +110,7 @@ def test_GATE_37_the_gates_sdc_report_becomes_the_sdc_reports_of_the_ranks_repla
     driver.feed(GateFeed("hidden.0", 3, {"dp0": RecipeResult(HIDDEN, 3, Status.AGREE), "dp1": sdc}, (finding,)))
     (record,) = [r for r in sink.records if r["kind"] == "sdc"]
     assert (record["ranks"], record["hosts"], record["step"]) == ([6], ["h6"], 3)
-    assert record["evidence"] == {"recipe": "hidden.0", "group": "dp1", "cycle": 1}
+    assert record["evidence"] == {"recipe": "hidden.0", "group": "dp1", "cycle": 1, "counts": [1], "first_steps": [3]}
     # An unchecked result (a group that did not answer) is an `unchecked` report, never `sdc`.
     driver.feed(GateFeed("hidden.0", 4, {"dp0": RecipeResult(HIDDEN, 4, Status.AGREE)}))
     assert [r["kind"] for r in sink.records][-1] == "unchecked"
@@ -130,4 +131,28 @@ def test_GATE_36_a_restart_report_says_the_cause_the_manifest_holds(tmp_path: Pa
     restart = sink.records[-1]
     assert (restart["kind"], restart["reason"], restart["evidence"]["failure"], restart["evidence"]["choice"]) == (
         "restart", "started", "hang", "none")
+    driver.close()
+
+
+def test_GATE_41_a_persistent_sdc_is_one_report_per_rank_and_recipe_plus_counted_updates(tmp_path: Path) -> None:
+    """The issue's case: one expert attributed at every check in report mode wrote 18 reports in
+    90 steps. Now the 18 findings are written at the 1st, 2nd, 4th, 8th and 16th, each with the
+    count. The gate still steps on every result: each of its 18 sdc effects was counted."""
+    driver, sink = _driver(tmp_path)
+    driver.begin(RestoreDecision(0, None, None, None, 0), evidence={})
+    sdc = RecipeResult(HIDDEN, 0, Status.ATTRIBUTED, (2,), ("output",))
+    steps = range(5, 95, 5)
+    for step in steps:
+        finding = Finding(ReportKind.SDC, "replay-mismatch", (6,), step, {"recipe": "hidden.0", "group": "dp1"})
+        driver.feed(GateFeed("hidden.0", step, {"dp0": RecipeResult(HIDDEN, step, Status.AGREE),
+                                                "dp1": attrs.evolve(sdc, step=step)}, (finding,)))
+    written = [r for r in sink.records if r["kind"] == "sdc"]
+    assert [(r["step"], r["evidence"]["counts"], r["evidence"]["first_steps"]) for r in written] == [
+        (5, [1], [5]), (10, [2], [5]), (20, [4], [5]), (40, [8], [5]), (80, [16], [5])]
+    assert len(list(steps)) == 18 and driver.sdc_counts.observe("hidden.0", (6,), 95).counts == (19,)
+    # A new rank named for the same recipe is written at once, whatever the counts.
+    driver.feed(GateFeed("hidden.0", 96, {"dp0": RecipeResult(HIDDEN, 96, Status.ATTRIBUTED, (1,), ("output",)),
+                                          "dp1": RecipeResult(HIDDEN, 96, Status.AGREE)},
+                         (Finding(ReportKind.SDC, "replay-mismatch", (1,), 96, {"recipe": "hidden.0"}),)))
+    assert [(r["ranks"], r["evidence"]["counts"]) for r in sink.records if r["kind"] == "sdc"][-1] == ([1], [1])
     driver.close()

@@ -281,6 +281,29 @@ def test_EVID_3_EVID_4_groups_voted_separately_and_attributions_united() -> None
         combine_evidence(R, 3, [OK] * 4, {EvidenceKind.OUTPUT: [1, 1, 1]})
 
 
+def test_SELF_4_the_live_group_holds_codes_voted_by_decide_self_check() -> None:
+    signed = {EvidenceKind.OUTPUT: [4] * 4}
+    match, differ, unchecked = 1, 2, 0
+    checked = combine_evidence(R, 3, [OK] * 4, {**signed, EvidenceKind.LIVE: [match] * 4})
+    assert checked.status is Status.AGREE and checked.self_checked
+    # A transient fault in rank 2's live call: named by the live group alone.
+    live = combine_evidence(R, 3, [OK] * 4, {**signed, EvidenceKind.LIVE: [match, match, differ, match]})
+    assert (live.status, live.outliers, live.sources) == (Status.ATTRIBUTED, (2,), ("live",))
+    # With the replay's own evidence naming another rank, both are named, each with its source.
+    both = combine_evidence(R, 3, [OK] * 4, {EvidenceKind.OUTPUT: [4, 5, 4, 4],
+                                              EvidenceKind.LIVE: [match, match, differ, match]})
+    assert (both.outliers, both.sources) == ((1, 2), ("output", "live"))
+    # Nobody took part: decided by the other evidence alone, and not self-checked.
+    off = combine_evidence(R, 3, [OK] * 4, {**signed, EvidenceKind.LIVE: [unchecked] * 4})
+    assert off.status is Status.AGREE and not off.self_checked
+    # The majority's live path does not reproduce: could not check, never a fault.
+    noisy = combine_evidence(R, 3, [OK] * 4, {**signed, EvidenceKind.LIVE: [differ, differ, differ, match]})
+    assert (noisy.status, noisy.reason) == (Status.INCONCLUSIVE, "live:not-reproducible")
+    # Only an AGREE result is self-checked.
+    other = combine_evidence(R, 3, [OK] * 4, {EvidenceKind.OUTPUT: [4, 4, 5, 5], EvidenceKind.LIVE: [match] * 4})
+    assert other.status is Status.INCONCLUSIVE and not other.self_checked
+
+
 def test_EVID_5_singleton_group_is_inconclusive() -> None:
     result = combine_evidence(R, 1, [OK], {EvidenceKind.OUTPUT: [1]})
     assert result.status is Status.INCONCLUSIVE and result.reason == "singleton"

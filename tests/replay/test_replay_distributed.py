@@ -104,7 +104,9 @@ def test_FAULT_1_REPLAY_6_bit_flip_in_a_hidden_layer_output_on_rank_2_is_attribu
             "step": 2,
             "status": "ATTRIBUTED",
             "outliers": [2],
-            "sources": ["output"],
+            # The flip is the block's own forward hook, which its self-replay does not run
+            # (SELF-2): rank 2's live output also differs from its own replay.
+            "sources": ["output", "live"],
             "reason": None,
         }
     ]
@@ -141,7 +143,7 @@ def test_FAULT_1_SIG_3_any_flipped_bit_of_a_hidden_output_is_attributed(tmp_path
         ("hidden.0", 1, "AGREE"),
         ("hidden.1", 2, "ATTRIBUTED"),
     ], results
-    assert results[1]["outliers"] == [2] and results[1]["sources"] == ["output"]
+    assert results[1]["outliers"] == [2] and results[1]["sources"] == ["output", "live"]  # live: SELF-2
 
 
 def test_FAULT_1_the_same_attribution_through_the_projects_torch_transport(tmp_path: Path) -> None:

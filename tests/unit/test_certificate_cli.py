@@ -81,3 +81,42 @@ def test_unreadable_manifest_exits_2_naming_the_file(manifest_dir: Path, capsys:
     # A damaged newest generation in a directory: warned about, the last good one is used.
     assert main(["certificate", str(manifest_dir)]) == 0
     assert "warning" in capsys.readouterr().err
+
+
+def test_SELF_7_a_self_checked_replay_is_shown_and_kept_in_the_manifest(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """A verdict whose live path was self-checked is ``AGREE+live`` in the certificate, counted per
+    cycle, and ``"self_checked": true`` in its JSON; manifests written before the self-check
+    (no such key) read as not self-checked, and a key of the wrong type is damage."""
+    import attrs
+
+    from scout.gate.codec import CodecError, state_from_json, state_to_json
+    from scout.gate.model import GroupVerdict, Outcome, RecipeVerdicts
+
+    def live(event: object) -> object:
+        if isinstance(event, RecipeVerdicts) and event.recipe == "hidden":
+            return attrs.evolve(event, verdicts=tuple(attrs.evolve(v, self_checked=v.outcome is Outcome.AGREE)
+                                                      for v in event.verdicts))
+        return event
+
+    recorder, state = GateRecorder.open(tmp_path, CONFIG)
+    with recorder:
+        for event in story():
+            state, effects = step(state, live(event))
+            recorder.record(state, effects)
+    assert main(["certificate", str(tmp_path), "100"]) == 0
+    out = capsys.readouterr().out
+    assert "cycle 1 (before capture, steps 0..100): 3 replay(s), live path self-checked in 1" in out
+    assert "  hidden       10  AGREE+live    AGREE+live" in out
+    assert main(["certificate", str(tmp_path), "100", "--json"]) == 0
+    replays = json.loads(capsys.readouterr().out)["before"]["replays"]
+    assert [v.get("self_checked") for r in replays for v in r["verdicts"]] == [None, None, True, True, None, None]
+    encoded = state_to_json(state)
+    assert state_from_json(encoded) == state
+    text = json.dumps(encoded)
+    older = state_from_json(json.loads(text.replace(', "self_checked": true', '')))  # written before SELF-7
+    assert '"self_checked": true' in text and '"self_checked":' not in json.dumps(state_to_json(older))
+    with pytest.raises(CodecError, match="self_checked: expected true or false, got 1"):
+        state_from_json(json.loads(text.replace('"self_checked": true', '"self_checked": 1')))
+    with pytest.raises(ValueError, match="self_checked must be a bool, true only with AGREE"):
+        GroupVerdict("dp0", Outcome.INCONCLUSIVE, (), "no-majority", self_checked=True)
