@@ -30,7 +30,12 @@ from scout.job.pipeline import Pipeline
 from scout.job.run_dir import RunDir
 from scout.observer import instrument
 from scout.observer.launch import ObserverHandle
-from scout.observer.progress import ProgressPublisher, RecordIdentity, reclaim_stale_records
+from scout.observer.progress import (
+    ProgressPublisher,
+    RecordIdentity,
+    reclaim_stale_records,
+    remove_dead_records,
+)
 from scout.observer.startup import start_job_observer
 from scout.ops.launch import NodeOps, observer_rounds_path
 from scout.ops.slurm import host_name
@@ -69,6 +74,7 @@ def _instrument(model: nn.Module, identity: RecordIdentity) -> tuple[ProgressPub
     returns the publisher and how to listen to every collective of a step (LOOP-1: the
     instrumented ones and DDP's gradient buckets)."""
     reclaim_stale_records(identity)
+    remove_dead_records()  # PROGRESS-12: whatever crashed trainers of any job left on this host
     publisher = ProgressPublisher(identity)
     # Start-up is published as a checkpoint read (its long threshold): a slow start is never a hang report.
     publisher.begin_stage(Stage.CHECKPOINT_READ)

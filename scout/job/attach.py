@@ -33,6 +33,7 @@ from torch import nn
 from scout.core.failure import FailureClass
 from scout.gate import dcp
 from scout.gate.model import CheckpointId
+from scout.job import leaving
 from scout.job.assemble import assemble
 from scout.job.config import Config, load_config, unknown_variables
 from scout.job.gate_driver import RestoreDecision
@@ -45,6 +46,8 @@ from scout.reports.kinds import ReportKind, attempt_failure
 __all__ = ["FaultDetected", "Job", "attach"]
 
 logger = logging.getLogger("scout")
+#: A ``finished`` report's error text is cut to this many characters (a traceback is on stderr).
+ERROR_CHARS_MAX = 500
 
 
 class Job:
@@ -62,7 +65,30 @@ class Job:
         #: Seconds this rank spent in each part of scout inside job.step() (bench/attach_overhead.py).
         self.costs = self.pipeline.costs
         self.timeline = self._step = 0
-        self._started = self._closed = False
+        self._started = self._closed = self._leaving = False
+        leaving.watch(self)  # PROGRESS-11/12: the user's exceptions and the interpreter's exit
+
+    def leave(self, error: BaseException) -> None:
+        """PROGRESS-11: this rank leaves by ``error``. Before anything else, the progress record
+        says "exiting" (its observer stops judging it); then rank 0 writes a ``finished`` report
+        with the last step and the error (not for ``FaultDetected``: its ``restart`` report says
+        why). Idempotent; never raises (the caller is on its way out with ``error``)."""
+        if self._leaving or self._closed:
+            return
+        self._leaving = True
+        with contextlib.suppress(Exception):
+            self.publisher.mark_exiting()
+        if isinstance(error, FaultDetected):
+            return
+        reason = "interrupted" if isinstance(error, KeyboardInterrupt) else "exception"
+        with contextlib.suppress(Exception):
+            self.pipeline.reporter.record(ReportKind.FINISHED, reason, step=self._step,
+                                          evidence={"error": f"{type(error).__name__}: {error}"[:ERROR_CHARS_MAX]})
+
+    def remove_record(self) -> None:
+        """PROGRESS-12: at interpreter exit, remove this rank's progress record (closing it)."""
+        with contextlib.suppress(Exception):
+            self.publisher.close()
 
     def restore(self) -> int:
         """Collective. On a fresh run: 0. After a restart: restore (with DCP) the checkpoint the
@@ -70,8 +96,12 @@ class Job:
         step. A quarantined checkpoint is never loaded."""
         if self._started:
             raise RuntimeError("restore() must come before the first job.step(), once")
-        failure = attempt_failure(self.parts.run_dir.records()) if self.rank == 0 else None
-        self._begin(failure, checkpoints=self.parts.checkpoint_dir is not None)
+        try:
+            failure = attempt_failure(self.parts.run_dir.records()) if self.rank == 0 else None
+            self._begin(failure, checkpoints=self.parts.checkpoint_dir is not None)
+        except BaseException as error:  # PROGRESS-11: say "exiting" before anything else
+            self.leave(error)
+            raise
         return self._step
 
     def _begin(self, failure: FailureClass | None, *, checkpoints: bool) -> None:
@@ -101,6 +131,13 @@ class Job:
         fault's policy is ``restart``."""
         if self._closed:
             raise RuntimeError("this scout job was closed")
+        try:
+            self._run_step()
+        except BaseException as error:  # PROGRESS-11: say "exiting" before anything else
+            self.leave(error)
+            raise
+
+    def _run_step(self) -> None:
         if not self._started:  # no restore(): a fresh start at step 0, whatever the manifest holds
             self._begin(None, checkpoints=False)
         self._step += 1
@@ -145,7 +182,8 @@ class Job:
         if self._closed:
             return
         self._closed = True
-        if self._started:
+        leaving.unwatch(self)
+        if self._started and not self._leaving:
             self.pipeline.reporter.record(ReportKind.FINISHED, "closed", step=self._step)
         instrument.uninstrument()
         self.pipeline.close()
@@ -158,7 +196,9 @@ class Job:
     def __enter__(self) -> Job:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: object) -> None:
+        if error is not None:
+            self.leave(error)
         self.close()
 
 

@@ -239,9 +239,12 @@ def start_observer(
         "on_hang": on_hang,
         "kill_grace_s": kill_grace_s,
     }
+    # PROGRESS-12: a session of its own, so that a launcher's signal to the trainer's process
+    # group (torchrun's SIGINT or SIGTERM) does not end the observer before its trainer; it still
+    # ends with its trainer (parent-death signal, OBS-8) and then removes a record left behind.
     process = subprocess.Popen(
         [sys.executable, "-m", "scout.observer.process"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        env=_environment(), close_fds=True,
+        env=_environment(), close_fds=True, start_new_session=True,
     )
     try:
         _send(process, spec)

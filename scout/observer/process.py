@@ -14,7 +14,7 @@ so it starts in well under a second and stays small. The trainer starts it
 
 Then it runs the one observer driver (:func:`scout.observer.driver.drive`) over the real clock,
 the progress record and the UDP channel. It stops when its trainer exits: the record says
-"closed" (clean exit), or the trainer is gone (parent-death signal, the owner's pid and start
+"closed" (clean exit) or "exiting" (leaving by an exception, PROGRESS-11), or the trainer is gone (parent-death signal, the owner's pid and start
 time, end of file on stdin). Every wait is bounded, and a watchdog thread ends the process
 ``EXIT_DEADLINE_S`` after the trainer is gone or a stop signal came, whatever the loop is blocked
 on (OBS-8: an observer never outlives its trainer; it prints where it was stuck first).
@@ -200,13 +200,13 @@ class _World:
         self.hosts: tuple[str, ...] | None = None
         self.signalled = _Flag()
         self.reader: ProgressReader | None = None
-        self.record_closed = False
+        self.leaving = False  # the record says closed or exiting (PROGRESS-11)
 
     def now(self) -> float:
         return time.monotonic()
 
     def trainer_exit(self) -> bool | None:
-        if self.record_closed:
+        if self.leaving:
             return True
         if _trainer_gone(self.spec["trainer_pid"], self.spec["trainer_start_ticks"], self.signalled):
             return False
@@ -215,10 +215,10 @@ class _World:
         return None
 
     def _closed_record(self) -> bool:
-        """At the trainer's end: a clean exit closed the record first."""
+        """At the trainer's end: a clean exit closed the record first (or marked it exiting)."""
         if self.reader is not None:
             snapshot = self.reader.read()
-            return bool(snapshot is not None and snapshot.closed)
+            return bool(snapshot is not None and snapshot.leaving)
         return False
 
     def read_progress(self) -> Progress | None:
@@ -230,8 +230,8 @@ class _World:
         snapshot = self.reader.read() or self.reader.last_snapshot
         if snapshot is None:
             return None
-        if snapshot.closed:
-            self.record_closed = True
+        if snapshot.leaving:  # PROGRESS-11: closed, or leaving by an exception; never judged again
+            self.leaving = True
         return snapshot.progress(time.monotonic_ns())
 
     def join(self) -> bool | str:
