@@ -24,7 +24,7 @@ from scout.gate.recorder import GateWriter
 from scout.job.checks import ReplayCheck, build_checks
 from scout.job.config import Config
 from scout.job.control import ControlGroup
-from scout.job.gate_driver import GateDriver, Reporter
+from scout.job.gate_driver import GateDriver, Reporter, restarts_left
 from scout.job.hooks import publish_ddp_buckets
 from scout.job.pipeline import Pipeline
 from scout.job.run_dir import RunDir
@@ -137,7 +137,7 @@ def assemble(model: nn.Module, optimizer: torch.optim.Optimizer | None, *, run_d
             kill_grace_s=config.kill_grace_s, timeout_s=config.collective_timeout_s,
             rounds_path=observer_rounds_path(config, sink.path, rank))
     reporter = Reporter(sink if rank == 0 else None, job_id=identity.job_id, generation=identity.generation,
-                        hosts=hosts, rank=rank)
+                        hosts=hosts, rank=rank, restarts_left=restarts_left(), earlier_records=sink.records)
     checks: list[Any] = []
     cycle_steps, gate, ckpt = 0, None, None if checkpoint_dir is None else Path(checkpoint_dir)
     if config.replay:

@@ -52,10 +52,10 @@ def _faults(records: list[dict[str, Any]]) -> list[str]:
 
 def test_PROGRESS_11_an_exception_exit_that_takes_seconds_is_no_stall_and_says_its_step(tmp_path: Path) -> None:
     """Every rank raises at step 6 and then takes THRESHOLD_S + 3 s to exit (the example's
-    ``raise`` fault: a slow exit handler); before PROGRESS-11 every observer reported the
-    group stuck at one point (group_stall)."""
+    ``raise`` and ``slow-exit`` faults: a slow exit handler); before PROGRESS-11 every observer
+    reported the group stuck at one point (group_stall)."""
     job_id, run_dir = f"leaving-{uuid.uuid4().hex[:12]}", tmp_path / "run"
-    run = subprocess.run(_command(run_dir, 10, f"raise:-1:6:{THRESHOLD_S + 3}"), cwd=tmp_path,
+    run = subprocess.run(_command(run_dir, 10, f"raise:-1:6,slow-exit:-1:{THRESHOLD_S + 3}"), cwd=tmp_path,
                          env=_environment(job_id), capture_output=True, text=True, timeout=180)
     assert run.returncode != 0 and "EXAMPLE-FAULT raise" in run.stderr, run.stderr[-3000:]
     records = reports.read_records(run_dir / reports.REPORTS_FILE)
@@ -74,7 +74,7 @@ def test_PROGRESS_12_ctrl_c_to_torchrun_leaves_no_record_and_the_report_reads_th
         try:
             assert process.stdout is not None
             for line in process.stdout:  # rank 0 prints every 10 steps
-                if line.startswith("step 20 "):
+                if line.startswith("step 10 "):
                     break
             time.sleep(0.5)
             process.send_signal(signal.SIGINT)  # Ctrl-C: torchrun passes it to every worker's group
@@ -87,5 +87,5 @@ def test_PROGRESS_12_ctrl_c_to_torchrun_leaves_no_record_and_the_report_reads_th
     records = reports.read_records(run_dir / reports.REPORTS_FILE)
     assert _faults(records) == []
     (finished,) = [r for r in records if r["kind"] == "finished"]
-    assert finished["reason"] == "interrupted" and finished["step"] >= 20, finished
+    assert finished["reason"] == "interrupted" and finished["step"] >= 10, finished
     assert load_run(run_dir).last_step == finished["step"]
