@@ -35,11 +35,13 @@ from scout.gate import dcp
 from scout.gate.model import CheckpointId
 from scout.job import leaving
 from scout.job.assemble import assemble
-from scout.job.config import Config, load_config, unknown_variables
+from scout.job.config import Config, ConfigError, load_config, unknown_variables
 from scout.job.gate_driver import RestoreDecision
 from scout.job.pipeline import FaultDetected, run_step
+from scout.job.run_dir import ADOPT_VARIABLE, bind, bound_jobs, check_binding
 from scout.job.startup import check_directory, checked_on_every_rank
 from scout.observer import instrument
+from scout.observer.progress import launcher_job_id
 from scout.replay.collectives import TorchPeerGroup
 from scout.reports.kinds import ReportKind, attempt_failure
 
@@ -97,12 +99,17 @@ class Job:
         if self._started:
             raise RuntimeError("restore() must come before the first job.step(), once")
         try:
-            failure = attempt_failure(self.parts.run_dir.records()) if self.rank == 0 else None
+            failure = attempt_failure(self._our_records()) if self.rank == 0 else None
             self._begin(failure, checkpoints=self.parts.checkpoint_dir is not None)
         except BaseException as error:  # PROGRESS-11: say "exiting" before anything else
             self.leave(error)
             raise
         return self._step
+
+    def _our_records(self) -> list[dict[str, Any]]:
+        """RECOVERY-6: the run's reports written by the jobs the run directory is bound to."""
+        jobs = bound_jobs(self.parts.run_dir.path)
+        return [r for r in self.parts.run_dir.records() if jobs is None or r["job_id"] in jobs]
 
     def _begin(self, failure: FailureClass | None, *, checkpoints: bool) -> None:
         """Start the step loop where the gate's writer decides (every rank; collective)."""
@@ -204,24 +211,37 @@ class Job:
 
 def attach(model: nn.Module, optimizer: torch.optim.Optimizer | None, *, run_dir: str | os.PathLike[str],
            checkpoint_dir: str | os.PathLike[str] | None = None, peers: TorchPeerGroup | None = None,
-           config: str | os.PathLike[str] | Config | Mapping[str, Any] | None = None, **overrides: Any) -> Job:
+           config: str | os.PathLike[str] | Config | Mapping[str, Any] | None = None, adopt_run_dir: bool = False,
+           **overrides: Any) -> Job:
     """Attach scout to ``model`` (a plain module, DDP or FSDP2) and ``optimizer`` on every rank;
     collective over the world. ``peers``: the replay peer groups (default: the whole world as
     one group of data-parallel replicas; ``TorchPeerGroup.from_mesh`` for HSDP or 2-D meshes).
     ``config``: a TOML file, a mapping or a :class:`Config`; keyword ``overrides`` win over it,
-    and ``SCOUT_<KEY>`` environment variables over the file (docs/attach.md)."""
+    and ``SCOUT_<KEY>`` environment variables over the file (docs/attach.md). ``adopt_run_dir``
+    (or ``SCOUT_ADOPT_RUN_DIR=1``): continue a run directory bound to another job (RECOVERY-6)."""
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("scout.attach needs torch.distributed: call init_process_group first")
 
+    jobs: tuple[str, ...] = ()
+
     def checked() -> Config:
+        nonlocal jobs
         resolved = load_config(config, overrides)
         check_directory(run_dir, "run_dir")
         if checkpoint_dir is not None:
             check_directory(checkpoint_dir, "checkpoint_dir")
+        if dist.get_rank() == 0:  # the run directory is rank 0's (its reports, its gate)
+            try:
+                jobs = check_binding(run_dir, resolved.job_id or launcher_job_id(os.environ),
+                                     adopt=adopt_run_dir or _adopt_from_environment())
+            except ValueError as error:
+                raise ConfigError(str(error)) from None
         return resolved
 
     # Every rank checks; rank 0 says what is wrong, once (scout/job/startup.py).
     resolved = checked_on_every_rank(checked)
+    if dist.get_rank() == 0:
+        bind(run_dir, jobs)
     if dist.get_rank() == 0 and (ignored := unknown_variables()):
         logger.warning("scout: environment variable(s) %s are not scout settings and are ignored "
                        "(the settings are in docs/attach.md)", ", ".join(ignored))
@@ -229,3 +249,12 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer | None, *, run_dir
     job = Job(model, optimizer, run_dir=run_dir, checkpoint_dir=checkpoint_dir, peers=peers, config=resolved)
     logger.info("scout: attached on rank %d in %.2f s", job.rank, time.monotonic() - started)
     return job
+
+
+def _adopt_from_environment() -> bool:
+    value = os.environ.get(ADOPT_VARIABLE, "").strip().lower()
+    if value in ("", "0", "false", "no"):
+        return False
+    if value in ("1", "true", "yes"):
+        return True
+    raise ConfigError(f"environment variable {ADOPT_VARIABLE}={value!r}: expected 1 (adopt) or 0")
