@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -37,15 +38,15 @@ from scout.job import leaving
 from scout.job.assemble import assemble
 from scout.job.config import Config, ConfigError, load_config, unknown_variables
 from scout.job.gate_driver import RestoreDecision
-from scout.job.pipeline import FaultDetected, run_step
+from scout.job.pipeline import CheckpointSaveFailed, FaultDetected, run_step
 from scout.job.run_dir import ADOPT_VARIABLE, bind, bound_jobs, check_binding
 from scout.job.startup import check_directory, checked_on_every_rank
 from scout.observer import instrument
 from scout.observer.progress import launcher_job_id
 from scout.replay.collectives import TorchPeerGroup
-from scout.reports.kinds import ReportKind, attempt_failure
+from scout.reports.kinds import SAVE_FAILED, ReportKind, attempt_failure
 
-__all__ = ["FaultDetected", "Job", "attach"]
+__all__ = ["CheckpointSaveFailed", "FaultDetected", "Job", "attach"]
 
 logger = logging.getLogger("scout")
 #: A ``finished`` report's error text is cut to this many characters (a traceback is on stderr).
@@ -161,13 +162,67 @@ class Job:
             raise FaultDetected.of(outcome.stop)
 
     def _checkpoint(self, step: int) -> None:
-        """Save the checkpoint of ``step`` (collective, DCP) and tell the gate it is complete."""
+        """Save the checkpoint of ``step`` (collective, DCP) and tell the gate it is complete; a
+        save that fails is reported and handled by ``on_checkpoint_error`` alike on every rank
+        (GATE-40)."""
         assert self.parts.checkpoint_dir is not None
         checkpoint = CheckpointId(self.timeline, step)
-        with self.checkpoint_io("write", str(checkpoint)):
-            dcp.save_checkpoint(self.parts.checkpoint_dir, checkpoint, self.model, self._optimizer_for_dcp(),
-                                process_group=self.parts.control.group)
-        self.pipeline.captured(step)
+        path = dcp.checkpoint_path(self.parts.checkpoint_dir, checkpoint)
+        control = self.parts.control
+        failed: list[int] = []
+        error = control.broadcast(self._free_space_problem() if self.rank == 0 else None)
+        if error is None:
+            local: str | None = None
+            try:
+                with self.checkpoint_io("write", str(checkpoint)):
+                    dcp.save_checkpoint(self.parts.checkpoint_dir, checkpoint, self.model,
+                                        self._optimizer_for_dcp(), process_group=control.group)
+            except BaseException as raised:  # DCP's CheckpointException is a BaseException
+                if isinstance(raised, (KeyboardInterrupt, SystemExit, GeneratorExit)):
+                    raise
+                local = _save_error_text(raised)
+            errors = control.all_gather(local)
+            failed = [rank for rank, text in enumerate(errors) if text]
+            error = next((text for text in errors if text), None)
+        manifest = False
+        if error is None:
+            try:
+                self.pipeline.captured(step)  # rank 0 records it in the manifest
+            except OSError as raised:
+                local, manifest = _error_text(raised), True
+            else:
+                local = None
+            error = control.broadcast(local)
+            manifest = bool(control.broadcast(manifest))
+            failed = [0] if error else []
+        if error is None:
+            return
+        stop = manifest or self.config.on_checkpoint_error == "stop"
+        then = "the job stops" if stop else "training goes on without it"
+        where = str(self.parts.run_dir.path / "gate") if manifest else str(path)
+        self.pipeline.reporter.record(ReportKind.CHECKPOINT, SAVE_FAILED, ranks=failed, step=step, evidence={
+            "checkpoint": str(checkpoint), "path": where, "error": error,
+            "policy": "manifest" if manifest else f"on_checkpoint_error={self.config.on_checkpoint_error}"})
+        message = f"scout: the checkpoint of step {step} could not be saved to {where}: {error}; {then} (GATE-40)"
+        if self.rank == 0:
+            logger.error("%s", message)
+        if stop:
+            raise CheckpointSaveFailed(message)
+
+    def _free_space_problem(self) -> str | None:
+        """GATE-40: why a save cannot succeed before it starts (rank 0): less free space in
+        checkpoint_dir than this rank's share of the state."""
+        assert self.parts.checkpoint_dir is not None
+        needed = sum(t.numel() * t.element_size() for t in _tensors((self.model.state_dict(),
+                                                                     self._optimizer_for_dcp().state_dict())))
+        try:
+            free = shutil.disk_usage(self.parts.checkpoint_dir).free
+        except OSError as error:
+            return _error_text(error)
+        if free >= needed:
+            return None
+        return (f"not enough free space: {free} bytes free in {self.parts.checkpoint_dir}, and this rank's share of "
+                f"the state alone is {needed} bytes; free space, then restart")
 
     def loader(self, loader: Any, name: str = "train") -> Any:
         """Wrap a data loader so that waiting for a batch is published as data loading (a slow
@@ -258,3 +313,32 @@ def _adopt_from_environment() -> bool:
     if value in ("1", "true", "yes"):
         return True
     raise ConfigError(f"environment variable {ADOPT_VARIABLE}={value!r}: expected 1 (adopt) or 0")
+
+
+def _error_text(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"[:ERROR_CHARS_MAX]
+
+
+def _save_error_text(error: BaseException) -> str:
+    """A failed save in one line: DCP's CheckpointException holds every failing rank's error
+    with its traceback; the first rank's error and the list of ranks say it."""
+    failures = getattr(error, "failures", None)
+    if isinstance(failures, dict) and failures:
+        first = min(failures)
+        cause = failures[first][0] if isinstance(failures[first], tuple) else failures[first]
+        return _error_text(cause)[:ERROR_CHARS_MAX - 40] + f" (DCP: ranks {sorted(failures)} failed)"
+    return _error_text(error)
+
+
+def _tensors(value: Any) -> Iterator[torch.Tensor]:
+    """Every tensor in nested dicts, lists and tuples (a state dict)."""
+    if isinstance(value, torch.Tensor):
+        # A DTensor (FSDP2) counts its local shard: the bytes this rank writes.
+        to_local = getattr(value, "to_local", None)
+        yield to_local() if callable(to_local) else value
+    elif isinstance(value, Mapping):
+        for item in value.values():
+            yield from _tensors(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item)

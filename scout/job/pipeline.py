@@ -178,6 +178,12 @@ class FaultDetected(RuntimeError):
         return cls(stop.kind.value, stop.step, stop.ranks, stop.hosts, stop.reason, stop.restarts_spent)
 
 
+class CheckpointSaveFailed(RuntimeError):
+    """Raised by ``job.step()`` on every rank when a checkpoint save failed and
+    ``on_checkpoint_error = "stop"`` (spec/gate.md GATE-40); the ``checkpoint`` report
+    ``save-failed`` in ``run_dir`` names the path and the error."""
+
+
 @attrs.frozen
 class StepOutcome:
     step: int

@@ -130,6 +130,8 @@ assert set(_TRAITS) == set(ReportKind), "every report kind has its traits"
 _BY_VALUE: Final = {kind.value: kind for kind in ReportKind}
 #: The ``restart`` reasons that mark the start of an attempt (``scout.attach``'s restore writes them).
 ATTEMPT_STARTS: Final = frozenset({"started", "restored"})
+#: The ``checkpoint`` reason of a save that failed or was not attempted (spec/gate.md GATE-40).
+SAVE_FAILED: Final = "save-failed"
 #: The ``restart`` reason of a stop with no restart left (spec/recovery.md RECOVERY-5).
 EXHAUSTED: Final = "exhausted"
 
