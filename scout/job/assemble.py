@@ -61,9 +61,34 @@ class Assembly:
     ops: NodeOps | None
 
 
+def _rendezvous_backend(parent: int) -> str | None:
+    """torchrun's rendezvous backend, read from the agent's command line (the trainer's parent);
+    None when the parent is not torchrun or cannot be read."""
+    try:
+        arguments = [a.decode(errors="replace") for a in Path(f"/proc/{parent}/cmdline").read_bytes().split(b"\0")]
+    except OSError:
+        return None
+    if not any(a.endswith("torchrun") or a == "torch.distributed.run" for a in arguments):
+        return None
+    if "--standalone" in arguments:
+        return "c10d"
+    for index, argument in enumerate(arguments):
+        for flag in ("--rdzv-backend", "--rdzv_backend"):
+            if argument.startswith(flag + "="):
+                return argument.split("=", 1)[1]
+            if argument == flag and index + 1 < len(arguments):
+                return arguments[index + 1]
+    return "static"  # torchrun's default
+
+
 def _warn_about_the_launcher(rank: int) -> None:
+    restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) > 0
+    if rank == 0 and restarts and _rendezvous_backend(os.getppid()) == "static":
+        logger.warning("scout: torchrun's static rendezvous (--master-port without --rdzv-backend) fails to restart "
+                       "in most runs on torch 2.13 (gloo cannot connect in the restarted attempt); for restarts launch "
+                       "with --standalone or --rdzv-backend c10d --rdzv-endpoint HOST:PORT (docs/attach.md)")
     if (rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-            and int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) > 0):
+            and restarts):
         logger.warning("scout: torchrun shares its rendezvous store with the workers, and torch 2.13's "
                        "restarted attempts can then read the previous attempt's addresses and fail to connect "
                        "(pytorch issue 135712); launch with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for restarts")

@@ -83,6 +83,7 @@ def test_GATE_40_under_torchrun_a_full_checkpoint_disk_is_a_save_failed_report_a
 
 
 @pytest.mark.torchdist
+@pytest.mark.slow  # a second 4-rank torchrun job (36-52 s at load 15 on 2 cores); the full-disk case is the bounded one
 def test_GATE_40_under_torchrun_a_save_into_a_read_only_file_system_is_reported_and_training_goes_on(
         tmp_path: Path) -> None:
     with _small_filesystem(tmp_path / "ckpt", "256m") as checkpoint_dir, subprocess.Popen(
