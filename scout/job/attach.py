@@ -117,6 +117,9 @@ class Job:
         decision: RestoreDecision = self.parts.control.broadcast(
             self.pipeline.decide_restore(failure, checkpoints=checkpoints))
         if decision.checkpoint is not None and self.parts.checkpoint_dir is not None:
+            missing = missing_checkpoint(decision, self.parts.checkpoint_dir)
+            if missing is not None:
+                raise FileNotFoundError(missing)
             with self.checkpoint_io("read", str(decision.checkpoint)):
                 loaded = dcp.load_checkpoint(self.parts.checkpoint_dir, decision.checkpoint, self.model,
                                              self._optimizer_for_dcp())
@@ -342,3 +345,19 @@ def _tensors(value: Any) -> Iterator[torch.Tensor]:
     elif isinstance(value, (list, tuple)):
         for item in value:
             yield from _tensors(item)
+
+
+def missing_checkpoint(decision: RestoreDecision, checkpoint_dir: str | os.PathLike[str]) -> str | None:
+    """RECOVERY-7: why the chosen checkpoint cannot be loaded (its files are not there), in one
+    line that says how to go on; None when it is there."""
+    if decision.checkpoint is None:
+        return None
+    path = dcp.checkpoint_path(checkpoint_dir, decision.checkpoint)
+    if (path / ".metadata").exists():
+        return None
+    choice = "" if decision.choice is None else f"{decision.choice.value} "
+    failure = "" if decision.failure is None else f" for a {decision.failure.value} failure"
+    return (f"scout: restore() chose the {choice}checkpoint {decision.checkpoint} (step {decision.step}){failure}, but "
+            f"{path} holds no complete checkpoint: checkpoint_dir {str(checkpoint_dir)!r} was moved, deleted or is "
+            "not mounted here; put it back, or start afresh with another run_dir (scout never discards a verified "
+            "checkpoint by itself; spec/recovery.md RECOVERY-7)")

@@ -97,3 +97,25 @@ def test_RECOVERY_6_under_torchrun_a_directory_without_binding_is_bound_and_othe
     assert (started["reason"], started["evidence"]["failure"]) == ("started", None), started
     (finished,) = [r for r in records if r["kind"] == "finished"]
     assert (finished["job_id"], finished["step"]) == ("new-job", 3)
+
+
+def test_RECOVERY_7_a_chosen_checkpoint_whose_files_are_gone_is_named_with_how_to_go_on(tmp_path: Path) -> None:
+    from scout.core.failure import FailureClass
+    from scout.gate.dcp import checkpoint_path
+    from scout.gate.model import CheckpointId
+    from scout.gate.recovery import Choice
+    from scout.job.attach import missing_checkpoint
+    from scout.job.gate_driver import RestoreDecision
+
+    decision = RestoreDecision(40, CheckpointId(0, 40), FailureClass.SDC, Choice.VERIFIED, 1)
+    message = missing_checkpoint(decision, tmp_path / "ckpt")
+    assert message is not None and "\n" not in message
+    for says in ("verified checkpoint t0/s40", "(step 40) for a sdc failure", str(checkpoint_path(tmp_path / "ckpt",
+                 CheckpointId(0, 40))), "put it back", "another run_dir"):
+        assert says in message, message
+    path = checkpoint_path(tmp_path / "ckpt", CheckpointId(0, 40))
+    path.mkdir(parents=True)
+    assert missing_checkpoint(decision, tmp_path / "ckpt") is not None  # a directory without DCP's metadata
+    (path / ".metadata").write_bytes(b"")
+    assert missing_checkpoint(decision, tmp_path / "ckpt") is None
+    assert missing_checkpoint(RestoreDecision(0, None, None, None, 0), tmp_path / "gone") is None
