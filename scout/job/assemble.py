@@ -160,7 +160,7 @@ def assemble(model: nn.Module, optimizer: torch.optim.Optimizer | None, *, run_d
             observer_host=config.observer_host, report_path=sink.reports_path,
             exclude_hosts_path=sink.exclude_hosts_path, hostname=hostname, on_hang=config.on_hang,
             kill_grace_s=config.kill_grace_s, timeout_s=config.collective_timeout_s,
-            rounds_path=observer_rounds_path(config, sink.path, rank))
+            rounds_path=observer_rounds_path(config, sink.path, rank), restarts_left=restarts_left())
     reporter = Reporter(sink if rank == 0 else None, job_id=identity.job_id, generation=identity.generation,
                         hosts=hosts, rank=rank, restarts_left=restarts_left(), earlier_records=sink.records)
     checks: list[Any] = []

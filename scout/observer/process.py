@@ -51,7 +51,7 @@ from scout.observer.channel import UdpChannel
 from scout.observer.driver import DriverOp, ObserverRun, Pause, Receive, Transmit
 from scout.observer.progress import ProgressError, ProgressReader, RecordNotFound, process_alive
 from scout.observer.rendezvous import RendezvousFailed, peers_from_records
-from scout.reports.kinds import ReportKind
+from scout.reports.kinds import EXHAUSTED, ReportKind, at_fault_in_every_attempt
 
 __all__ = ["EXIT_FAILED", "main"]
 
@@ -278,14 +278,37 @@ class _World:
         print(reports.record_line(record), file=sys.stderr, flush=True)
         self.out.send({"report": record})
 
+    def _exhausted(self, record: dict[str, Any]) -> None:
+        """RECOVERY-5: the launcher has no restart left, so ending the trainer ends the job; say
+        so once, naming who was at fault in every attempt."""
+        path = self.spec.get("report_path")
+        try:
+            earlier = reports.read_records(path) if path else []
+        except (OSError, ValueError):
+            earlier = []
+        ranks, hosts = at_fault_in_every_attempt(earlier, self.spec["generation"], record["ranks"], record["hosts"])
+        attempts = self.spec["generation"] + 1
+        self._publish(reports.make_record(
+            ReportKind.RESTART, reason=EXHAUSTED, job_id=self.spec["job_id"], generation=self.spec["generation"],
+            ranks=ranks, hosts=list(hosts), step=record["step"], reporter_rank=self.rank,
+            evidence={"policy": "on_hang=restart", "fault": record["kind"], "fault_ranks": record["ranks"],
+                      "fault_hosts": record["hosts"], "attempts": attempts}))
+        print(f"scout: restarts are spent: the job stops at step {record['step']} after {attempts} attempt(s) "
+              f"({record['kind']} on rank(s) {record['ranks']}); at fault in every attempt: rank(s) {list(ranks)}",
+              file=sys.stderr, flush=True)
+        self.spec["restarts_left"] = None  # said once
+
     def _restart(self, record: dict[str, Any]) -> None:
         """on_hang = restart: name the hosts at fault for the scheduler, then end our trainer."""
         exclude = self.spec.get("exclude_hosts_path")
         if exclude and record["hosts"]:
             reports.append_hosts(exclude, record["hosts"])
+        spent = self.spec.get("restarts_left") == 0
+        if spent:
+            self._exhausted(record)
         pid = self.spec["trainer_pid"]
-        print(f"scout: on_hang=restart: ending trainer rank {self.rank} (pid {pid}) so the launcher restarts the job",
-              file=sys.stderr, flush=True)
+        then = "; the restarts are spent, so the job stops" if spent else " so the launcher restarts the job"
+        print(f"scout: on_hang=restart: ending trainer rank {self.rank} (pid {pid}){then}", file=sys.stderr, flush=True)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + float(self.spec.get("kill_grace_s", 5.0))

@@ -103,3 +103,24 @@ def test_RECOVERY_5_under_torchrun_without_restarts_an_sdc_stop_says_the_restart
     assert "launcher restarts it" not in run.stderr
     (attempt,) = attempts_of(load_run(run_dir))
     assert attempt.ended == f"job stopped at step {sdc['step']}: restarts spent" and attempt.ended_badly
+
+
+@pytest.mark.torchdist
+@pytest.mark.slow  # a 4-rank torchrun job with a 7 s hang; the unit tests above are its bounded versions
+def test_RECOVERY_5_under_torchrun_without_restarts_a_hang_stopped_by_the_observer_says_the_restarts_are_spent(
+        tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    env = {key: value for key, value in os.environ.items() if not key.startswith("SCOUT_")}
+    env.update({"OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "SCOUT_ON_HANG": "restart",
+                "SCOUT_STALL_THRESHOLD_S": "3", "SCOUT_RECHECK_INTERVAL_S": "2"})
+    command = [str(TORCHRUN), "--nproc-per-node", "4", "--standalone", "--max-restarts", "0", str(EXAMPLE),
+               "--steps", "14", "--run-dir", str(run_dir), "--fault", "hang-before-backward:2:10:30"]
+    run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    assert run.returncode != 0, run.stderr[-3000:]
+    records = reports.read_records(run_dir / reports.REPORTS_FILE)
+    (hang,) = [r for r in records if r["kind"] == "hang"]
+    (exhausted,) = [r for r in records if r["kind"] == "restart" and r["reason"] == "exhausted"]
+    assert (exhausted["ranks"], exhausted["hosts"], exhausted["step"]) == ([2], hang["hosts"], hang["step"])
+    assert exhausted["evidence"]["policy"] == "on_hang=restart"
+    assert run.stderr.count("scout: restarts are spent: the job stops at step") == 1, run.stderr[-3000:]
+    assert "the restarts are spent, so the job stops" in run.stderr
