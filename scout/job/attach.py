@@ -68,7 +68,7 @@ class Job:
         #: Seconds this rank spent in each part of scout inside job.step() (bench/attach_overhead.py).
         self.costs = self.pipeline.costs
         self.timeline = self._step = 0
-        self._started = self._closed = self._leaving = False
+        self._started = self._closed = self._leaving = self._said_left = False
         leaving.watch(self)  # PROGRESS-11/12: the user's exceptions and the interpreter's exit
 
     def leave(self, error: BaseException) -> None:
@@ -142,6 +142,10 @@ class Job:
         fault's policy is ``restart``."""
         if self._closed:
             raise RuntimeError("this scout job was closed")
+        if self._leaving and not self._said_left:
+            self._said_left = True
+            logger.warning("scout: job.step() after an exception left rank %d: its observer no longer watches it "
+                           "(spec/observer.md PROGRESS-11); let the exception end the process", self.rank)
         try:
             self._run_step()
         except BaseException as error:  # PROGRESS-11: say "exiting" before anything else

@@ -68,6 +68,7 @@ def _old_run(run_dir: Path) -> None:
 
 
 @pytest.mark.torchdist
+@pytest.mark.slow  # 55 s at load 15 (rank 0's error, then the others leave 5 s later); the unit tests above bound it
 def test_RECOVERY_6_under_torchrun_a_run_directory_of_another_job_is_refused_in_one_line(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     _old_run(run_dir)
