@@ -24,6 +24,10 @@ neither a torchrun restart nor a Slurm requeue -- so a restart runs clean):
                                 device, throttled or degraded);
 - ``loop-slow:RANK:FACTOR``     RANK's host-side loop work takes FACTOR times the step (a slow
                                 data path);
+- ``raise:RANK:STEP``           RANK (-1: every rank) raises an exception of the training loop
+                                before backward;
+- ``slow-exit:RANK:SECONDS``    RANK's (-1: every rank's) exit takes SECONDS, however it leaves
+                                (an exit handler of the user's that tears down slowly);
 - ``gpu-hang:RANK:STEP:SECONDS``  RANK's GPU runs a kernel that spins for SECONDS before the
                                 forward of STEP (a kernel that does not end); its CPU goes on
                                 until it has to wait for the GPU (CUDA only).
@@ -126,7 +130,8 @@ class Faults:
                        and int(os.environ.get("SLURM_RESTART_COUNT", "0")) == 0)
         self.target = int(fields[0]) if fields else -1
         self.values = [float(f) for f in fields[1:]]
-        self.mine = self.active and rank == self.target
+        self.exit_slowed = False
+        self.mine = self.active and (rank == self.target or (self.kind in ("raise", "slow-exit") and self.target == -1))
         if self.mine and self.kind == "slow":
             self._slow_device(self.values[0])
 
@@ -207,6 +212,15 @@ class Faults:
         print(f"EXAMPLE-FAULT {self.kind} rank {self.rank} step {step} at {time.time():.3f}", file=sys.stderr, flush=True)
 
     def before_backward(self, step: int) -> None:
+        if self.mine and self.kind == "slow-exit" and not self.exit_slowed:
+            import atexit
+
+            # Registered after scout.attach, so it runs before scout's: exit handlers run last-in first.
+            atexit.register(time.sleep, self.values[0])
+            self.exit_slowed = True
+        if self.mine and self.kind == "raise" and step == int(self.values[0]):
+            self.announce(step)
+            raise RuntimeError(f"EXAMPLE-FAULT raise: the training loop of rank {self.rank} failed at step {step}")
         if self.mine and self.kind == "hang-before-backward" and step == int(self.values[0]):
             self.announce(step)
             time.sleep(self.values[1])

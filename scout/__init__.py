@@ -21,12 +21,13 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.2.0"
-__all__ = ["Config", "ConfigError", "FaultDetected", "Job", "__version__", "attach"]
+__all__ = ["CheckpointSaveFailed", "Config", "ConfigError", "FaultDetected", "Job", "__version__", "attach"]
 
 _LAZY = {
     "attach": "scout.job.attach",
     "Job": "scout.job.attach",
     "FaultDetected": "scout.job.attach",
+    "CheckpointSaveFailed": "scout.job.attach",
     "Config": "scout.job.config",
     "ConfigError": "scout.job.config",
 }

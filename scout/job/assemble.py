@@ -24,13 +24,18 @@ from scout.gate.recorder import GateWriter
 from scout.job.checks import ReplayCheck, build_checks
 from scout.job.config import Config
 from scout.job.control import ControlGroup
-from scout.job.gate_driver import GateDriver, Reporter
+from scout.job.gate_driver import GateDriver, Reporter, restarts_left
 from scout.job.hooks import publish_ddp_buckets
 from scout.job.pipeline import Pipeline
 from scout.job.run_dir import RunDir
 from scout.observer import instrument
 from scout.observer.launch import ObserverHandle
-from scout.observer.progress import ProgressPublisher, RecordIdentity, reclaim_stale_records
+from scout.observer.progress import (
+    ProgressPublisher,
+    RecordIdentity,
+    reclaim_stale_records,
+    remove_dead_records,
+)
 from scout.observer.startup import start_job_observer
 from scout.ops.launch import NodeOps, observer_rounds_path
 from scout.ops.slurm import host_name
@@ -56,9 +61,34 @@ class Assembly:
     ops: NodeOps | None
 
 
+def _rendezvous_backend(parent: int) -> str | None:
+    """torchrun's rendezvous backend, read from the agent's command line (the trainer's parent);
+    None when the parent is not torchrun or cannot be read."""
+    try:
+        arguments = [a.decode(errors="replace") for a in Path(f"/proc/{parent}/cmdline").read_bytes().split(b"\0")]
+    except OSError:
+        return None
+    if not any(a.endswith("torchrun") or a == "torch.distributed.run" for a in arguments):
+        return None
+    if "--standalone" in arguments:
+        return "c10d"
+    for index, argument in enumerate(arguments):
+        for flag in ("--rdzv-backend", "--rdzv_backend"):
+            if argument.startswith(flag + "="):
+                return argument.split("=", 1)[1]
+            if argument == flag and index + 1 < len(arguments):
+                return arguments[index + 1]
+    return "static"  # torchrun's default
+
+
 def _warn_about_the_launcher(rank: int) -> None:
+    restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) > 0
+    if rank == 0 and restarts and _rendezvous_backend(os.getppid()) == "static":
+        logger.warning("scout: torchrun's static rendezvous (--master-port without --rdzv-backend) fails to restart "
+                       "in most runs on torch 2.13 (gloo cannot connect in the restarted attempt); for restarts launch "
+                       "with --standalone or --rdzv-backend c10d --rdzv-endpoint HOST:PORT (docs/attach.md)")
     if (rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-            and int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) > 0):
+            and restarts):
         logger.warning("scout: torchrun shares its rendezvous store with the workers, and torch 2.13's "
                        "restarted attempts can then read the previous attempt's addresses and fail to connect "
                        "(pytorch issue 135712); launch with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for restarts")
@@ -69,6 +99,7 @@ def _instrument(model: nn.Module, identity: RecordIdentity) -> tuple[ProgressPub
     returns the publisher and how to listen to every collective of a step (LOOP-1: the
     instrumented ones and DDP's gradient buckets)."""
     reclaim_stale_records(identity)
+    remove_dead_records()  # PROGRESS-12: whatever crashed trainers of any job left on this host
     publisher = ProgressPublisher(identity)
     # Start-up is published as a checkpoint read (its long threshold): a slow start is never a hang report.
     publisher.begin_stage(Stage.CHECKPOINT_READ)
@@ -129,9 +160,9 @@ def assemble(model: nn.Module, optimizer: torch.optim.Optimizer | None, *, run_d
             observer_host=config.observer_host, report_path=sink.reports_path,
             exclude_hosts_path=sink.exclude_hosts_path, hostname=hostname, on_hang=config.on_hang,
             kill_grace_s=config.kill_grace_s, timeout_s=config.collective_timeout_s,
-            rounds_path=observer_rounds_path(config, sink.path, rank))
+            rounds_path=observer_rounds_path(config, sink.path, rank), restarts_left=restarts_left())
     reporter = Reporter(sink if rank == 0 else None, job_id=identity.job_id, generation=identity.generation,
-                        hosts=hosts, rank=rank)
+                        hosts=hosts, rank=rank, restarts_left=restarts_left(), earlier_records=sink.records)
     checks: list[Any] = []
     cycle_steps, gate, ckpt = 0, None, None if checkpoint_dir is None else Path(checkpoint_dir)
     if config.replay:

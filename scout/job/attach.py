@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -33,18 +34,23 @@ from torch import nn
 from scout.core.failure import FailureClass
 from scout.gate import dcp
 from scout.gate.model import CheckpointId
+from scout.job import leaving
 from scout.job.assemble import assemble
-from scout.job.config import Config, load_config, unknown_variables
+from scout.job.config import Config, ConfigError, load_config, unknown_variables
 from scout.job.gate_driver import RestoreDecision
-from scout.job.pipeline import FaultDetected, run_step
+from scout.job.pipeline import CheckpointSaveFailed, FaultDetected, run_step
+from scout.job.run_dir import ADOPT_VARIABLE, bind, bound_jobs, check_binding
 from scout.job.startup import check_directory, checked_on_every_rank
 from scout.observer import instrument
+from scout.observer.progress import launcher_job_id
 from scout.replay.collectives import TorchPeerGroup
-from scout.reports.kinds import ReportKind, attempt_failure
+from scout.reports.kinds import SAVE_FAILED, ReportKind, attempt_failure
 
-__all__ = ["FaultDetected", "Job", "attach"]
+__all__ = ["CheckpointSaveFailed", "FaultDetected", "Job", "attach"]
 
 logger = logging.getLogger("scout")
+#: A ``finished`` report's error text is cut to this many characters (a traceback is on stderr).
+ERROR_CHARS_MAX = 500
 
 
 class Job:
@@ -62,7 +68,30 @@ class Job:
         #: Seconds this rank spent in each part of scout inside job.step() (bench/attach_overhead.py).
         self.costs = self.pipeline.costs
         self.timeline = self._step = 0
-        self._started = self._closed = False
+        self._started = self._closed = self._leaving = self._said_left = False
+        leaving.watch(self)  # PROGRESS-11/12: the user's exceptions and the interpreter's exit
+
+    def leave(self, error: BaseException) -> None:
+        """PROGRESS-11: this rank leaves by ``error``. Before anything else, the progress record
+        says "exiting" (its observer stops judging it); then rank 0 writes a ``finished`` report
+        with the last step and the error (not for ``FaultDetected``: its ``restart`` report says
+        why). Idempotent; never raises (the caller is on its way out with ``error``)."""
+        if self._leaving or self._closed:
+            return
+        self._leaving = True
+        with contextlib.suppress(Exception):
+            self.publisher.mark_exiting()
+        if isinstance(error, FaultDetected):
+            return
+        reason = "interrupted" if isinstance(error, KeyboardInterrupt) else "exception"
+        with contextlib.suppress(Exception):
+            self.pipeline.reporter.record(ReportKind.FINISHED, reason, step=self._step,
+                                          evidence={"error": f"{type(error).__name__}: {error}"[:ERROR_CHARS_MAX]})
+
+    def remove_record(self) -> None:
+        """PROGRESS-12: at interpreter exit, remove this rank's progress record (closing it)."""
+        with contextlib.suppress(Exception):
+            self.publisher.close()
 
     def restore(self) -> int:
         """Collective. On a fresh run: 0. After a restart: restore (with DCP) the checkpoint the
@@ -70,15 +99,27 @@ class Job:
         step. A quarantined checkpoint is never loaded."""
         if self._started:
             raise RuntimeError("restore() must come before the first job.step(), once")
-        failure = attempt_failure(self.parts.run_dir.records()) if self.rank == 0 else None
-        self._begin(failure, checkpoints=self.parts.checkpoint_dir is not None)
+        try:
+            failure = attempt_failure(self._our_records()) if self.rank == 0 else None
+            self._begin(failure, checkpoints=self.parts.checkpoint_dir is not None)
+        except BaseException as error:  # PROGRESS-11: say "exiting" before anything else
+            self.leave(error)
+            raise
         return self._step
+
+    def _our_records(self) -> list[dict[str, Any]]:
+        """RECOVERY-6: the run's reports written by the jobs the run directory is bound to."""
+        jobs = bound_jobs(self.parts.run_dir.path)
+        return [r for r in self.parts.run_dir.records() if jobs is None or r["job_id"] in jobs]
 
     def _begin(self, failure: FailureClass | None, *, checkpoints: bool) -> None:
         """Start the step loop where the gate's writer decides (every rank; collective)."""
         decision: RestoreDecision = self.parts.control.broadcast(
             self.pipeline.decide_restore(failure, checkpoints=checkpoints))
         if decision.checkpoint is not None and self.parts.checkpoint_dir is not None:
+            missing = missing_checkpoint(decision, self.parts.checkpoint_dir)
+            if missing is not None:
+                raise FileNotFoundError(missing)
             with self.checkpoint_io("read", str(decision.checkpoint)):
                 loaded = dcp.load_checkpoint(self.parts.checkpoint_dir, decision.checkpoint, self.model,
                                              self._optimizer_for_dcp())
@@ -101,6 +142,17 @@ class Job:
         fault's policy is ``restart``."""
         if self._closed:
             raise RuntimeError("this scout job was closed")
+        if self._leaving and not self._said_left:
+            self._said_left = True
+            logger.warning("scout: job.step() after an exception left rank %d: its observer no longer watches it "
+                           "(spec/observer.md PROGRESS-11); let the exception end the process", self.rank)
+        try:
+            self._run_step()
+        except BaseException as error:  # PROGRESS-11: say "exiting" before anything else
+            self.leave(error)
+            raise
+
+    def _run_step(self) -> None:
         if not self._started:  # no restore(): a fresh start at step 0, whatever the manifest holds
             self._begin(None, checkpoints=False)
         self._step += 1
@@ -117,13 +169,67 @@ class Job:
             raise FaultDetected.of(outcome.stop)
 
     def _checkpoint(self, step: int) -> None:
-        """Save the checkpoint of ``step`` (collective, DCP) and tell the gate it is complete."""
+        """Save the checkpoint of ``step`` (collective, DCP) and tell the gate it is complete; a
+        save that fails is reported and handled by ``on_checkpoint_error`` alike on every rank
+        (GATE-40)."""
         assert self.parts.checkpoint_dir is not None
         checkpoint = CheckpointId(self.timeline, step)
-        with self.checkpoint_io("write", str(checkpoint)):
-            dcp.save_checkpoint(self.parts.checkpoint_dir, checkpoint, self.model, self._optimizer_for_dcp(),
-                                process_group=self.parts.control.group)
-        self.pipeline.captured(step)
+        path = dcp.checkpoint_path(self.parts.checkpoint_dir, checkpoint)
+        control = self.parts.control
+        failed: list[int] = []
+        error = control.broadcast(self._free_space_problem() if self.rank == 0 else None)
+        if error is None:
+            local: str | None = None
+            try:
+                with self.checkpoint_io("write", str(checkpoint)):
+                    dcp.save_checkpoint(self.parts.checkpoint_dir, checkpoint, self.model,
+                                        self._optimizer_for_dcp(), process_group=control.group)
+            except BaseException as raised:  # DCP's CheckpointException is a BaseException
+                if isinstance(raised, (KeyboardInterrupt, SystemExit, GeneratorExit)):
+                    raise
+                local = _save_error_text(raised)
+            errors = control.all_gather(local)
+            failed = [rank for rank, text in enumerate(errors) if text]
+            error = next((text for text in errors if text), None)
+        manifest = False
+        if error is None:
+            try:
+                self.pipeline.captured(step)  # rank 0 records it in the manifest
+            except OSError as raised:
+                local, manifest = _error_text(raised), True
+            else:
+                local = None
+            error = control.broadcast(local)
+            manifest = bool(control.broadcast(manifest))
+            failed = [0] if error else []
+        if error is None:
+            return
+        stop = manifest or self.config.on_checkpoint_error == "stop"
+        then = "the job stops" if stop else "training goes on without it"
+        where = str(self.parts.run_dir.path / "gate") if manifest else str(path)
+        self.pipeline.reporter.record(ReportKind.CHECKPOINT, SAVE_FAILED, ranks=failed, step=step, evidence={
+            "checkpoint": str(checkpoint), "path": where, "error": error,
+            "policy": "manifest" if manifest else f"on_checkpoint_error={self.config.on_checkpoint_error}"})
+        message = f"scout: the checkpoint of step {step} could not be saved to {where}: {error}; {then} (GATE-40)"
+        if self.rank == 0:
+            logger.error("%s", message)
+        if stop:
+            raise CheckpointSaveFailed(message)
+
+    def _free_space_problem(self) -> str | None:
+        """GATE-40: why a save cannot succeed before it starts (rank 0): less free space in
+        checkpoint_dir than this rank's share of the state."""
+        assert self.parts.checkpoint_dir is not None
+        needed = sum(t.numel() * t.element_size() for t in _tensors((self.model.state_dict(),
+                                                                     self._optimizer_for_dcp().state_dict())))
+        try:
+            free = shutil.disk_usage(self.parts.checkpoint_dir).free
+        except OSError as error:
+            return _error_text(error)
+        if free >= needed:
+            return None
+        return (f"not enough free space: {free} bytes free in {self.parts.checkpoint_dir}, and this rank's share of "
+                f"the state alone is {needed} bytes; free space, then restart")
 
     def loader(self, loader: Any, name: str = "train") -> Any:
         """Wrap a data loader so that waiting for a batch is published as data loading (a slow
@@ -145,7 +251,8 @@ class Job:
         if self._closed:
             return
         self._closed = True
-        if self._started:
+        leaving.unwatch(self)
+        if self._started and not self._leaving:
             self.pipeline.reporter.record(ReportKind.FINISHED, "closed", step=self._step)
         instrument.uninstrument()
         self.pipeline.close()
@@ -158,30 +265,45 @@ class Job:
     def __enter__(self) -> Job:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: object) -> None:
+        if error is not None:
+            self.leave(error)
         self.close()
 
 
 def attach(model: nn.Module, optimizer: torch.optim.Optimizer | None, *, run_dir: str | os.PathLike[str],
            checkpoint_dir: str | os.PathLike[str] | None = None, peers: TorchPeerGroup | None = None,
-           config: str | os.PathLike[str] | Config | Mapping[str, Any] | None = None, **overrides: Any) -> Job:
+           config: str | os.PathLike[str] | Config | Mapping[str, Any] | None = None, adopt_run_dir: bool = False,
+           **overrides: Any) -> Job:
     """Attach scout to ``model`` (a plain module, DDP or FSDP2) and ``optimizer`` on every rank;
     collective over the world. ``peers``: the replay peer groups (default: the whole world as
     one group of data-parallel replicas; ``TorchPeerGroup.from_mesh`` for HSDP or 2-D meshes).
     ``config``: a TOML file, a mapping or a :class:`Config`; keyword ``overrides`` win over it,
-    and ``SCOUT_<KEY>`` environment variables over the file (docs/attach.md)."""
+    and ``SCOUT_<KEY>`` environment variables over the file (docs/attach.md). ``adopt_run_dir``
+    (or ``SCOUT_ADOPT_RUN_DIR=1``): continue a run directory bound to another job (RECOVERY-6)."""
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("scout.attach needs torch.distributed: call init_process_group first")
 
+    jobs: tuple[str, ...] = ()
+
     def checked() -> Config:
+        nonlocal jobs
         resolved = load_config(config, overrides)
         check_directory(run_dir, "run_dir")
         if checkpoint_dir is not None:
             check_directory(checkpoint_dir, "checkpoint_dir")
+        if dist.get_rank() == 0:  # the run directory is rank 0's (its reports, its gate)
+            try:
+                jobs = check_binding(run_dir, resolved.job_id or launcher_job_id(os.environ),
+                                     adopt=adopt_run_dir or _adopt_from_environment())
+            except ValueError as error:
+                raise ConfigError(str(error)) from None
         return resolved
 
     # Every rank checks; rank 0 says what is wrong, once (scout/job/startup.py).
     resolved = checked_on_every_rank(checked)
+    if dist.get_rank() == 0:
+        bind(run_dir, jobs)
     if dist.get_rank() == 0 and (ignored := unknown_variables()):
         logger.warning("scout: environment variable(s) %s are not scout settings and are ignored "
                        "(the settings are in docs/attach.md)", ", ".join(ignored))
@@ -189,3 +311,57 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer | None, *, run_dir
     job = Job(model, optimizer, run_dir=run_dir, checkpoint_dir=checkpoint_dir, peers=peers, config=resolved)
     logger.info("scout: attached on rank %d in %.2f s", job.rank, time.monotonic() - started)
     return job
+
+
+def _adopt_from_environment() -> bool:
+    value = os.environ.get(ADOPT_VARIABLE, "").strip().lower()
+    if value in ("", "0", "false", "no"):
+        return False
+    if value in ("1", "true", "yes"):
+        return True
+    raise ConfigError(f"environment variable {ADOPT_VARIABLE}={value!r}: expected 1 (adopt) or 0")
+
+
+def _error_text(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"[:ERROR_CHARS_MAX]
+
+
+def _save_error_text(error: BaseException) -> str:
+    """A failed save in one line: DCP's CheckpointException holds every failing rank's error
+    with its traceback; the first rank's error and the list of ranks say it."""
+    failures = getattr(error, "failures", None)
+    if isinstance(failures, dict) and failures:
+        first = min(failures)
+        cause = failures[first][0] if isinstance(failures[first], tuple) else failures[first]
+        return _error_text(cause)[:ERROR_CHARS_MAX - 40] + f" (DCP: ranks {sorted(failures)} failed)"
+    return _error_text(error)
+
+
+def _tensors(value: Any) -> Iterator[torch.Tensor]:
+    """Every tensor in nested dicts, lists and tuples (a state dict)."""
+    if isinstance(value, torch.Tensor):
+        # A DTensor (FSDP2) counts its local shard: the bytes this rank writes.
+        to_local = getattr(value, "to_local", None)
+        yield to_local() if callable(to_local) else value
+    elif isinstance(value, Mapping):
+        for item in value.values():
+            yield from _tensors(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item)
+
+
+def missing_checkpoint(decision: RestoreDecision, checkpoint_dir: str | os.PathLike[str]) -> str | None:
+    """RECOVERY-7: why the chosen checkpoint cannot be loaded (its files are not there), in one
+    line that says how to go on; None when it is there."""
+    if decision.checkpoint is None:
+        return None
+    path = dcp.checkpoint_path(checkpoint_dir, decision.checkpoint)
+    if (path / ".metadata").exists():
+        return None
+    choice = "" if decision.choice is None else f"{decision.choice.value} "
+    failure = "" if decision.failure is None else f" for a {decision.failure.value} failure"
+    return (f"scout: restore() chose the {choice}checkpoint {decision.checkpoint} (step {decision.step}){failure}, but "
+            f"{path} holds no complete checkpoint: checkpoint_dir {str(checkpoint_dir)!r} was moved, deleted or is "
+            "not mounted here; put it back, or start afresh with another run_dir (scout never discards a verified "
+            "checkpoint by itself; spec/recovery.md RECOVERY-7)")

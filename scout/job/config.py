@@ -34,6 +34,7 @@ __all__ = ["CONFIG_BYTES_MAX", "Config", "ConfigError", "OTHER_VARIABLES", "POLI
            "unknown_variables"]
 
 POLICIES: Final = ("report", "restart")
+CHECKPOINT_ERROR_POLICIES: Final = ("stop", "continue")
 CONFIG_BYTES_MAX: Final = 1 << 20
 ENV_PREFIX: Final = "SCOUT_"
 #: ``SCOUT_*`` variables that are not settings: the job's identity (RecordIdentity), adopting a
@@ -158,6 +159,10 @@ class Config:
     on_sdc: str = attrs.field(default="report", validator=_choice("on_sdc", POLICIES))
     #: What a hang does: ``report``; ``restart`` also ends the trainer so the launcher restarts.
     on_hang: str = attrs.field(default="report", validator=_choice("on_hang", POLICIES))
+    #: What a failed checkpoint save does (spec/gate.md GATE-40): ``stop`` raises
+    #: ``CheckpointSaveFailed`` on every rank; ``continue`` trains on without that checkpoint.
+    on_checkpoint_error: str = attrs.field(default="stop",
+                                           validator=_choice("on_checkpoint_error", CHECKPOINT_ERROR_POLICIES))
     #: Switch the parts on or off.
     observer: bool = attrs.field(default=True, validator=_flag("observer"))
     replay: bool = attrs.field(default=True, validator=_flag("replay"))

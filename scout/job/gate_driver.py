@@ -16,7 +16,9 @@ source from :class:`~scout.reports.kinds.ReportKind`) and hands it to a :class:`
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import logging
+import os
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
@@ -40,12 +42,25 @@ from scout.gate.model import (
 from scout.gate.recorder import GateWriter
 from scout.gate.recovery import Choice, recover
 from scout.gate.results import recipe_verdicts
-from scout.reports.kinds import ReportKind
+from scout.reports.kinds import EXHAUSTED, ReportKind, at_fault_in_every_attempt
 
 if TYPE_CHECKING:
     from scout.job.pipeline import GateFeed, Stop
 
-__all__ = ["GateDriver", "ReportSink", "Reporter", "RestoreDecision"]
+__all__ = ["GateDriver", "ReportSink", "Reporter", "RestoreDecision", "restarts_left"]
+
+logger = logging.getLogger("scout")
+
+
+def restarts_left(environ: Mapping[str, str] = os.environ) -> int | None:
+    """RECOVERY-5: how many restarts the launcher has left after this attempt; None when it does
+    not say (torchrun does: ``TORCHELASTIC_MAX_RESTARTS`` and ``TORCHELASTIC_RESTART_COUNT``)."""
+    try:
+        budget = int(environ["TORCHELASTIC_MAX_RESTARTS"])
+        used = int(environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
+    except (KeyError, ValueError):
+        return None
+    return max(0, budget - used)
 
 
 class ReportSink(Protocol):
@@ -61,8 +76,13 @@ class Reporter:
     others every call does nothing, so every rank can run the same code."""
 
     def __init__(self, sink: ReportSink | None, *, job_id: str, generation: int, hosts: Sequence[str],
-                 rank: int) -> None:
+                 rank: int, restarts_left: int | None = None,
+                 earlier_records: Callable[[], Sequence[Mapping[str, Any]]] | None = None) -> None:
         self.sink = sink
+        #: RECOVERY-5: the launcher's restarts left after this attempt (None: it does not say),
+        #: and the run's reports so far (to name who was at fault in every attempt).
+        self.restarts_left = restarts_left
+        self.earlier_records = earlier_records
         self.job_id = job_id
         self.generation = generation
         self.hosts = tuple(hosts)
@@ -87,8 +107,23 @@ class Reporter:
         if self.sink is None:
             return
         self.sink.exclude_hosts(stop.hosts)
-        self.record(ReportKind.RESTART, stop.kind.value, ranks=stop.ranks, step=stop.step,
-                    evidence={"policy": f"on_{stop.kind.value}=restart"})
+        policy = f"on_{stop.kind.value}=restart"
+        if not stop.restarts_spent:
+            self.record(ReportKind.RESTART, stop.kind.value, ranks=stop.ranks, step=stop.step,
+                        evidence={"policy": policy})
+            return
+        # RECOVERY-5: no restart left; say so, naming who was at fault in every attempt.
+        ranks, hosts = at_fault_in_every_attempt(self.earlier_records() if self.earlier_records else (),
+                                                 self.generation, stop.ranks, stop.hosts)
+        self.sink.write(reports.make_record(
+            ReportKind.RESTART, reason=EXHAUSTED, job_id=self.job_id, generation=self.generation, ranks=ranks,
+            hosts=list(hosts), step=stop.step, reporter_rank=self.rank,
+            evidence={"policy": policy, "fault": stop.kind.value, "fault_ranks": list(stop.ranks),
+                      "fault_hosts": list(stop.hosts), "attempts": self.generation + 1}))
+        every = f"rank(s) {list(ranks)} on {', '.join(hosts) or 'no one host'}" if ranks else "no one rank"
+        logger.error("scout: restarts are spent: the job stops at step %d after %d attempt(s) (%s at step %d on "
+                     "rank(s) %s); at fault in every attempt: %s", stop.step, self.generation + 1, stop.kind.value,
+                     stop.step, list(stop.ranks), every)
 
 
 @attrs.frozen

@@ -27,7 +27,7 @@ import attrs
 
 from scout.core.compat import assert_never
 from scout.job.summary import RunView
-from scout.reports.kinds import ATTEMPT_STARTS, MarkStyle, ReportKind
+from scout.reports.kinds import ATTEMPT_STARTS, SAVE_FAILED, MarkStyle, ReportKind
 
 __all__ = ["Attempt", "attempts_of", "render_picture"]
 
@@ -239,6 +239,12 @@ def _attempt_panel(axes: Any, attempt: Attempt, checkpoints: list[tuple[str, int
                 markers[(kind.value, rank, step)] += 1
                 if kind.value in STALL_KINDS and (idle := _idle_s(record)) is not None:
                     idle_of[(kind.value, rank, step)] = max(idle, idle_of.get((kind.value, rank, step), 0.0))
+        elif mark.style is MarkStyle.CHECKPOINT and record["reason"] == SAVE_FAILED:
+            # A save that failed has no manifest entry (GATE-40): a cross above the ranks at its step.
+            axes.plot([step], [-0.35], marker="X", markersize=10, color=END_COLOUR, zorder=4, linestyle="")
+            axes.text(step, -0.35, "  save failed", fontsize=7, color=END_COLOUR, va="center")
+            legend["checkpoint save failed"] = Line2D([], [], marker="X", color=END_COLOUR, linestyle="",
+                                                      markersize=10)
         elif mark.style in (MarkStyle.SPAN, MarkStyle.CHECKPOINT, MarkStyle.NONE):
             pass  # stragglers' spans below; checkpoints from the manifest above
         else:
@@ -255,8 +261,10 @@ def _attempt_panel(axes: Any, attempt: Attempt, checkpoints: list[tuple[str, int
         legend[kind_value.replace("_", " ")] = Line2D([], [], marker=marker, color=colour, linestyle="", markersize=10)
     if attempt.ended_badly and not any(r["kind"] == ReportKind.RESTART and r["reason"] not in ATTEMPT_STARTS
                                        for r in attempt.records):
+        left = [r["reason"] for r in attempt.records if r["kind"] == ReportKind.FINISHED]
         axes.plot([attempt.last_step], [-0.75], marker="s", markersize=8, color=END_COLOUR, zorder=5, linestyle="")
-        axes.text(attempt.last_step, -0.75, "  no closing record", fontsize=7, color=END_COLOUR, va="center")
+        axes.text(attempt.last_step, -0.75, f"  left: {left[-1]}" if left else "  no closing record", fontsize=7,
+                  color=END_COLOUR, va="center", fontweight="bold" if left else "normal")
     _stragglers(axes, attempt, legend, Line2D)
 
 

@@ -155,6 +155,7 @@ class Stop:
     ranks: tuple[int, ...]
     hosts: tuple[str, ...]
     reason: str
+    restarts_spent: bool = False  # RECOVERY-5: the launcher has no restart left
 
 
 class FaultDetected(RuntimeError):
@@ -163,15 +164,24 @@ class FaultDetected(RuntimeError):
     restarts the job; ``job.restore()`` then resumes from the checkpoint the recovery table
     picks."""
 
-    def __init__(self, kind: str, step: int, ranks: Sequence[int], hosts: Sequence[str], reason: str) -> None:
+    def __init__(self, kind: str, step: int, ranks: Sequence[int], hosts: Sequence[str], reason: str,
+                 restarts_spent: bool = False) -> None:
         self.kind, self.step, self.ranks, self.hosts, self.reason = kind, step, tuple(ranks), tuple(hosts), reason
+        self.restarts_spent = restarts_spent
         where = f" on {', '.join(hosts)}" if hosts else ""
-        super().__init__(f"scout: {kind} at step {step}: rank(s) {list(ranks)}{where} ({reason}); the job stops so "
-                         "that the launcher restarts it from a trusted checkpoint")
+        then = ("the launcher's restarts are spent, so the job stops here (RECOVERY-5)" if restarts_spent else
+                "the job stops so that the launcher restarts it from a trusted checkpoint")
+        super().__init__(f"scout: {kind} at step {step}: rank(s) {list(ranks)}{where} ({reason}); {then}")
 
     @classmethod
     def of(cls, stop: Stop) -> FaultDetected:
-        return cls(stop.kind.value, stop.step, stop.ranks, stop.hosts, stop.reason)
+        return cls(stop.kind.value, stop.step, stop.ranks, stop.hosts, stop.reason, stop.restarts_spent)
+
+
+class CheckpointSaveFailed(RuntimeError):
+    """Raised by ``job.step()`` on every rank when a checkpoint save failed and
+    ``on_checkpoint_error = "stop"`` (spec/gate.md GATE-40); the ``checkpoint`` report
+    ``save-failed`` in ``run_dir`` names the path and the error."""
 
 
 @attrs.frozen
@@ -306,6 +316,7 @@ def run_step(pipeline: Pipeline, step: int) -> Generator[Op, Any, StepOutcome]:
         stop = decide([f for feed in merged.feeds for f in feed.findings], on_sdc=pipeline.on_sdc,
                       hosts=pipeline.hosts)
         if stop is not None:
+            stop = attrs.evolve(stop, restarts_spent=pipeline.reporter.restarts_left == 0)
             pipeline.reporter.stopped(stop)
     cycle_end = pipeline.cycle_steps > 0 and step % pipeline.cycle_steps == 0
     if cycle_end and pipeline.gate is not None:

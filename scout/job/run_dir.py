@@ -1,9 +1,12 @@
 """What a job writes into its run directory (docs/attach.md): ``reports.jsonl`` (one
 ``scout.report/1`` record per line), ``exclude_hosts.txt`` (the hosts at fault, for the
-scheduler) and the gate's manifest under ``gate/``."""
+scheduler), the gate's manifest under ``gate/``, and ``job.json``, the job ids the directory
+is bound to (spec/recovery.md RECOVERY-6)."""
 
 from __future__ import annotations
 
+import datetime
+import json
 import logging
 import os
 from collections.abc import Mapping, Sequence
@@ -13,12 +16,65 @@ from typing import Any, Final
 from scout import reports
 from scout.reports.kinds import ReportKind
 
-__all__ = ["EXCLUDE_HOSTS_FILE", "GATE_DIR", "RunDir"]
+__all__ = ["ADOPT_VARIABLE", "EXCLUDE_HOSTS_FILE", "GATE_DIR", "JOB_FILE", "RunDir", "bind", "bound_jobs",
+           "check_binding"]
 
 logger = logging.getLogger("scout")
 
 GATE_DIR: Final = "gate"
 EXCLUDE_HOSTS_FILE: Final = "exclude_hosts.txt"
+JOB_FILE: Final = "job.json"
+#: RECOVERY-6: set to 1 to adopt a run directory bound to another job (``adopt_run_dir=True``).
+ADOPT_VARIABLE: Final = "SCOUT_ADOPT_RUN_DIR"
+JOB_FILE_BYTES_MAX: Final = 1 << 20
+
+
+def bound_jobs(path: str | os.PathLike[str]) -> tuple[str, ...] | None:
+    """The job ids ``path`` is bound to, oldest first; None when it is not bound (RECOVERY-6).
+    A binding that cannot be read is a ``ValueError`` naming the file."""
+    file = Path(path) / JOB_FILE
+    try:
+        with open(file, "rb") as stream:
+            text = stream.read(JOB_FILE_BYTES_MAX + 1)
+    except FileNotFoundError:
+        return None
+    try:
+        if len(text) > JOB_FILE_BYTES_MAX:
+            raise ValueError(f"over {JOB_FILE_BYTES_MAX} bytes")
+        jobs = json.loads(text)["jobs"]
+        if not isinstance(jobs, list) or not jobs or not all(isinstance(j, str) and j for j in jobs):
+            raise ValueError(f"'jobs' is not a list of job ids: {jobs!r:.200}")
+    except (ValueError, KeyError, TypeError, RecursionError) as error:
+        raise ValueError(f"the run directory's binding {file} cannot be read ({error}); remove it to bind the "
+                         "directory to this job") from None
+    return tuple(jobs)
+
+
+def check_binding(path: str | os.PathLike[str], job_id: str, *, adopt: bool) -> tuple[str, ...]:
+    """RECOVERY-6: the ids ``path`` is to be bound to for job ``job_id``; raises ``ValueError``
+    with the one line for the user when it belongs to another job and ``adopt`` is false."""
+    jobs = bound_jobs(path)
+    if jobs is None:
+        return (job_id,)
+    if job_id in jobs:
+        return jobs
+    if adopt:
+        return (*jobs, job_id)
+    raise ValueError(
+        f"run_dir {str(path)!r} belongs to job {jobs[-1]!r}, not to this job {job_id!r}: to start fresh pass "
+        f"another run_dir (or remove this one); to continue that run, adopt it with adopt_run_dir=True or "
+        f"{ADOPT_VARIABLE}=1")
+
+
+def bind(path: str | os.PathLike[str], jobs: Sequence[str]) -> None:
+    """Write the binding (atomically: a reader sees the old one or the new one)."""
+    target = Path(path) / JOB_FILE
+    if bound_jobs(path) == tuple(jobs):
+        return
+    temporary = target.with_name(f".{JOB_FILE}.{os.getpid()}.tmp")
+    temporary.write_text(json.dumps({"jobs": list(jobs), "bound": datetime.datetime.now(datetime.timezone.utc)
+                                     .isoformat(timespec="seconds")}) + "\n", encoding="utf-8")
+    os.replace(temporary, target)
 
 
 class RunDir:

@@ -198,6 +198,7 @@ def start_observer(
     poll_interval_s: float = 0.05,
     kill_grace_s: float = 5.0,
     timeout_s: float = 120.0,
+    restarts_left: int | None = None,
 ) -> ObserverHandle:
     """Start the observer of ``publisher``'s rank and run its group's rendezvous (collective over
     the group's trainers). ``config`` holds ObserverConfig fields other than position and group
@@ -238,10 +239,14 @@ def start_observer(
         "hostname": host_name,
         "on_hang": on_hang,
         "kill_grace_s": kill_grace_s,
+        "restarts_left": restarts_left,  # the launcher's, after this attempt (RECOVERY-5); None: unknown
     }
+    # PROGRESS-12: a session of its own, so that a launcher's signal to the trainer's process
+    # group (torchrun's SIGINT or SIGTERM) does not end the observer before its trainer; it still
+    # ends with its trainer (parent-death signal, OBS-8) and then removes a record left behind.
     process = subprocess.Popen(
         [sys.executable, "-m", "scout.observer.process"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        env=_environment(), close_fds=True,
+        env=_environment(), close_fds=True, start_new_session=True,
     )
     try:
         _send(process, spec)

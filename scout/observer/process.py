@@ -14,7 +14,7 @@ so it starts in well under a second and stays small. The trainer starts it
 
 Then it runs the one observer driver (:func:`scout.observer.driver.drive`) over the real clock,
 the progress record and the UDP channel. It stops when its trainer exits: the record says
-"closed" (clean exit), or the trainer is gone (parent-death signal, the owner's pid and start
+"closed" (clean exit) or "exiting" (leaving by an exception, PROGRESS-11), or the trainer is gone (parent-death signal, the owner's pid and start
 time, end of file on stdin). Every wait is bounded, and a watchdog thread ends the process
 ``EXIT_DEADLINE_S`` after the trainer is gone or a stop signal came, whatever the loop is blocked
 on (OBS-8: an observer never outlives its trainer; it prints where it was stuck first).
@@ -51,7 +51,7 @@ from scout.observer.channel import UdpChannel
 from scout.observer.driver import DriverOp, ObserverRun, Pause, Receive, Transmit
 from scout.observer.progress import ProgressError, ProgressReader, RecordNotFound, process_alive
 from scout.observer.rendezvous import RendezvousFailed, peers_from_records
-from scout.reports.kinds import ReportKind
+from scout.reports.kinds import EXHAUSTED, ReportKind, at_fault_in_every_attempt
 
 __all__ = ["EXIT_FAILED", "main"]
 
@@ -200,13 +200,13 @@ class _World:
         self.hosts: tuple[str, ...] | None = None
         self.signalled = _Flag()
         self.reader: ProgressReader | None = None
-        self.record_closed = False
+        self.leaving = False  # the record says closed or exiting (PROGRESS-11)
 
     def now(self) -> float:
         return time.monotonic()
 
     def trainer_exit(self) -> bool | None:
-        if self.record_closed:
+        if self.leaving:
             return True
         if _trainer_gone(self.spec["trainer_pid"], self.spec["trainer_start_ticks"], self.signalled):
             return False
@@ -215,10 +215,10 @@ class _World:
         return None
 
     def _closed_record(self) -> bool:
-        """At the trainer's end: a clean exit closed the record first."""
+        """At the trainer's end: a clean exit closed the record first (or marked it exiting)."""
         if self.reader is not None:
             snapshot = self.reader.read()
-            return bool(snapshot is not None and snapshot.closed)
+            return bool(snapshot is not None and snapshot.leaving)
         return False
 
     def read_progress(self) -> Progress | None:
@@ -230,8 +230,8 @@ class _World:
         snapshot = self.reader.read() or self.reader.last_snapshot
         if snapshot is None:
             return None
-        if snapshot.closed:
-            self.record_closed = True
+        if snapshot.leaving:  # PROGRESS-11: closed, or leaving by an exception; never judged again
+            self.leaving = True
         return snapshot.progress(time.monotonic_ns())
 
     def join(self) -> bool | str:
@@ -278,14 +278,37 @@ class _World:
         print(reports.record_line(record), file=sys.stderr, flush=True)
         self.out.send({"report": record})
 
+    def _exhausted(self, record: dict[str, Any]) -> None:
+        """RECOVERY-5: the launcher has no restart left, so ending the trainer ends the job; say
+        so once, naming who was at fault in every attempt."""
+        path = self.spec.get("report_path")
+        try:
+            earlier = reports.read_records(path) if path else []
+        except (OSError, ValueError):
+            earlier = []
+        ranks, hosts = at_fault_in_every_attempt(earlier, self.spec["generation"], record["ranks"], record["hosts"])
+        attempts = self.spec["generation"] + 1
+        self._publish(reports.make_record(
+            ReportKind.RESTART, reason=EXHAUSTED, job_id=self.spec["job_id"], generation=self.spec["generation"],
+            ranks=ranks, hosts=list(hosts), step=record["step"], reporter_rank=self.rank,
+            evidence={"policy": "on_hang=restart", "fault": record["kind"], "fault_ranks": record["ranks"],
+                      "fault_hosts": record["hosts"], "attempts": attempts}))
+        print(f"scout: restarts are spent: the job stops at step {record['step']} after {attempts} attempt(s) "
+              f"({record['kind']} on rank(s) {record['ranks']}); at fault in every attempt: rank(s) {list(ranks)}",
+              file=sys.stderr, flush=True)
+        self.spec["restarts_left"] = None  # said once
+
     def _restart(self, record: dict[str, Any]) -> None:
         """on_hang = restart: name the hosts at fault for the scheduler, then end our trainer."""
         exclude = self.spec.get("exclude_hosts_path")
         if exclude and record["hosts"]:
             reports.append_hosts(exclude, record["hosts"])
+        spent = self.spec.get("restarts_left") == 0
+        if spent:
+            self._exhausted(record)
         pid = self.spec["trainer_pid"]
-        print(f"scout: on_hang=restart: ending trainer rank {self.rank} (pid {pid}) so the launcher restarts the job",
-              file=sys.stderr, flush=True)
+        then = "; the restarts are spent, so the job stops" if spent else " so the launcher restarts the job"
+        print(f"scout: on_hang=restart: ending trainer rank {self.rank} (pid {pid}){then}", file=sys.stderr, flush=True)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + float(self.spec.get("kill_grace_s", 5.0))

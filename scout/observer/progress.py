@@ -88,6 +88,7 @@ __all__ = [
     "process_start_ticks",
     "launcher_job_id",
     "record_name",
+    "remove_dead_records",
 ]
 
 
@@ -112,8 +113,11 @@ class RecordMismatch(ProgressError):
 
 
 class _Life(enum.IntEnum):
+    """PROGRESS-11: where the trainer is in its life."""
+
     RUNNING = 1
-    CLOSED = 2
+    CLOSED = 2  # scout was closed: a clean end
+    EXITING = 3  # leaving by an exception; absorbing (later publishes keep it)
 
 
 MAGIC: Final = b"SCOUTPR1"
@@ -397,6 +401,12 @@ class Snapshot:
     completed_stage_key: int
     completed_stage_duration_ns: int
     completion: CompletionSnapshot | None = None
+    exiting: bool = False  # the trainer is leaving by an exception (PROGRESS-11)
+
+    @property
+    def leaving(self) -> bool:
+        """The trainer closed the record or is exiting: its observer stops judging it."""
+        return self.closed or self.exiting
 
     @property
     def coordinate(self) -> tuple[int, int]:
@@ -657,6 +667,23 @@ class ProgressPublisher:
     def closed(self) -> bool:
         return self._buffer is None
 
+    def mark_exiting(self, lock_timeout_s: float = 1.0) -> bool:
+        """PROGRESS-11: the trainer is leaving by an exception; its observer stops judging it.
+        Absorbing: later publishes keep it. Waits at most ``lock_timeout_s`` for a publish of
+        another thread (DDP's hook) to end; False if it could not mark (the record is closed,
+        or the lock was not free: the observer then learns of the exit when the process ends)."""
+        if self._buffer is None or not self._lock.acquire(timeout=lock_timeout_s):
+            return False
+        try:
+            if self._buffer is None:
+                return False
+            if self._life == _Life.RUNNING:
+                self._life = int(_Life.EXITING)
+                self._publish()
+            return True
+        finally:
+            self._lock.release()
+
     def close(self) -> None:
         """Mark the record closed (so the observer knows the exit was clean) and unlink it if
         it is still ours. Idempotent."""
@@ -825,6 +852,7 @@ class ProgressReader:
                 before, values[0], values[1], values[2], Stage(values[3]),
                 values[4] == _Life.CLOSED, values[5], values[6], values[7], values[8],
                 values[9], Stage(values[10]), values[11], values[12], self._read_completion(buffer, attempts_max),
+                values[4] == _Life.EXITING,
             )
             self.last_snapshot = snapshot
             return snapshot
@@ -892,6 +920,46 @@ def reclaim_stale_records(identity: RecordIdentity) -> int:
             finally:
                 segment.close()
             if header is None or not header.valid or not header.owner_alive:
+                _unlink_name(name)
+                removed += 1
+    return removed
+
+
+#: Where Linux keeps POSIX shared memory (PROGRESS-12's sweep lists it; elsewhere it is skipped).
+SHM_DIR: Final = "/dev/shm"
+#: The sweep looks at no more names than this per start (a bound on its cost).
+SWEEP_NAMES_MAX: Final = 4096
+
+
+def remove_dead_records(directory: str = SHM_DIR) -> int:
+    """PROGRESS-12: at a start, remove every record of this user, of any job, whose owner and
+    observer are both dead (or whose creator died before writing its header). A record of
+    another layout version is left alone: its owner may be a live process of another scout.
+    Returns how many were removed."""
+    try:
+        with os.scandir(directory) as entries:
+            names = [entry.name for entry in entries if entry.name.startswith(NAME_PREFIX)][:SWEEP_NAMES_MAX]
+    except OSError:
+        return 0
+    uid, removed = os.getuid(), 0
+    for name in names:
+        try:
+            if os.stat(os.path.join(directory, name)).st_uid != uid:
+                continue
+        except OSError:
+            continue
+        with _claim_lock():
+            try:
+                segment = _open_segment(name, create=False)
+            except (OSError, ValueError):  # gone, another user's, or empty (mmap refuses it)
+                continue
+            try:
+                header = _Header.read(_buffer_of(segment)) if segment.size >= _HEADER.size else None
+            finally:
+                segment.close()
+            never_written = header is None or header.magic == b"\x00" * len(MAGIC)
+            dead = header is not None and header.valid and not header.owner_alive and not header.observer_alive
+            if never_written or dead:
                 _unlink_name(name)
                 removed += 1
     return removed

@@ -84,6 +84,7 @@ def start_job_observer(
     kill_grace_s: float,
     timeout_s: float,
     rounds_path: Path | None = None,
+    restarts_left: int | None = None,
 ) -> ObserverHandle | None:
     """Start this rank's observer among ``group_ranks`` (collective over the world: every rank
     calls it, with its own group). None when the rank has no peer to compare progress with."""
@@ -116,5 +117,5 @@ def start_job_observer(
         publisher, group_ranks=group_ranks, rendezvous=rendezvous, secret=secret, config=dict(observer_config),
         report_path=report_path, on_failure="report", on_hang=on_hang, exclude_hosts_path=exclude_hosts_path,
         bind_host=bind_host, hostname=hostname, kill_grace_s=kill_grace_s, timeout_s=timeout_s,
-        rounds_path=rounds_path,
+        rounds_path=rounds_path, restarts_left=restarts_left,
     )

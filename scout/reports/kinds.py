@@ -17,7 +17,7 @@ import attrs
 
 from scout.core.failure import FailureClass, deciding_failure
 
-__all__ = ["Mark", "MarkStyle", "ReportKind", "Source", "attempt_failure"]
+__all__ = ["Mark", "MarkStyle", "ReportKind", "Source", "attempt_failure", "at_fault_in_every_attempt"]
 
 
 class Source(str, enum.Enum):
@@ -130,6 +130,32 @@ assert set(_TRAITS) == set(ReportKind), "every report kind has its traits"
 _BY_VALUE: Final = {kind.value: kind for kind in ReportKind}
 #: The ``restart`` reasons that mark the start of an attempt (``scout.attach``'s restore writes them).
 ATTEMPT_STARTS: Final = frozenset({"started", "restored"})
+#: The ``checkpoint`` reason of a save that failed or was not attempted (spec/gate.md GATE-40).
+SAVE_FAILED: Final = "save-failed"
+#: The ``restart`` reason of a stop with no restart left (spec/recovery.md RECOVERY-5).
+EXHAUSTED: Final = "exhausted"
+
+
+def at_fault_in_every_attempt(records: Iterable[Mapping[str, Any]], generation: int, ranks: Iterable[int],
+                              hosts: Iterable[str]) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """RECOVERY-5: of ``ranks`` and ``hosts`` (at fault in attempt ``generation``, the current
+    one), those that a fault report (a kind with a failure class) or a policy stop also named in
+    every earlier attempt that wrote reports."""
+    named: dict[int, tuple[set[int], set[str]]] = {}
+    for record in records:
+        kind, attempt = _BY_VALUE.get(record["kind"]), int(record["generation"])
+        if kind is None or attempt >= generation:
+            continue
+        at_fault = named.setdefault(attempt, (set(), set()))
+        stop = kind is ReportKind.RESTART and record["reason"] not in ATTEMPT_STARTS | {EXHAUSTED}
+        if stop or (kind.is_fault and kind.failure is not None):
+            at_fault[0].update(record["ranks"])
+            at_fault[1].update(record["hosts"])
+    every_rank, every_host = set(ranks), set(hosts)
+    for attempt_ranks, attempt_hosts in named.values():
+        every_rank &= attempt_ranks
+        every_host &= attempt_hosts
+    return tuple(sorted(every_rank)), tuple(sorted(every_host))
 
 
 def attempt_failure(records: Iterable[Mapping[str, Any]]) -> FailureClass | None:

@@ -108,12 +108,24 @@ HANG_AND_STRAGGLER = [
                                  "evidence": {"peers": [{"rank": 2, "idle_s": 41.5}, {"rank": 0, "idle_s": 40.0}]}}),
 ]
 
+INTERRUPTED = [("restart", "started", {"source": "job", "generation": 0, "step": 0, "evidence": {"world_size": 4}}),
+               ("finished", "interrupted", {"source": "job", "generation": 0, "step": 23,
+                                            "evidence": {"error": "KeyboardInterrupt: "}})]
+SAVE_FAILED = [("restart", "started", {"source": "job", "generation": 0, "step": 0, "evidence": {"world_size": 4}}),
+               ("checkpoint", "save-failed", {"source": "gate", "generation": 0, "step": 8, "ranks": [0, 1, 2, 3],
+                                              "evidence": {"checkpoint": "t0/s8", "path": "/ckpt/t0-s000000000008",
+                                                           "error": "not enough free space"}}),
+               ("finished", "exception", {"source": "job", "generation": 0, "step": 8,
+                                          "evidence": {"error": "CheckpointSaveFailed: ..."}})]
+
 
 @pytest.mark.parametrize(("story", "began", "ended"), [
     (PERSISTENT_SDC, ["fresh start", "restored step 8 (verified checkpoint for a sdc failure)"],
      ["stopped by on_sdc=restart at step 14", "job stopped at step 12: restarts spent"]),
     (HANG_AND_STRAGGLER, ["fresh start"], ["no closing record after step 20: killed or interrupted"]),
-], ids=["persistent-sdc-restarts-spent", "hang-and-straggler-interrupted"])
+    (INTERRUPTED, ["fresh start"], ["left at step 23 (interrupted)"]),  # PROGRESS-11: Ctrl-C says its step
+    (SAVE_FAILED, ["fresh start"], ["left at step 8 (exception)"]),  # GATE-40: drawn as "save failed"
+], ids=["persistent-sdc-restarts-spent", "hang-and-straggler-interrupted", "ctrl-c", "save-failed"])
 def test_REPORT_the_picture_tells_each_attempt_how_it_began_and_ended(
         tmp_path: Path, story: list[tuple[str, str, dict[str, object]]], began: list[str], ended: list[str]) -> None:
     from scout.job.picture import attempts_of, render_picture

@@ -375,3 +375,32 @@ def test_PROGRESS_10_a_section_its_watcher_stopped_publishing_reads_absent_and_a
         watcher.poll_once()
         assert watcher.publishes == 2  # the heartbeat: the same coordinate, published again
         watcher.stop()
+
+
+def test_PROGRESS_11_exiting_is_read_as_leaving_and_later_publishes_keep_it() -> None:
+    with ProgressPublisher(unique_identity()) as publisher, ProgressReader(publisher.name, publisher.token) as reader:
+        publisher.begin_step(3)
+        running = reader.read()
+        assert running is not None and not running.leaving and not running.exiting
+        assert publisher.mark_exiting()
+        exiting = reader.read()
+        assert exiting is not None and exiting.exiting and exiting.leaving and not exiting.closed
+        publisher.advance()  # a hook that publishes on the way out does not take it back
+        later = reader.read()
+        assert later is not None and later.exiting and later.op == exiting.op + 1
+        publisher.close()
+        closed = reader.read() or reader.last_snapshot
+        assert closed is not None and closed.closed and closed.leaving
+    assert not publisher.mark_exiting()  # a closed record cannot be marked
+
+
+def test_PROGRESS_12_a_start_removes_the_records_of_dead_trainers_of_any_job_and_no_live_one(
+        children: list[Child]) -> None:
+    dead = [start(children, helpers.hold_publisher, unique_identity(rank)) for rank in range(2)]
+    names = [child.recv()[0] for child in dead]
+    for child in dead:
+        child.kill()
+    with ProgressPublisher(unique_identity(rank=5)) as live:
+        assert progress.remove_dead_records() >= 2
+        assert [name for name in names if os.path.exists(os.path.join(progress.SHM_DIR, name))] == []
+        assert os.path.exists(os.path.join(progress.SHM_DIR, live.name))
