@@ -56,6 +56,7 @@ from scout.gate.model import (
 from scout.gate.recorder import GateWriter
 from scout.gate.recovery import FailureClass, recover
 from scout.gate.results import recipe_verdicts
+from scout.job import bench_switches
 from scout.job.config import Config, load_config, unknown_variables
 from scout.job.hooks import publish_ddp_buckets
 from scout.job.startup import check_directory, checked_on_every_rank
@@ -199,10 +200,13 @@ class Job:
         # Start-up is published as a checkpoint read (its long threshold): a slow start is
         # never a hang report.
         self.publisher.begin_stage(Stage.CHECKPOINT_READ)
-        instrument.instrument(self.publisher)
+        # Parts a benchmark may switch off to measure them (bench_switches: not settings).
+        off = bench_switches.parts_off()
+        instrument.instrument(self.publisher, collectives="instrumentation" not in off)
         self._bucket_listener: list[Callable[[int, int], None]] = []
-        self._ddp_buckets = publish_ddp_buckets(model, self.publisher, self._bucket_listener)
-        instrument.instrument_module(model)
+        self._ddp_buckets = "ddp_hook" not in off and publish_ddp_buckets(model, self.publisher, self._bucket_listener)
+        if "instrumentation" not in off:
+            instrument.instrument_module(model)
 
         if peers is None and any(type(p).__name__ == "DTensor" for p in model.parameters()):
             logger.warning("scout: the model's parameters are sharded (FSDP2 or tensor parallel), so the whole world "
@@ -238,10 +242,11 @@ class Job:
             self.cycle_steps = self.replayer.schedule.cycle_length_steps()
             # Loop stragglers (LOOP-1..4): arrival at the step's collectives, timed by the
             # instrumentation and DDP's bucket hook, checked every loop_check_steps.
-            self.loop = LoopTimer(self.peers, LoopConfig(check_every_steps=config.loop_check_steps))
-            instrument.add_collective_listener(self.loop.collective)
-            if self._ddp_buckets:
-                self._bucket_listener.append(self.loop.collective)
+            if "loop_timer" not in off:
+                self.loop = LoopTimer(self.peers, LoopConfig(check_every_steps=config.loop_check_steps))
+                instrument.add_collective_listener(self.loop.collective)
+                if self._ddp_buckets:
+                    self._bucket_listener.append(self.loop.collective)
             # Expert replay and the canary (spec/moe.md, spec/canary.md): None unless configured.
             self.checks = JobChecks.build(
                 model, rank=self.rank, exchange=self._exchange, dense_partition=self.partition,
@@ -249,7 +254,7 @@ class Job:
                 expert_steps=k, canary=config.canary, timeout_s=config.collective_timeout_s)
             if self.checks is not None and self.checks.experts is not None:
                 self.cycle_steps = max(self.cycle_steps, self.checks.experts.schedule.cycle_length_steps())
-            if self.rank == 0:
+            if self.rank == 0 and "gate" not in off:
                 catalog = tuple(str(recipe) for recipe in self.replayer.catalog.recipes())
                 gate_config = GateConfig(self.run_dir.resolve().name or "run", catalog, self.group_names)
                 if self.checks is not None:

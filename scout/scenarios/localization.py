@@ -256,6 +256,30 @@ def straggler_timing(params: ScenarioParams) -> ScenarioOutcome:
                             straggler_factor(params))
 
 
+def straggler_confirmation_round(params: ScenarioParams, factor: float) -> tuple[int, int | None]:
+    """The straggler-timing scenario with a chosen slowdown ``factor`` (bench/evaluate.py: the
+    checks the sequential test needs at 1.2x, 1.5x, 2x): the straggler's rank and the first round
+    at which every member of its group had confirmed it (None if that never happened within
+    ``params.rounds``). The straggler is slow from round ``STRAGGLER_ROUND`` on."""
+    if not factor >= 1.0:
+        raise ValueError(f"factor must be >= 1.0 (a slowdown), got {factor!r}")
+    straggler = faulty_rank(params, "straggler-timing")
+    outcome = _timing_scenario(params, "straggler-timing", straggler, factor)
+    group = next(g for g in replica_groups(params.ranks, params.group_size) if straggler in g.ranks)
+    # The rows say who was confirmed in a round, not by whom: each member's own votes do.
+    confirmed: set[int] = set()
+    records = outcome.result.outcomes
+    for round_id in range(1, params.rounds + 1):
+        for rank in group.ranks:
+            program = records.get((rank, "main"))
+            votes = program.value if program is not None else None
+            if votes and len(votes) >= round_id and straggler in votes[round_id - 1].confirmed:
+                confirmed.add(rank)
+        if confirmed == set(group.ranks):
+            return straggler, round_id
+    return straggler, None
+
+
 @scenario("straggler-healthy", summary=f"every rank's replay compute has {JITTER:.0%} jitter and no straggler: "
           "no timing vote names anyone, nobody is confirmed", min_ranks=2)
 def straggler_healthy(params: ScenarioParams) -> ScenarioOutcome:
