@@ -98,7 +98,11 @@ def test_straggler_confirmation_round_counts_the_checks_each_slowdown_needs() ->
     """bench/evaluate.py's simulated straggler power: at 1.5x and 2x the sequential test at its
     defaults confirms in CONFIRM_ROUNDS checks (STRAG-4); at 1.2x it needs more, and a factor of 1
     (no straggler) is never confirmed."""
-    from scout.scenarios.localization import CONFIRM_ROUNDS, STRAGGLER_ROUND, straggler_confirmation_round
+    from scout.scenarios.localization import (
+        CONFIRM_ROUNDS,
+        STRAGGLER_ROUND,
+        straggler_confirmation_round,
+    )
     from scout.scenarios.registry import ScenarioParams
 
     params = ScenarioParams(ranks=8, seed=4, group_size=8, rounds=STRAGGLER_ROUND + 24)
