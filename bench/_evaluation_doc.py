@@ -146,11 +146,17 @@ def _parts(section: dict[str, Any], plots_dir: str) -> list[str]:
            "scout/job/bench_switches.py); a part's cost is, per round, the overhead at the defaults minus the "
            "overhead without it (median, range). Costs need not add up to the total: parts interact (without "
            "replay there is no gate and no loop timer), and each difference carries the noise of two runs.", ""]
-    rows = [[f"`{part}`", PART_TEXT.get(part, ""), _spread_pct(entry["without"]), _spread_pct(entry["cost"])]
-            for part, entry in section["parts"].items()]
-    out += _table(["part off", "what it removes", "overhead without it", "cost of the part"], rows)
+    rows = [[f"`{part}`", PART_TEXT.get(part, ""), _spread_pct(entry["without"]), _spread_pct(entry["cost"]),
+             _spread_pct(entry.get("without_cpu"))] for part, entry in section["parts"].items()]
+    out += _table(["part off", "what it removes", "overhead without it", "cost of the part",
+                   "CPU overhead without it"], rows)
+    out += [f"*CPU overhead*: the CPU time per step of rank 0's trainer (every thread) and its observer against "
+            f"the run without scout; at the defaults {_spread_pct(defaults.get('cpu_overhead'))}. It leaves out "
+            "waiting and moves far less with the machine's load than wall time, but it also leaves out what scout "
+            "costs the job by making a rank wait.", ""]
     shares = defaults["shares"]
-    names = {"replay_s": "replay (inside job.step)", "replay_compute_s": "of which replay compute",
+    names = {"step_cpu_s": "job.step, CPU time of the training thread", "replay_cpu_s": "replay, CPU time",
+             "replay_s": "replay (inside job.step), wall time", "replay_compute_s": "of which replay compute",
              "replay_collectives_s": "of which replay collectives", "gate_and_reports_s": "gate and reports",
              "cycle_end_s": "cycle ends", "observer_cpu_s": "observer process CPU (rank 0's)",
              "trainer_cpu_s": "trainer CPU beyond the run without scout (rank 0, every thread)"}
@@ -160,7 +166,9 @@ def _parts(section: dict[str, Any], plots_dir: str) -> list[str]:
     formula = defaults.get("replay_formula")
     if formula is not None and shares.get("replay_s"):
         out += [f"Replay's formula, 1 / (replay_interval_steps x layers x batch / replay_rows), gives "
-                f"{_pct(formula, 3)}; scout's own timing of replay gives {_pct(shares['replay_s']['median'], 3)}.", ""]
+                f"{_pct(formula, 3)}; replay's CPU time gives {_pct(shares.get('replay_cpu_s', {}).get('median'), 3)} "
+                f"and its wall time {_pct(shares['replay_s']['median'], 3)} (which includes waiting in its "
+                "collectives for a slower peer).", ""]
     out += [f"![overhead by part]({plots_dir}/{PLOT_NAMES['parts']})", ""]
     return out
 

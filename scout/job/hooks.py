@@ -8,6 +8,11 @@ dtype) -- and then runs the default all-reduce. Launches are published, completi
 (they come from a communication thread in an order that differs between ranks; see
 ``ProgressPublisher.enter_async_collective``), so every rank waiting on a late peer shows the
 same coordinate, and the late peer is behind it.
+
+The hook averages with one ``ReduceOp.AVG`` all-reduce where the backend has it (INSTR-9): DDP
+copies gradients into a hooked bucket without the scaling it fuses into that copy when no hook is
+registered, so dividing the bucket before a sum (``default_hooks.allreduce_hook``) would add a
+pass over every gradient on the training thread.
 """
 
 from __future__ import annotations
@@ -43,6 +48,21 @@ def publish_ddp_buckets(
 
     group = model.process_group
     ranks = tuple(dist.get_process_group_ranks(group))
+    average = [True]  # INSTR-9: ReduceOp.AVG until the backend refuses it (alike on every rank)
+
+    def all_reduce_mean(state: Any, bucket: Any) -> Any:
+        if average[0]:
+            buffer = bucket.buffer()
+            try:
+                work = dist.all_reduce(buffer, op=dist.ReduceOp.AVG, group=group, async_op=True)
+            except (RuntimeError, ValueError) as error:
+                # Refused before any byte moved (the backend checks the op first), on every rank.
+                average[0] = False
+                logger.debug("scout: the DDP hook falls back to a division and a sum: %s", error)
+            else:
+                assert work is not None
+                return work.get_future().then(lambda done: done.value()[0])
+        return default_hooks.allreduce_hook(state, bucket)
 
     def hook(state: Any, bucket: Any) -> Any:
         try:
@@ -54,7 +74,7 @@ def publish_ddp_buckets(
             logger.debug("scout: could not publish a DDP bucket", exc_info=True)
         entry_ns = time.monotonic_ns()
         with instrument.already_published():
-            future = default_hooks.allreduce_hook(state, bucket)
+            future = all_reduce_mean(state, bucket)
         if not listeners:
             return future
 
