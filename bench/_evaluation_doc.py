@@ -17,7 +17,9 @@ PLOT_NAMES = {"overhead": "overhead-cadence.png", "parts": "overhead-parts.png",
               "recovery": "recovery.png"}
 PART_TEXT = {
     "observer": "the observer process of each rank (`observer=False`)",
-    "instrumentation": "per-layer forward hooks and collective wrappers: their publishes",
+    "instrumentation": "per-layer forward hooks and collective wrappers: their publishes (and the completion "
+                       "watcher, which needs the wrappers)",
+    "completion": "the completion watcher: a trainer thread polling every 0.1 s, markers on every collective",
     "ddp_hook": "the DDP communication hook publishing each gradient bucket",
     "loop_timer": "the loop-straggler timer's listeners (LOOP-1)",
     "replay": "replay, its timing, the gate and the loop timer (`replay=False`)",
@@ -260,8 +262,8 @@ def _false_alarms(section: dict[str, Any], _plots_dir: str) -> list[str]:
 def _campaign(section: dict[str, Any], _plots_dir: str) -> list[str]:
     out = ["## 6. The fault campaign over seeds", "", f"{_load(section)}.", "",
            "`scout campaign` (docs/campaign.md) at each seed: every simulated fault kind at 8 to 4096 ranks"
-           + (" and every real-process fault kind on every rank of a 4-rank job" if section.get("real_part") else
-              " (quick: one case per kind at 8 ranks, no real jobs)")
+           + (", every real-process fault kind on every rank of a 4-rank job and the device-semantics (NCCL-like) "
+              "part" if section.get("real_part") else " (quick: one case per kind at 8 ranks, no real jobs)")
            + ", and healthy runs. Exact counts per seed:", ""]
     rows = []
     for entry in section["per_seed"]:

@@ -71,7 +71,7 @@ FACTORS = (1.2, 1.5, 2.0)
 CHECKPOINT_EVERY = (1, 2, 5)
 #: The parts of the A/B table: attach settings (observer, replay) or bench switches
 #: (scout/job/bench_switches.py).
-PARTS = ("observer", "instrumentation", "ddp_hook", "loop_timer", "replay", "gate")
+PARTS = ("observer", "instrumentation", "completion", "ddp_hook", "loop_timer", "replay", "gate")
 OVERHEAD_GOAL = attach_overhead.GOAL_CPU
 REPLAY_FORMULA_FACTOR = 1.5  # the replay share must match its formula within this factor
 HANG_PAST_THRESHOLD_GOAL_S = 1.0  # TARGETS.md: report <= threshold + 1 s
@@ -309,9 +309,9 @@ def _straggler_real_case(work: Path, seed: int, factor: float, checks_max: int) 
         if _named(record) == [rank]:
             first.setdefault(record["evidence"]["straggler"], record["step"] // interval)
     others = sorted({r for record in confirmed for r in _named(record) if r != rank})
-    compute = first.get("compute")
+    device = first.get("device")  # StragglerKind.DEVICE: the replay's compute timing (STRAG-1)
     return {"seed": seed, "factor": factor, "rank": rank, "exit_code": job["exit_code"], "wall_s": job["wall_s"],
-            "checks_max": checks_max, "first_check_by_kind": first, "checks_to_confirm": compute,
+            "checks_max": checks_max, "first_check_by_kind": first, "checks_to_confirm": device,
             "others_confirmed": others}
 
 
@@ -360,13 +360,13 @@ def run_latency(section: dict[str, Any], quick: bool, seeds: Sequence[int], work
         "straggler": {
             "simulated": {"cases": simulated, "by_factor": {
                 f"{f:g}": summary([r for r in simulated if r["factor"] == f], "checks_to_confirm") for f in FACTORS},
-                "note": "the simulator (scout simulate straggler-timing at a chosen factor): 8 ranks, 1 % jitter, "
-                        "the product's vote and sequential test"},
+                "note": "the simulator (the straggler-timing job of scout simulate at a chosen factor: the "
+                        "product's replay pipeline, 8 ranks, 1 % jitter, a check every step)"},
             "real": {"cases": real, "by_factor": {
                 f"{f:g}": summary([r for r in real if r["factor"] == f], "checks_to_confirm")
                 for f in sorted({r["factor"] for r in real})},
                 "note": "examples/train_gpt.py --fault slow:RANK:FACTOR, 4 ranks on this machine, a replay check every "
-                        "2 steps; the check at which the slowed rank's compute straggler was confirmed"},
+                        "2 steps; the check at which the slowed rank was confirmed device-slow"},
         },
     })
 
@@ -491,31 +491,35 @@ def run_false_alarms(section: dict[str, Any], quick: bool, seeds: Sequence[int],
                      log: Callable[[str], None]) -> None:
     from scout.scenarios.registry import ScenarioParams, run_scenario
 
-    # Simulated at scale: the product's observer driver and timing vote on the simulator.
-    sim_sizes = ((64, 2),) if quick else ((1024, 3), (4096, 1))
-    straggler_rounds = 6 if quick else 24
+    # Simulated at scale: the product's replay pipeline and observer driver on the simulator.
+    # (ranks, seeds); the straggler job runs `straggler_steps` checks.
+    straggler_sizes = ((64, 2),) if quick else ((256, 5),)
+    observer_sizes = ((64, 2),) if quick else ((1024, 3), (4096, 1))
+    straggler_steps = 6 if quick else 24
     sim: dict[str, dict[str, Any]] = {"straggler": {"rounds": 0, "false_attributions": 0, "false_alarms": 0, "runs": 0},
                                       "hang": {"rounds": 0, "false_attributions": 0, "false_alarms": 0, "runs": 0}}
-    for ranks, count in sim_sizes:
+    for ranks, count in straggler_sizes:
         for index in range(count):
-            seed = 1000 + index
-            params = ScenarioParams(ranks=ranks, seed=seed, group_size=8, rounds=straggler_rounds)
+            params = ScenarioParams(ranks=ranks, seed=1000 + index, group_size=8, rounds=straggler_steps)
             report = run_scenario("straggler-healthy", params)
-            groups = ranks // 8
+            # Rows: (step, "STATUS=groups ...", SDC named, stragglers confirmed); one vote per group per step.
             named = {r for row in report.rows for r in (*row[2], *row[3])}
             entry = sim["straggler"]
             entry["runs"] += 1
-            entry["rounds"] += groups * straggler_rounds
+            entry["rounds"] += sum(int(count) for row in report.rows for count in re.findall(r"=(\d+)", row[1]))
             entry["false_attributions"] += len(named)
             entry["false_alarms"] += sum(1 for row in report.rows if "INCONCLUSIVE" in row[1])
-            report = run_scenario("observer-healthy", ScenarioParams(ranks=ranks, seed=seed, group_size=8))
+            log(f"  simulated healthy timing, {ranks} ranks seed {params.seed}: {entry}")
+    for ranks, count in observer_sizes:
+        for index in range(count):
+            report = run_scenario("observer-healthy", ScenarioParams(ranks=ranks, seed=1000 + index, group_size=8))
             entry = sim["hang"]
             entry["runs"] += 1
             threshold_s = 1.0  # the observer scenarios' threshold (scout/scenarios/observer.py)
             entry["rounds"] += int(ranks * report.result.virtual_time_s / threshold_s)
             entry["false_attributions"] += sum(1 for row in report.rows if row[4])
             entry["false_alarms"] += sum(1 for row in report.rows if not row[4])
-            log(f"  simulated healthy {ranks} ranks seed {seed}: straggler {sim['straggler']}, hang {sim['hang']}")
+            log(f"  simulated healthy observers, {ranks} ranks seed {1000 + index}: {entry}")
     # Real 4-rank jobs: examples/train_gpt.py at the defaults with every rank's step up to
     # jitter_s slower at random (seeded), far below the stall threshold.
     jitter_s = 0.3
@@ -552,7 +556,7 @@ def run_false_alarms(section: dict[str, Any], quick: bool, seeds: Sequence[int],
 
 
 def run_campaign(section: dict[str, Any], quick: bool, seeds: Sequence[int], log: Callable[[str], None]) -> None:
-    from scout.scenarios import campaign, real_campaign
+    from scout.scenarios import campaign
 
     per_seed = []
     if quick:
@@ -564,9 +568,8 @@ def run_campaign(section: dict[str, Any], quick: bool, seeds: Sequence[int], log
             plan = campaign.CampaignPlan(True, seed, tuple(campaign.sim_cases(campaign.SIM_KINDS, ((8, 1),), seed)),
                                          tuple(campaign.sim_cases(campaign.SIM_HEALTHY, ((8, 1),), seed)))
             campaign.run_sim_part(plan, result)
-        else:
-            campaign.run_sim_part(campaign.campaign_plan(quick=False, seed=seed), result)
-            result.cases += real_campaign.run_real_part(real_campaign.real_cases(quick=False, seed=seed), log)
+        else:  # the full campaign, as scout campaign runs it: simulated, real processes, device semantics
+            campaign.run_campaign(result, campaign.PARTS, log)
         result.wall_s = time.monotonic() - started
         document = result.to_json()
         per_seed.append({"seed": seed, "wall_s": round(result.wall_s, 1), "totals": document["totals"],

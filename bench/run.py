@@ -30,6 +30,7 @@ RESULTS = BENCH / "results"
 # name -> (arguments of the full run, arguments of --quick, time bound in seconds)
 BENCHMARKS: dict[str, tuple[list[str], list[str], float]] = {
     "verdict": ([], [], 600),
+    "invariants": ([], ["--rounds", "3", "--budget-s", "0.1"], 300),
     "signature": ([], ["--size-mib", "32", "--repeats", "3"], 900),
     "signature_gpu": ([], [], 600),
     "sim": ([], ["--ranks", "1024", "--observer-ranks", "1024"], 3600),
@@ -39,6 +40,7 @@ BENCHMARKS: dict[str, tuple[list[str], list[str], float]] = {
     "overhead": ([], [], 1800),
     "gate_model_check": ([], [], 1800),
     "observer_process": ([], [], 300),
+    "completion_watcher": ([], [], 600),
     # The overhead at the defaults (bench/attach_overhead.py's goal) is measured by evaluate's
     # A/B table of parts, with everything else the evaluation measures (docs/evaluation.md).
     "evaluate": ([], ["--quick"], 8 * 3600),

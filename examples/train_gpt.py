@@ -4,10 +4,13 @@ marked ``# scout`` are all it takes (README, "scout on your training job").
     torchrun --nproc-per-node 4 examples/train_gpt.py --run-dir runs/gpt --checkpoint-dir ckpt/gpt
 
 Faults, injected the way they happen in life, for the demo and the tests (``--fault`` or the
-environment variable EXAMPLE_FAULT; only in the first attempt, so a restart runs clean):
+environment variable EXAMPLE_FAULT, several separated by commas; only in the first attempt --
+neither a torchrun restart nor a Slurm requeue -- so a restart runs clean):
 
 - ``sdc:RANK:STEP``             from STEP on, RANK's second block computes one wrong bit in its
                                 output -- every time it runs, replays included (a faulty unit);
+- ``hang-before-forward:RANK:STEP:SECONDS``   RANK sleeps before its forward (so before DDP's
+                                buffer broadcast: the causal mask is a registered buffer);
 - ``hang-before-backward:RANK:STEP:SECONDS``  RANK sleeps between forward and backward;
 - ``hang-in-backward:RANK:STEP:SECONDS``      RANK sleeps inside backward (a block's gradient);
 - ``freeze:RANK:STEP:SECONDS``  RANK's process is stopped (SIGSTOP) before backward, and continued
@@ -55,6 +58,9 @@ class Block(nn.Module):
         self.projection = nn.Linear(width, width)
         self.norm_mlp = nn.LayerNorm(width)
         self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+        # The causal mask is a buffer, as in most real models: DDP (broadcast_buffers=True, its
+        # default) then broadcasts the buffers from rank 0 at every forward, from C++.
+        self.register_buffer("mask", torch.ones(SEQUENCE, SEQUENCE, dtype=torch.bool).triu(1), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, length, width = x.shape
@@ -64,7 +70,7 @@ class Block(nn.Module):
             return t.view(batch, length, self.heads, width // self.heads).transpose(1, 2)
 
         scores = heads(q) @ heads(k).transpose(-1, -2) / math.sqrt(width // self.heads)
-        mask = torch.ones(length, length, dtype=torch.bool).triu(1)
+        mask = self.mask[:length, :length]
         mixed = (scores.masked_fill(mask, float("-inf")).softmax(-1) @ heads(v)).transpose(1, 2)
         x = x + self.projection(mixed.reshape(batch, length, width))
         return x + self.mlp(self.norm_mlp(x))
@@ -90,6 +96,25 @@ def batch(step: int, rank: int) -> torch.Tensor:
     return torch.randint(0, VOCAB, (BATCH, SEQUENCE + 1), generator=generator)
 
 
+class FaultSet:
+    """Several injected faults, each told of every point of the step."""
+
+    def __init__(self, specs: str, rank: int, model: GPT) -> None:
+        self.faults = [Faults(spec.strip(), rank, model) for spec in specs.split(",") if spec.strip()]
+
+    def before_forward(self, step: int) -> None:
+        for fault in self.faults:
+            fault.before_forward(step)
+
+    def before_backward(self, step: int) -> None:
+        for fault in self.faults:
+            fault.before_backward(step)
+
+    def loop(self, step_s: float) -> None:
+        for fault in self.faults:
+            fault.loop(step_s)
+
+
 class Faults:
     """The injected fault (see the module docstring)."""
 
@@ -97,7 +122,8 @@ class Faults:
         self.kind, *fields = spec.split(":") if spec else ("none",)
         self.rank = rank
         self.model = model
-        self.active = bool(spec) and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0
+        self.active = (bool(spec) and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0
+                       and int(os.environ.get("SLURM_RESTART_COUNT", "0")) == 0)
         if self.kind == "jitter":  # every rank, and not a fault: no target
             self.target, self.values = -1, [float(f) for f in fields]
             self.mine = self.active
@@ -130,6 +156,9 @@ class Faults:
         if self.mine and self.kind == "gpu-hang" and step == int(self.values[0]):
             self.announce(step)
             torch.cuda._sleep(self._cycles(self.values[1]))
+        if self.mine and self.kind == "hang-before-forward" and step == int(self.values[0]):
+            self.announce(step)
+            time.sleep(self.values[1])
         if self.mine and self.kind == "sdc" and step == int(self.values[0]):
             self.announce(step)
 
@@ -209,7 +238,7 @@ def main() -> None:
     rank = dist.get_rank()
     torch.manual_seed(0)
     model = GPT().to(device)
-    faults = Faults(args.fault, rank, model)
+    faults = FaultSet(args.fault, rank, model)
     ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=3e-3)
     job = scout.attach(ddp, optimizer, run_dir=args.run_dir, checkpoint_dir=args.checkpoint_dir)  # scout

@@ -18,6 +18,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=False,
         help="rewrite the '->' lines of spec/examples/*.txt with the current answers",
     )
+    parser.addoption(
+        "--rewrite-traces",
+        action="store_true",
+        default=False,
+        help="rewrite the expected output of tests/model_check/traces/*.txt with what the machines do now",
+    )
 
 
 # Every report any process of the test session writes (trainers, observers, the CLI) is copied

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from scout.core.failure import FailureClass
 from scout.gate.codec import transition_to_json
 from scout.gate.model import (
     CheckpointCaptured,
@@ -71,7 +72,7 @@ def story() -> list[GateEvent]:
         RecipeVerdicts("hidden", 5, 420, verdicts(dp0=Outcome.ATTRIBUTED)),  # SDC: quarantine
         CheckpointCaptured(450),  # quarantined at capture
         CycleBoundary(500),
-        Restart(100),  # back to the verified checkpoint; timeline 1
+        Restart(100, FailureClass.SDC),  # back to the verified checkpoint; timeline 1
         CycleBoundary(100),
         *clean_cycle(7, 100),
         CycleBoundary(200),

@@ -1,6 +1,7 @@
 """``scout campaign``: inject faults and count what scout names (docs/campaign.md).
 
     scout campaign --quick               # the CI matrix: a few minutes on 2 cores
+    scout campaign --part device         # the NCCL-semantics matrix (emulated backend, torchrun)
     scout campaign                       # >= 1000 simulated scenarios at 8-4096 ranks + real jobs
     scout campaign --part sim --json out.json
     scout campaign --real-case SIGSTOP --rank 2 --step 3 --seed 7     # one real job again
@@ -15,7 +16,6 @@ was falsely attributed, 1 otherwise, 2 for bad arguments.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 import time
@@ -37,7 +37,8 @@ def register(subparsers: Any) -> None:
         "inconclusive / missed per kind.",
     )
     parser.add_argument("--quick", action="store_true", help="the CI-sized matrix (a few minutes on 2 cores)")
-    parser.add_argument("--part", choices=("all", "sim", "real"), default="all", help="which part to run")
+    parser.add_argument("--part", choices=("all", "sim", "real", "device"), default="all",
+                        help="which part to run (device: the NCCL-semantics matrix on the emulated backend)")
     parser.add_argument("--seed", type=integer("--seed"), default=0, help="campaign seed (default 0)")
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write every case as JSON to PATH")
     parser.add_argument("--real-case", metavar="KIND", help="run one real-process case again (see --list)")
@@ -53,13 +54,15 @@ def _error(message: str) -> int:
 
 
 def main(args: argparse.Namespace) -> int:
-    from scout.scenarios import campaign, real_campaign
+    from scout.scenarios import campaign, device_campaign, real_campaign
 
     if args.list:
         for kind in campaign.SIM_KINDS + campaign.SIM_HEALTHY:
             print(f"sim   {kind.kind:<20} scout simulate {kind.scenario}")
         for name in (*real_campaign.REAL_KINDS, *real_campaign.HEALTHY_KINDS):
             print(f"real  {name}")
+        for name in (*device_campaign.DEVICE_KINDS, device_campaign.HEALTHY_KIND):
+            print(f"device {name}")
         return 0
     if not 0 <= args.seed <= SEED_MAX:
         return _error(f"--seed must be in 0..{SEED_MAX}, got {args.seed}")
@@ -83,17 +86,7 @@ def main(args: argparse.Namespace) -> int:
         case = real_campaign.RealCase(args.real_case, args.rank, args.step, args.seed)
         result.cases += real_campaign.run_real_part([case], log)
     else:
-        plan = campaign.campaign_plan(quick=args.quick, seed=args.seed)
-        if args.part in ("all", "sim"):
-            campaign.run_sim_part(plan, result, log)
-        if args.part in ("all", "real"):
-            # Found, not imported: torch is imported once, in the forkserver the jobs fork from.
-            if importlib.util.find_spec("torch") is None:
-                result.problems.append("the real-process part needs torch (pip install 'scout-localize[torch]'); "
-                                       "run --part sim without it")
-            else:
-                result.cases += real_campaign.run_real_part(real_campaign.real_cases(quick=args.quick, seed=args.seed),
-                                                            log)
+        campaign.run_campaign(result, campaign.PARTS if args.part == "all" else (args.part,), log)
     result.wall_s = time.monotonic() - started
     print(campaign.render(result))
     if args.json is not None:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import scout
+from scout.reports.kinds import ReportKind
 from scout.spec_examples import EXAMPLES_PATH, actual_line, load_examples, render_verdict
 
 EXAMPLE = Path(scout.__file__).resolve().parents[1] / "examples" / "train_gpt.py"
@@ -70,19 +71,19 @@ def run(args: argparse.Namespace) -> int:
 def _localized(name: str, records: list[dict[str, Any]]) -> tuple[bool, str]:
     """Did the run name the injected fault as injected?"""
     if name == "hang":
-        hangs = [r for r in records if r["kind"] == "hang"]
+        hangs = [r for r in records if r["kind"] == ReportKind.HANG]
         ok = len(hangs) == 1 and hangs[0]["ranks"] == [2]
         return ok, f"hang reports: {[(r['ranks'], r['step'], r['reason']) for r in hangs]}"
     if name == "sdc":
-        sdc = [r for r in records if r["kind"] == "sdc"]
-        restored = [r for r in records if r["kind"] == "restart" and r["reason"] == "restored"]
-        finished = [r for r in records if r["kind"] == "finished"]
+        sdc = [r for r in records if r["kind"] == ReportKind.SDC]
+        restored = [r for r in records if r["kind"] == ReportKind.RESTART and r["reason"] == "restored"]
+        finished = [r for r in records if r["kind"] == ReportKind.FINISHED]
         ok = (len(sdc) == 1 and sdc[0]["ranks"] == [1] and len(restored) == 1
               and restored[0]["evidence"].get("choice") == "verified" and restored[0]["step"] < 57
               and bool(finished) and finished[-1]["step"] == 100)
         return ok, (f"sdc reports: {[(r['ranks'], r['step']) for r in sdc]}; restored: "
                     f"{[(r['step'], r['evidence'].get('choice')) for r in restored]}")
-    confirmed = [r for r in records if r["kind"] == "straggler" and not r["reason"].startswith("recovered")]
+    confirmed = [r for r in records if r["kind"] == ReportKind.STRAGGLER and not r["reason"].startswith("recovered")]
     ok = any(r["ranks"] == [3] for r in confirmed) and all(r["ranks"] == [3] for r in confirmed)
     return ok, f"stragglers confirmed: {[(r['ranks'], r['step'], r['reason']) for r in confirmed]}"
 

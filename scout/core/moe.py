@@ -357,16 +357,6 @@ class RegimeCatalog:
                 f"this MoE regime catalog was built for another environment ({details}); rebuild it here "
                 "with `scout moe-catalog`")
 
-    def regime_labels(self) -> tuple[tuple[str, tuple[int, ...]], ...]:
-        """Each replayed expert recipe id and the ``n_exec`` values it covers (certificates)."""
-        labels = []
-        for layer in self.layers:
-            for slot in layer.slots:
-                for n in layer.representatives():
-                    covered = tuple(sorted(m for m, r in layer.cover if r == n))
-                    labels.append((f"expert.{slot}@{n}", covered))
-        return tuple(labels)
-
     def qualified_templates(self) -> tuple[str, ...]:
         return tuple(f"layer{t.layer}:{list(t.counts)}" for t in self.templates if t.qualified)
 

@@ -24,6 +24,8 @@ from typing import Any, Final, Literal
 import attrs
 import numpy as np
 
+from scout.core import invariants
+
 __all__ = [
     "DEFAULT_TIMING_CONFIG",
     "MISSING",
@@ -82,9 +84,29 @@ class Verdict:
     # Timing mode only: the threshold a duration had to exceed to be slow (VERDICT-24).
     threshold_ms: float | None = None
 
+    def __attrs_post_init__(self) -> None:
+        if invariants.ENABLED:
+            _check_verdict(self)
+
     @property
     def agrees(self) -> bool:
         return self.status is Status.AGREE
+
+
+def _check_verdict(verdict: Verdict) -> None:
+    """VERDICT-2 at run time (scout.core.invariants): O(outliers) on an ATTRIBUTED verdict, O(1)
+    otherwise."""
+    n, outliers = len(verdict.evidence), verdict.outliers
+    if (verdict.status is Status.ATTRIBUTED) != bool(outliers) or (
+            outliers and not (outliers[0] >= 0 and outliers[-1] < n
+                              and all(a < b for a, b in zip(outliers, outliers[1:], strict=False)))):
+        raise invariants.violated("VERDICT-2/outliers", f"{verdict.status.value} with outliers {list(outliers)} in a "
+                                  f"group of {n}")
+    if outliers:
+        convicted = len(set(outliers).union(verdict.missing, verdict.invalid))
+        if not 2 * (n - convicted) > n:
+            raise invariants.violated("VERDICT-2/majority", f"outliers {list(outliers)}, missing "
+                                      f"{list(verdict.missing)}, invalid {list(verdict.invalid)} of {n}")
 
 
 def _check_real(name: str, value: object) -> float:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Final, TypeVar
 
+from scout.core.failure import FailureClass
 from scout.core.machine import MachineState
 from scout.gate.model import (
     Certificate,
@@ -152,6 +153,7 @@ def state_to_json(state: GateMachineState) -> dict[str, Any]:
         "sdc": None
         if sdc is None
         else {"recipe": sdc.recipe, "cycle": sdc.cycle, "step": sdc.step, "groups": list(sdc.groups)},
+        "restart_cause": None if context.restart_cause is None else context.restart_cause.value,
     }
 
 
@@ -334,6 +336,10 @@ def _sdc_from(value: Any, path: str) -> SdcRecord | None:
     )
 
 
+def _cause_from(value: Any, path: str) -> FailureClass | None:
+    return None if value is None else _enum_value(FailureClass, value, path)
+
+
 def _names(value: Any, path: str, config: GateConfig) -> tuple[str, ...]:
     names = _list(value, path, _str)
     unknown = [n for n in names if n not in config.recipe_ids]
@@ -361,5 +367,7 @@ def state_from_json(data: Any) -> GateMachineState:
         last_step=_int(_get(data, "last_step", ""), "last_step"),
         last_capture_step=_int(_get(data, "last_capture_step", ""), "last_capture_step", optional=True),
         sdc=_sdc_from(_get(data, "sdc", ""), "sdc"),
+        # GATE-36; a manifest written before the cause was recorded has none.
+        restart_cause=_cause_from(data.get("restart_cause"), "restart_cause"),
     )
     return MachineState(GateState(control), context)

@@ -25,6 +25,7 @@ from scout.gate.model import (
     CycleRecord,
     GateConfig,
     GateContext,
+    GateEffect,
     GateReport,
     GateReportKind,
     GateState,
@@ -41,7 +42,7 @@ from scout.gate.model import (
 )
 
 GateMachineState = MachineState[GateContext]
-Effects = tuple[object, ...]
+Effects = tuple[GateEffect, ...]
 EffectOutcome = tuple[GateContext, Effects]
 
 IDLE: Final = GateState.IDLE
@@ -72,11 +73,11 @@ def _add_replay(config: GateConfig, replays: tuple[Replay, ...], replay: Replay)
     return tuple(sorted((*replays, replay), key=lambda r: (r.step, order[r.recipe])))
 
 
-def _persisted(old: GateContext, new: GateContext, effects: Iterable[object]) -> EffectOutcome:
+def _persisted(old: GateContext, new: GateContext, effects: Iterable[GateEffect]) -> EffectOutcome:
     """Self-loop rows: persist exactly when the context changed (GATE-9)."""
     listed = tuple(effects)
     if new == old:
-        return new, listed
+        return old, listed  # the same object: a driver (and GATE-9's run-time check) sees no change
     return new, (Persist(), *listed)
 
 
@@ -430,6 +431,7 @@ def restart(context: GateContext, event: Restart) -> EffectOutcome:
         last_step=0 if restored is None else restored,
         last_capture_step=restored,
         sdc=None,
+        restart_cause=event.cause,
     )
     return new, (Persist(), *trust_changes)
 

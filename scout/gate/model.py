@@ -20,6 +20,8 @@ from typing import Any, ClassVar, Final
 
 import attrs
 
+from scout.core.failure import FailureClass
+
 __all__ = [
     "Certificate",
     "CheckpointCaptured",
@@ -29,6 +31,7 @@ __all__ = [
     "CycleRecord",
     "GateConfig",
     "GateContext",
+    "GateEffect",
     "GateEvent",
     "GateReport",
     "GateReportKind",
@@ -294,12 +297,22 @@ class CycleBoundary:
     step: int = attrs.field(validator=_step_value)
 
 
+def _failure_class(instance: object, attribute: attrs.Attribute[FailureClass], value: FailureClass) -> None:
+    if not isinstance(value, FailureClass):
+        raise TypeError(f"{attribute.name} must be a scout.core.failure.FailureClass member "
+                        f"({', '.join(f'FailureClass.{f.name}' for f in FailureClass)}), got "
+                        f"{type(value).__name__} {value!r} (GATE-36)")
+
+
 @attrs.frozen(cache_hash=True)
 class Restart:
-    """The job restarts from the restorable checkpoint at ``step`` (None: from initialization)."""
+    """The job restarts from the restorable checkpoint at ``step`` (None: from initialization)
+    after a failure of class ``cause`` (GATE-36: UNCERTAIN when nothing says why the previous
+    attempt ended)."""
 
     trigger: ClassVar[str] = "restart"
     step: int | None = attrs.field(validator=attrs.validators.optional(_step_value))
+    cause: FailureClass = attrs.field(default=FailureClass.UNCERTAIN, validator=_failure_class)
 
 
 GateEvent = RecipeVerdicts | CheckpointCaptured | CycleBoundary | Restart
@@ -407,6 +420,10 @@ class GateReport:
     detail: str
 
 
+#: GATE-37: every effect the gate emits; a driver dispatches over exactly these.
+GateEffect = Persist | TrustChange | GateReport
+
+
 # ------------------------------------------------------------------------------------------
 # The gate's extended state
 # ------------------------------------------------------------------------------------------
@@ -432,6 +449,7 @@ class GateContext:
     last_step: int = 0  # the highest step any accepted event carried in this timeline
     last_capture_step: int | None = None  # captures in this timeline must be newer
     sdc: SdcRecord | None = None
+    restart_cause: FailureClass | None = None  # GATE-36: why this timeline began (None: the first start)
 
     def replace(self, **changes: Any) -> GateContext:
         """``attrs.evolve`` without its per-call introspection: the explorer builds millions."""

@@ -27,7 +27,7 @@ import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 
@@ -58,6 +58,7 @@ from scout.gate.model import (
     Certificate,
     GateConfig,
     GateContext,
+    GateEffect,
     GateEvent,
     Persist,
     Trust,
@@ -72,6 +73,8 @@ __all__ = [
     "GateRecorder",
     "GateResumeRefused",
     "GateWriter",
+    "MemoryRecorder",
+    "StateRecorder",
     "gate_payload",
     "inspect_gate",
     "read_gate",
@@ -346,12 +349,42 @@ def _certificate_of(state: GateMachineState, change: TrustChange) -> Certificate
     return None if entry is None else entry.certificate
 
 
+class StateRecorder(Protocol):
+    """Where a writer commits the gate's states: the manifest (:class:`GateRecorder`), or a
+    simulated storage in the simulator (as it simulates the network)."""
+
+    fail_closed: str | None
+
+    def record(self, state: GateMachineState, effects: Sequence[object]) -> int | None: ...
+
+    def close(self) -> None: ...
+
+
+class MemoryRecorder:
+    """Commits in memory: every state a step asked to persist, in order. The simulator's
+    storage (it replaces the disk as it replaces the network) and the tests' writer."""
+
+    fail_closed: str | None = None
+
+    def __init__(self) -> None:
+        self.generations: list[GateMachineState] = []
+
+    def record(self, state: GateMachineState, effects: Sequence[object]) -> int | None:
+        if not any(isinstance(effect, Persist) for effect in effects):
+            return None
+        self.generations.append(state)
+        return len(self.generations)
+
+    def close(self) -> None:
+        pass
+
+
 class GateWriter:
     """The gate's one writer: steps the machine and commits every state change (GATE-9) before
     returning the step's other effects for the caller to act on. ``scout.attach``'s writer rank,
     the simulated gate campaign and the tests all drive the gate through this class."""
 
-    def __init__(self, recorder: GateRecorder, state: GateMachineState) -> None:
+    def __init__(self, recorder: StateRecorder, state: GateMachineState) -> None:
         self.recorder = recorder
         self._state = state
 
@@ -362,11 +395,16 @@ class GateWriter:
         recorder, state = GateRecorder.open(directory, config, hook=hook)
         return cls(recorder, state)
 
+    @classmethod
+    def in_memory(cls, config: GateConfig) -> GateWriter:
+        """A fresh gate whose commits stay in memory (:class:`MemoryRecorder`)."""
+        return cls(MemoryRecorder(), initial_state(config))
+
     @property
     def state(self) -> GateMachineState:
         return self._state
 
-    def apply(self, event: GateEvent) -> tuple[object, ...]:
+    def apply(self, event: GateEvent) -> tuple[GateEffect, ...]:
         """Step the gate with ``event`` (a GateInputError leaves everything unchanged), commit
         the new state if the step asks for it, and return the step's effects."""
         state, effects = step(self._state, event)

@@ -20,6 +20,7 @@ from typing import Final
 
 import attrs
 
+from scout.core.failure import FailureClass
 from scout.core.machine import MachineState
 from scout.gate.model import RESTORABLE, CheckpointId, GateContext, Trust
 from scout.gate.recovery_table import ROWS
@@ -37,16 +38,6 @@ __all__ = [
     "recover",
     "situation_of",
 ]
-
-
-class FailureClass(enum.Enum):
-    SDC = "sdc"
-    INACCESSIBLE = "inaccessible"
-    STRAGGLER = "straggler"
-    HANG = "hang"
-    DATA_STALL = "data-stall"
-    CHECKPOINT_STALL = "checkpoint-stall"
-    UNCERTAIN = "uncertain"
 
 
 class EmergencyReplay(enum.Enum):

@@ -5,16 +5,15 @@ a cycle that has ended or not begun, a second capture for one step, steps going 
 restart to a checkpoint that is not restorable -- raises :class:`GateInputError` naming the value
 and what to do; the caller's state is untouched because states are immutable (GATE-16).
 
-:class:`Gate` is the small stateful holder a driver uses: it keeps the state and replaces it only
-when a step succeeds.
+:class:`scout.gate.recorder.GateWriter` is the driver's holder: it keeps the state and replaces it
+only when a step succeeds and its state is committed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
-from scout.core.machine import Firing, Machine, MachineState, Property, packaged_machine
+from scout.core import invariants
+from scout.core.failure import FailureClass
+from scout.core.machine import Machine, MachineState, packaged_machine
 from scout.gate.model import (
     RESTORABLE,
     STEP_MAX,
@@ -22,15 +21,19 @@ from scout.gate.model import (
     CycleBoundary,
     GateConfig,
     GateContext,
+    GateEffect,
     GateEvent,
+    GateReport,
     GroupVerdict,
     Outcome,
+    Persist,
     RecipeVerdicts,
     Restart,
     Trust,
+    TrustChange,
 )
 
-__all__ = ["Gate", "GateInputError", "GateSystem", "check_event", "gate_machine", "initial_state", "step"]
+__all__ = ["GateInputError", "check_event", "gate_effects", "gate_machine", "initial_state", "step"]
 
 GateMachineState = MachineState[GateContext]
 
@@ -140,6 +143,9 @@ def _check_boundary(state: GateMachineState, event: CycleBoundary) -> None:
 
 def _check_restart(state: GateMachineState, event: Restart) -> None:
     context = state.context
+    if not isinstance(event.cause, FailureClass):
+        raise GateInputError(f"restart cause must be a scout.core.failure.FailureClass member, got {event.cause!r} "
+                             "(GATE-35, GATE-36)")
     verified = context.verified
     if event.step is None:
         if verified is not None:
@@ -182,47 +188,47 @@ def check_event(state: GateMachineState, event: object) -> None:
         )
 
 
-def step(state: GateMachineState, event: GateEvent) -> tuple[GateMachineState, tuple[object, ...]]:
+def step(state: GateMachineState, event: GateEvent) -> tuple[GateMachineState, tuple[GateEffect, ...]]:
     """Validate ``event`` and step the gate. Pure; raises :class:`GateInputError` on bad input."""
     check_event(state, event)
-    return gate_machine().step(state, event)
+    new, effects = gate_machine().step(state, event)
+    checked = gate_effects(effects)
+    if invariants.ENABLED:
+        _check_step(state, new, checked)
+    return new, checked
 
 
-class GateSystem:
-    """The gate as the explorer sees it: validation plus the table's step, so model checking
-    also proves that no event the environment offers is refused."""
+def _check_step(old: GateMachineState, new: GateMachineState, effects: tuple[GateEffect, ...]) -> None:
+    """GATE-9, GATE-2 and GATE-3 at run time (scout.core.invariants): one pass over the effects,
+    and the old verified step only when the step promoted. A step that persists nothing must keep
+    the state itself (the machine returns the same context object when nothing changed)."""
+    persisted = bool(effects) and type(effects[0]) is Persist
+    if not persisted and (new.control != old.control or new.context is not old.context):
+        raise invariants.violated("GATE-9/persist", f"{old.control} -> {new.control} without Persist")
+    promoted = None
+    for effect in effects[1:]:
+        if isinstance(effect, Persist):
+            raise invariants.violated("GATE-9/persist", f"a second Persist in {[type(e).__name__ for e in effects]}")
+        if isinstance(effect, TrustChange):
+            if effect.before is Trust.QUARANTINED or effect.before is Trust.SUPERSEDED:
+                raise invariants.violated("GATE-2/absorbing", f"{effect.checkpoint}: {effect.before} -> {effect.after}")
+            if effect.before is Trust.RECOVERY_VERIFIED:
+                raise invariants.violated("GATE-3/monotone", f"{effect.checkpoint} left RECOVERY_VERIFIED for "
+                                          f"{effect.after}")
+            if effect.after is Trust.RECOVERY_VERIFIED:
+                promoted = effect.checkpoint.step
+    if promoted is not None:
+        verified = old.context.verified_step
+        if verified is not None and promoted <= verified:
+            raise invariants.violated("GATE-3/monotone", f"promoted step {promoted}, verified already {verified}")
 
-    def __init__(self, machine: Machine[GateContext] | None = None, extra: Sequence[Property] = ()) -> None:
-        # ``machine``: the same table bound to other functions (tests plant bugs this way).
-        self.machine = machine if machine is not None else gate_machine()
-        self.properties: tuple[Property, ...] = (*self.machine.properties, *extra)
-        self.labels: tuple[str, ...] = self.machine.labels
 
-    def fire(self, state: GateMachineState, event: Any) -> Firing[GateMachineState]:
-        check_event(state, event)
-        return self.machine.fire(state, event)
-
-
-class Gate:
-    """A driver's handle: holds the state; :meth:`apply` replaces it only on success."""
-
-    def __init__(self, state: GateMachineState) -> None:
-        self.state = state
-
-    @classmethod
-    def fresh(cls, config: GateConfig) -> Gate:
-        return cls(initial_state(config))
-
-    def apply(self, event: GateEvent) -> tuple[object, ...]:
-        self.state, effects = step(self.state, event)
-        return effects
-
-    @property
-    def control(self) -> str:
-        return self.state.control
-
-    def trust_of(self, step_: int) -> Trust | None:
-        for entry in self.state.context.checkpoints:
-            if entry.id.step == step_ and entry.id.timeline == self.state.context.timeline:
-                return entry.trust
-        return None
+def gate_effects(effects: tuple[object, ...]) -> tuple[GateEffect, ...]:
+    """GATE-37 at run time: the effects are members of the closed union, or the step is a bug."""
+    checked: list[GateEffect] = []
+    for effect in effects:
+        if not isinstance(effect, (Persist, TrustChange, GateReport)):
+            raise TypeError(f"the gate emitted {effect!r}, which is not a GateEffect (Persist, TrustChange, "
+                            "GateReport; spec/gate.md GATE-37)")
+        checked.append(effect)
+    return tuple(checked)

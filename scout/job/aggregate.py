@@ -1,89 +1,114 @@
-"""Job-wide replay results for the gate, over the transport contract (spec/gate.md GATE-4).
+"""A check step's results, job-wide: exchanged once, merged alike on every rank (docs/design.md
+§7.4; spec/gate.md GATE-4, GATE-5). No torch.
 
-Rank-program steps: they yield transport ops, so the same code runs on the simulator, under MPI
-and under torch.distributed.
+Every check of a step (``scout.job.pipeline.Check``) leaves each rank with its peer group's
+results and straggler reports -- every member of a group decided them from the same rows. The
+gate's writer needs every group's, and the fault policy must stop every rank at the same step,
+so the step ends with one exchange over the whole job:
 
-1. :func:`group_vote` -- every member of a peer group exchanges its replay evidence with the
-   group (deadline-bounded) and decides the recipe with :func:`~scout.core.recipes.combine_evidence`
-   (the one verdict rule; a silent peer is MISSING evidence, so the result is unchecked);
-2. :func:`aggregate_results` -- the group leaders and the gate's writer exchange their groups'
-   results; a group whose leader was silent is simply absent, and
-   :func:`scout.gate.results.recipe_verdicts` makes it MISSING (unchecked, never SDC, never a hang).
-
-Both exchanges carry the gate's *view* -- (version, newest verified step or -1, quarantined
-checkpoints, tainted) -- and the newest view wins wherever views meet, so what the writer
-decided reaches every rank within two replays.
+1. :func:`exchange_outputs` -- one ``AllGather`` (a rank-program op: the simulator, MPI and
+   torch.distributed each run it; ``scout.attach`` over its gloo control group). A group's
+   leader (position 0) carries its group's results and reports as plain values; the others
+   carry nothing. When every check has one group, every rank already holds the job-wide view
+   and nothing is exchanged;
+2. :func:`merge` -- pure: one :class:`~scout.job.pipeline.GateFeed` per recipe, with one result
+   per group that answered (``scout.gate.results.recipe_verdicts`` makes the others MISSING:
+   unchecked, never SDC) and an SDC finding, in global ranks, for every group that attributed;
+   job-wide feeds (the canary's) after the check's own; the straggler reports of every group.
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator
-from typing import Any
+from collections.abc import Generator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
-from scout.core.machine import MachineState
-from scout.core.recipes import EvidenceKind, RecipeId, RecipeResult, ReplayStatus, combine_evidence
-from scout.core.verdict import MISSING, Status
-from scout.gate.model import GateContext, GateState, Trust
-from scout.transport.base import Group
-from scout.transport.program import Exchange
+import attrs
 
-__all__ = ["NO_VIEW", "GateView", "aggregate_results", "gate_view", "group_vote"]
+from scout.core.recipes import RecipeId, RecipeResult
+from scout.core.verdict import Status
+from scout.reports.kinds import ReportKind
+from scout.transport.program import AllGather
 
-#: What every rank knows of the gate: (version, newest verified step or -1, quarantined
-#: checkpoints, tainted). Versions only grow, so the newest view wins wherever views meet.
-GateView = tuple[int, int, int, bool]
-NO_VIEW: GateView = (0, -1, 0, False)
+if TYPE_CHECKING:
+    from scout.job.pipeline import CheckOutput, GateFeed
 
+__all__ = ["Merged", "exchange_outputs", "merge", "result_from_plain", "result_to_plain"]
 
-def gate_view(state: MachineState[GateContext], version: int) -> GateView:
-    context = state.context
-    verified = context.verified_step
-    quarantined = sum(entry.trust is Trust.QUARANTINED for entry in context.checkpoints)
-    return (version, -1 if verified is None else verified, quarantined, state.control is GateState.TAINTED)
+#: A RecipeResult as the exchange carries it: (recipe, step, status, outliers, sources, reason).
+PlainResult = tuple[str, int, str, tuple[int, ...], tuple[str, ...], str | None]
+#: A leader's part of one check's output: (group index, results, straggler report arguments).
+PlainOutput = tuple[int, tuple[PlainResult, ...], tuple[Mapping[str, Any], ...]]
 
 
-def _newer(view: GateView, candidate: object) -> GateView:
-    if isinstance(candidate, (tuple, list)) and len(candidate) == 4:
-        other = tuple(candidate)
-        if other > view:
-            return other
-    return view
+def result_to_plain(result: RecipeResult) -> PlainResult:
+    return (str(result.recipe), result.step, result.status.value, tuple(result.outliers), tuple(result.sources),
+            result.reason)
 
 
-def group_vote(
-    recipe: RecipeId, step: int, signature: int, view: GateView, *, group: Group, round_id: int, timeout_s: float
-) -> Generator[Any, Any, tuple[RecipeResult, GateView]]:
-    """Exchange this rank's replay output signature with its peer group and decide the recipe."""
-    answer = yield Exchange((signature, view), round_id=round_id, timeout_s=timeout_s, group=group)
-    for payload in answer.answers.values():
-        if isinstance(payload, (tuple, list)) and len(payload) == 2:
-            view = _newer(view, payload[1])
-    present = [rank in answer.answers for rank in group.ranks]
-    statuses = [int(ReplayStatus.OK) if here else MISSING for here in present]
-    signatures = [answer.answers[rank][0] if here else MISSING for rank, here in zip(group.ranks, present, strict=True)]
-    return combine_evidence(recipe, step, statuses, {EvidenceKind.OUTPUT: signatures}), view
+def result_from_plain(value: Sequence[Any]) -> RecipeResult:
+    recipe, step, status, outliers, sources, reason = value
+    return RecipeResult(RecipeId.parse(recipe), int(step), Status(status), tuple(int(p) for p in outliers),
+                        tuple(str(s) for s in sources), None if reason is None else str(reason))
 
 
-def aggregate_results(
-    group_index: int,
-    result: RecipeResult,
-    view: GateView,
-    *,
-    leaders: Group,
-    writer: int,
-    round_id: int,
-    timeout_s: float,
-) -> Generator[Any, Any, tuple[dict[int, RecipeResult], GateView]]:
-    """The leaders' exchange: each group leader (and the gate's writer) sends its group's result;
-    returns the results that arrived, by group index, and the writer's view if newer."""
-    mine = (group_index, result.status.value, result.outliers, result.reason or "", view)
-    gathered = yield Exchange(mine, round_id=round_id, timeout_s=timeout_s, group=leaders)
-    results: dict[int, RecipeResult] = {}
-    for payload in gathered.answers.values():
-        index, status, outliers, reason, _view = payload
-        results[int(index)] = RecipeResult(result.recipe, result.step, Status(status), tuple(outliers),
-                                           reason=str(reason) or None)
-    writer_payload = gathered.answers.get(writer)
-    if writer_payload is not None:
-        view = _newer(view, writer_payload[4])
-    return results, view
+def _plain(output: CheckOutput) -> PlainOutput:
+    return (output.layout.index, tuple(result_to_plain(r) for r in output.results), tuple(output.stragglers))
+
+
+def exchange_outputs(
+    outputs: Sequence[CheckOutput], *, world_size: int, timeout_s: float
+) -> Generator[AllGather, Any, list[Any] | None]:
+    """The step's one exchange (module docstring): every rank's payload by rank, or None when
+    every check has a single group (nothing to learn from the others)."""
+    if all(len(output.layout.groups) == 1 for output in outputs):
+        return None
+    payload = tuple(_plain(output) if output.layout.leader else None for output in outputs)
+    gathered = yield AllGather(payload, timeout_s=timeout_s)
+    if len(gathered) != world_size:
+        raise ValueError(f"the step's exchange returned {len(gathered)} payloads for a job of {world_size} ranks")
+    return list(gathered)
+
+
+@attrs.frozen
+class Merged:
+    feeds: tuple[GateFeed, ...]
+    stragglers: tuple[Mapping[str, Any], ...]
+
+
+def merge(outputs: Sequence[CheckOutput], gathered: Sequence[Any] | None, *, for_gate: bool = True) -> Merged:
+    """Job-wide feeds and straggler reports from what the exchange returned. The findings (and
+    so the fault policy) are alike on every rank; ``for_gate`` False leaves out what only the
+    gate's writer uses -- the results of clean and unchecked groups, the straggler reports --
+    which in a job of thousands of ranks every other rank would decode for nothing."""
+    from scout.job.pipeline import Finding, GateFeed
+
+    feeds: list[GateFeed] = []
+    stragglers: list[Mapping[str, Any]] = []
+    for index, output in enumerate(outputs):
+        layout = output.layout
+        if gathered is None:
+            parts: list[PlainOutput] = [_plain(output)]
+        else:
+            parts = [payload[index] for payload in gathered if payload is not None and payload[index] is not None]
+        by_recipe: dict[str, dict[str, RecipeResult]] = {}
+        findings: dict[str, list[Finding]] = {}
+        for group_index, plains, reports in sorted(parts, key=lambda part: int(part[0])):
+            name, members = layout.names[group_index], layout.groups[group_index]
+            if for_gate:
+                stragglers.extend(reports)
+            for plain in plains:
+                if not for_gate and plain[2] != Status.ATTRIBUTED.value:
+                    continue
+                result = result_from_plain(plain)
+                recipe = str(result.recipe)
+                by_recipe.setdefault(recipe, {})[name] = result
+                if result.status is Status.ATTRIBUTED:
+                    findings.setdefault(recipe, []).append(Finding(
+                        ReportKind.SDC, "replay-mismatch", tuple(members[p] for p in result.outliers), result.step,
+                        {"recipe": recipe, "group": name, "sources": list(result.sources),
+                         "group_ranks": list(members)}))
+        for recipe, results in by_recipe.items():
+            step = min(result.step for result in results.values())
+            feeds.append(GateFeed(recipe, step, results, tuple(findings.get(recipe, ()))))
+        feeds.extend(output.feeds if for_gate else (feed for feed in output.feeds if feed.findings))
+    return Merged(tuple(feeds), tuple(stragglers))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import shlex
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -82,6 +83,28 @@ def _flag(name: str) -> Any:
     def check(_instance: object, _attribute: object, value: object) -> None:
         if not isinstance(value, bool):
             raise ConfigError(f"{name} must be true or false, got {value!r}")
+
+    return check
+
+
+def _optional_port(name: str) -> Any:
+    def check(_instance: object, _attribute: object, value: object) -> None:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535):
+            raise ConfigError(f"{name} must be a TCP port in [0, 65535] (0: any free port), or unset; got {value!r}")
+
+    return check
+
+
+def _optional_command(name: str) -> Any:
+    def check(_instance: object, _attribute: object, value: object) -> None:
+        if value is None:
+            return
+        if not isinstance(value, str) or not value.strip() or len(value) > 4096:
+            raise ConfigError(f"{name} must be a command line of at most 4096 characters, or unset; got {value!r}")
+        try:
+            shlex.split(value)
+        except ValueError as error:
+            raise ConfigError(f"{name} {value!r} is not a valid command line: {error}") from None
 
     return check
 
@@ -154,6 +177,18 @@ class Config:
     #: The golden canary (spec/canary.md): recorded at the first cycle end, re-checked at every
     #: cycle end on every rank; a change -- on one rank or on all (common mode) -- is SDC.
     canary: bool = attrs.field(default=False, validator=_flag("canary"))
+    #: Prometheus metrics of this node (docs/metrics.md), served by scout's per-node sidecar
+    #: process, not by a trainer (a frozen trainer does not freeze them); unset: off. 0 picks
+    #: a free port (written to ``run_dir/ops/node-<host>-r<rank>.json``).
+    metrics_port: int | None = attrs.field(default=None, validator=_optional_port("metrics_port"))
+    #: The address the metrics endpoint binds: loopback by default; ``0.0.0.0`` (or the node's
+    #: address) for a Prometheus server on another host.
+    metrics_addr: str = attrs.field(default="127.0.0.1", validator=_optional_text("metrics_addr"))
+    #: A command run by the sidecar for each new report, the record as JSON on stdin
+    #: (spec/ops.md OPS-4); e.g. ``python examples/alert_webhook.py``. Unset: off.
+    on_report: str | None = attrs.field(default=None, validator=_optional_command("on_report"))
+    #: An ``on_report`` command still running this long after it started is killed (and logged).
+    on_report_timeout_s: float = attrs.field(default=10.0, validator=_positive_s("on_report_timeout_s", 600.0))
 
     def __attrs_post_init__(self) -> None:
         if self.round_deadline_s > self.recheck_interval_s:
@@ -181,6 +216,8 @@ class Config:
 
 
 _FIELDS: Final = {field.name: field for field in attrs.fields(Config)}
+#: Keys whose default is None but whose values are ints (read from the environment as ints).
+_OPTIONAL_INTS: Final = frozenset({"metrics_port"})
 
 
 def _from_text(key: str, text: str, source: str) -> Any:
@@ -188,6 +225,8 @@ def _from_text(key: str, text: str, source: str) -> Any:
     field = _FIELDS[key]
     default = field.default
     try:
+        if key in _OPTIONAL_INTS:
+            return int(text)
         if isinstance(default, bool):
             lowered = text.strip().lower()
             if lowered not in ("1", "0", "true", "false", "yes", "no"):
@@ -198,7 +237,8 @@ def _from_text(key: str, text: str, source: str) -> Any:
         if isinstance(default, float):
             return float(text)
     except ValueError:
-        raise ConfigError(f"{source}: {text!r} is not a valid {type(default).__name__} for {key}") from None
+        expected = "int" if key in _OPTIONAL_INTS else type(default).__name__
+        raise ConfigError(f"{source}: {text!r} is not a valid {expected} for {key}") from None
     return text
 
 

@@ -9,16 +9,15 @@ dtype) -- and then runs the default all-reduce. Launches are published, completi
 ``ProgressPublisher.enter_async_collective``), so every rank waiting on a late peer shows the
 same coordinate, and the late peer is behind it.
 
-The hook averages with one ``ReduceOp.AVG`` all-reduce where the backend has it (INSTR-9): DDP
+The hook averages with one ``ReduceOp.AVG`` all-reduce where the backend has it (INSTR-15): DDP
 copies gradients into a hooked bucket without the scaling it fuses into that copy when no hook is
-registered, so dividing the bucket before a sum (``default_hooks.allreduce_hook``) would add a
-pass over every gradient on the training thread.
+registered, so dividing the bucket before a sum (as DDP's default hook does) would add a pass
+over every gradient on the training thread.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -36,58 +35,75 @@ logger = logging.getLogger("scout")
 
 
 def publish_ddp_buckets(
-    model: Any, publisher: ProgressPublisher, listeners: Sequence[Callable[[int, int], None]] = ()
+    model: Any, publisher: ProgressPublisher, listeners: Sequence[Callable[[], Callable[[], None]]] = ()
 ) -> bool:
     """Register the publishing communication hook on a DDP model; False (and a warning) when the
     model is not DDP or already has a communication hook of its own. ``listeners`` (read at each
-    call, so they may be added later) get each bucket's launch and completion times in
-    monotonic ns (loop stragglers, LOOP-1)."""
+    call, so they may be added later) are called at each bucket's launch, and what each returns
+    when the bucket's all-reduce completed: in the callback of its work's future, which on NCCL
+    runs with a current stream that waits for the all-reduce, so a timer's mark recorded there
+    completes with it (loop stragglers, LOOP-5)."""
     if not isinstance(model, DistributedDataParallel):
         return False
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-    group = model.process_group
+    group = model.process_group if model.process_group is not None else dist.group.WORLD
     ranks = tuple(dist.get_process_group_ranks(group))
-    average = [True]  # INSTR-9: ReduceOp.AVG until the backend refuses it (alike on every rank)
+    average = [True]  # INSTR-15: ReduceOp.AVG until the backend refuses it (alike on every rank)
 
-    def all_reduce_mean(state: Any, bucket: Any) -> Any:
+    def all_reduce_mean(buffer: Any) -> Any:
+        """The bucket's average, asynchronously: one AVG all-reduce where the backend has it,
+        else a division and a sum (DDP's default hook)."""
         if average[0]:
-            buffer = bucket.buffer()
             try:
-                work = dist.all_reduce(buffer, op=dist.ReduceOp.AVG, group=group, async_op=True)
+                return dist.all_reduce(buffer, op=dist.ReduceOp.AVG, group=group, async_op=True)
             except (RuntimeError, ValueError) as error:
                 # Refused before any byte moved (the backend checks the op first), on every rank.
                 average[0] = False
                 logger.debug("scout: the DDP hook falls back to a division and a sum: %s", error)
-            else:
-                assert work is not None
-                return work.get_future().then(lambda done: done.value()[0])
-        return default_hooks.allreduce_hook(state, bucket)
+        buffer.div_(group.size())
+        return dist.all_reduce(buffer, group=group, async_op=True)
 
     def hook(state: Any, bucket: Any) -> Any:
+        buffer = bucket.buffer()
+        bucket_fingerprint = 0
         try:
-            buffer = bucket.buffer()
             call = CollectiveCall("all_reduce", ranks, (TensorMeta(str(buffer.dtype), (buffer.numel(),)),),
                                   reduce_op="SUM", detail=(("ddp_bucket", bucket.index()),))
-            publisher.enter_async_collective(fingerprint(call))
+            bucket_fingerprint = fingerprint(call)
+            publisher.enter_async_collective(bucket_fingerprint)
         except Exception:  # diagnostics never break the training step
             logger.debug("scout: could not publish a DDP bucket", exc_info=True)
-        entry_ns = time.monotonic_ns()
+        finishers = [_started(listener) for listener in tuple(listeners)]
+        tracker = instrument.completion_tracker(group)
+        entry = None
+        if tracker is not None:
+            try:
+                entry = tracker.begin(bucket_fingerprint)
+            except Exception:
+                logger.debug("scout: could not track a DDP bucket", exc_info=True)
+        # DDP's default hook, spelled out so that the bucket's Work is at hand for completion
+        # tracking (INSTR-11): the bucket's average by an asynchronous all-reduce (INSTR-15).
         with instrument.already_published():
-            future = all_reduce_mean(state, bucket)
-        if not listeners:
-            return future
+            work = all_reduce_mean(buffer)
+        if tracker is not None:
+            tracker.end(entry, work)
 
         def completed(done: Any) -> Any:
-            exit_ns = time.monotonic_ns()
-            for listener in tuple(listeners):
-                try:
-                    listener(entry_ns, exit_ns)
-                except Exception:  # diagnostics never break the training step
-                    logger.debug("scout: a bucket listener failed", exc_info=True)
-            return done.value()
+            for finish in finishers:
+                if finish is not None:
+                    try:
+                        finish()
+                    except Exception:  # diagnostics never break the training step
+                        logger.debug("scout: a bucket listener failed", exc_info=True)
+            return done.value()[0]
 
-        return future.then(completed)
+        return work.get_future().then(completed)
+
+    def _started(listener: Callable[[], Callable[[], None]]) -> Callable[[], None] | None:
+        try:
+            return listener()
+        except Exception:  # diagnostics never break the training step
+            logger.debug("scout: a bucket listener failed", exc_info=True)
+            return None
 
     # DDP checks the hook's annotations as objects (this module's are strings).
     hook.__annotations__ = {"state": object, "bucket": dist.GradBucket,  # type: ignore[attr-defined]

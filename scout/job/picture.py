@@ -25,7 +25,9 @@ from typing import Any, Final
 
 import attrs
 
+from scout.core.compat import assert_never
 from scout.job.summary import RunView
+from scout.reports.kinds import ATTEMPT_STARTS, MarkStyle, ReportKind
 
 __all__ = ["Attempt", "attempts_of", "render_picture"]
 
@@ -35,13 +37,12 @@ TRUST_COLOURS: Final = {
 }
 TRUST_SHORT: Final = {"captured": "cap", "candidate": "cand", "recovery-verified": "verified",
                       "quarantined": "QUAR", "superseded": "sup"}
-FAULT_MARKERS: Final = {  # kind -> (marker, colour)
-    "hang": ("X", "#d73027"), "data_stall": ("X", "#fc8d59"), "checkpoint_stall": ("X", "#91bfdb"),
-    "desync": ("D", "#7b3294"), "unresponsive": ("v", "#4d4d4d"), "sdc": ("*", "#c51b7d"),
-    "inconclusive": ("o", "#878787"), "observer_failure": ("x", "#000000"),
-}
-STRAGGLER_COLOUR: Final = "#542788"
-RESTORE_COLOUR: Final = "#2166ac"
+STRAGGLER_COLOUR: Final = ReportKind.STRAGGLER.mark.colour
+RESTORE_COLOUR: Final = ReportKind.RESTART.mark.colour
+#: The kinds drawn as a marker on the ranks they name (their mark, from ReportKind).
+RANK_KINDS: Final = frozenset(kind.value for kind in ReportKind if kind.mark.style is MarkStyle.RANKS)
+#: Stalls: their bar in the wall-time strip runs from when the rank fell idle to the report.
+STALL_KINDS: Final = frozenset({ReportKind.HANG.value, ReportKind.DATA_STALL.value, ReportKind.CHECKPOINT_STALL.value})
 #: Room above a panel for its checkpoints' vertical labels (points; one inch is 72).
 LABEL_PAD_PT: Final = 84
 END_COLOUR: Final = "#b2182b"
@@ -79,17 +80,17 @@ def attempts_of(view: RunView) -> list[Attempt]:
         ended, badly = f"no closing record after step {max(steps, default=0)}: killed or interrupted", True
         for record in records:
             kind, reason, evidence = record["kind"], record["reason"], record.get("evidence") or {}
-            if kind == "restart" and reason == "started":
+            if kind == ReportKind.RESTART and reason == "started":
                 began, first = "fresh start", record["step"] or 0
-            elif kind == "restart" and reason == "restored":
+            elif kind == ReportKind.RESTART and reason == "restored":
                 began, first = (f"restored step {record['step']} ({evidence.get('choice')} checkpoint for a "
                                 f"{evidence.get('failure')} failure)"), record["step"] or 0
-            elif kind == "restart" and reason == "exhausted":
+            elif kind == ReportKind.RESTART and reason == "exhausted":
                 ended, badly = f"job stopped at step {record['step']}: restarts spent", True
-            elif kind == "restart":
+            elif kind == ReportKind.RESTART:
                 policy = evidence.get("policy") or f"on_{reason}=restart"
                 ended, badly = f"stopped by {policy} at step {record['step']}", True
-            elif kind == "finished":
+            elif kind == ReportKind.FINISHED:
                 ended, badly = f"finished at step {record['step']}", reason != "closed"
                 if reason != "closed":
                     ended = f"left at step {record['step']} ({reason})"
@@ -101,7 +102,7 @@ def _checkpoint_history(view: RunView) -> dict[str, tuple[int | None, list[str]]
     """Per checkpoint id (``t0/s40``): the generation of its first report and its trust history."""
     history: dict[str, tuple[int | None, list[str]]] = {}
     for record in view.records:
-        if record["kind"] != "checkpoint":
+        if record["kind"] != ReportKind.CHECKPOINT.value:
             continue
         checkpoint = (record.get("evidence") or {}).get("checkpoint")
         if not isinstance(checkpoint, str):
@@ -205,44 +206,54 @@ def _attempt_panel(axes: Any, attempt: Attempt, checkpoints: list[tuple[str, int
 
     markers: Counter[tuple[str, int, int]] = Counter()
     idle_of: dict[tuple[str, int, int], float] = {}
+    kinds = {kind.value: kind for kind in ReportKind}
     for record in attempt.records:
-        kind, step, evidence = record["kind"], record["step"], record.get("evidence") or {}
-        if step is None:
-            continue
-        if kind == "restart" and record["reason"] == "restored":
-            axes.plot([step], [-0.75], marker=">", markersize=9, color=RESTORE_COLOUR, zorder=5, linestyle="")
-            axes.text(step, -0.75, f"  resumed here (step {step})", fontsize=7, color=RESTORE_COLOUR, va="center")
-            legend["resumed from a checkpoint"] = Line2D([], [], marker=">", color=RESTORE_COLOUR, linestyle="")
-        elif kind == "restart" and record["reason"] != "started":
-            axes.plot([step], [-0.75], marker="s", markersize=8, color=END_COLOUR, zorder=5, linestyle="")
-            policy = evidence.get("policy") or f"on_{record['reason']}=restart"
-            text = "job stopped: restarts spent" if record["reason"] == "exhausted" else f"stopped by {policy}"
-            axes.text(step, -0.75, f"  {text}", fontsize=7, color=END_COLOUR, va="center", fontweight="bold")
-            legend["job stopped"] = Line2D([], [], marker="s", color=END_COLOUR, linestyle="")
-        elif kind == "group_stall":
+        kind, step, evidence = kinds.get(record["kind"]), record["step"], record.get("evidence") or {}
+        if kind is None or step is None:
+            continue  # a kind of a newer schema revision, or a report without a step
+        mark = kind.mark
+        if mark.style is MarkStyle.ATTEMPT:
+            if record["reason"] == "restored":
+                axes.plot([step], [-0.75], marker=">", markersize=9, color=RESTORE_COLOUR, zorder=5, linestyle="")
+                axes.text(step, -0.75, f"  resumed here (step {step})", fontsize=7, color=RESTORE_COLOUR,
+                          va="center")
+                legend["resumed from a checkpoint"] = Line2D([], [], marker=">", color=RESTORE_COLOUR, linestyle="")
+            elif record["reason"] != "started":
+                axes.plot([step], [-0.75], marker="s", markersize=8, color=END_COLOUR, zorder=5, linestyle="")
+                policy = evidence.get("policy") or f"on_{record['reason']}=restart"
+                text = "job stopped: restarts spent" if record["reason"] == "exhausted" else f"stopped by {policy}"
+                axes.text(step, -0.75, f"  {text}", fontsize=7, color=END_COLOUR, va="center", fontweight="bold")
+                legend["job stopped"] = Line2D([], [], marker="s", color=END_COLOUR, linestyle="")
+        elif mark.style is MarkStyle.GROUP:
             members = evidence.get("group_ranks", [])
             if members:
                 axes.add_patch(Rectangle((step - 0.4, min(members) - 0.4), 0.8, max(members) - min(members) + 0.8,
-                                         color="#fdae61", alpha=0.5, zorder=2))
-                legend["group stall"] = Rectangle((0, 0), 1, 1, color="#fdae61", alpha=0.5)
-        elif kind == "unchecked":
-            axes.plot([step], [-0.35], marker="|", markersize=10, color="#f46d43", zorder=3)
-            legend["replay unchecked"] = Line2D([], [], marker="|", color="#f46d43", linestyle="", markersize=10)
-        elif kind in FAULT_MARKERS:
+                                         color=mark.colour, alpha=0.5, zorder=2))
+                legend[kind.value.replace("_", " ")] = Rectangle((0, 0), 1, 1, color=mark.colour, alpha=0.5)
+        elif mark.style is MarkStyle.STEP:
+            axes.plot([step], [-0.35], marker=mark.symbol, markersize=10, color=mark.colour, zorder=3)
+            legend[f"replay {kind.value}"] = Line2D([], [], marker=mark.symbol, color=mark.colour, linestyle="",
+                                                    markersize=10)
+        elif mark.style is MarkStyle.RANKS:
             for rank in record["ranks"]:
-                markers[(kind, rank, step)] += 1
-                if kind in ("hang", "data_stall", "checkpoint_stall") and (idle := _idle_s(record)) is not None:
-                    idle_of[(kind, rank, step)] = max(idle, idle_of.get((kind, rank, step), 0.0))
-    for (kind, rank, step), count in markers.items():
-        marker, colour = FAULT_MARKERS[kind]
+                markers[(kind.value, rank, step)] += 1
+                if kind.value in STALL_KINDS and (idle := _idle_s(record)) is not None:
+                    idle_of[(kind.value, rank, step)] = max(idle, idle_of.get((kind.value, rank, step), 0.0))
+        elif mark.style in (MarkStyle.SPAN, MarkStyle.CHECKPOINT, MarkStyle.NONE):
+            pass  # stragglers' spans below; checkpoints from the manifest above
+        else:
+            assert_never(mark.style)
+    for (kind_value, rank, step), count in markers.items():
+        mark = ReportKind(kind_value).mark
+        marker, colour = mark.symbol, mark.colour
         axes.plot([step], [rank], marker=marker, markersize=13, color=colour, zorder=4, linestyle="")
         notes = [f"x{count}"] if count > 1 else []
-        if (kind, rank, step) in idle_of:
-            notes.append(f"idle {idle_of[(kind, rank, step)]:.0f} s")
+        if (kind_value, rank, step) in idle_of:
+            notes.append(f"idle {idle_of[(kind_value, rank, step)]:.0f} s")
         if notes:
             axes.text(step, rank, "   " + ", ".join(notes), fontsize=7, va="center", color=colour, zorder=5)
-        legend[kind.replace("_", " ")] = Line2D([], [], marker=marker, color=colour, linestyle="", markersize=10)
-    if attempt.ended_badly and not any(r["kind"] == "restart" and r["reason"] not in ("started", "restored")
+        legend[kind_value.replace("_", " ")] = Line2D([], [], marker=marker, color=colour, linestyle="", markersize=10)
+    if attempt.ended_badly and not any(r["kind"] == ReportKind.RESTART and r["reason"] not in ATTEMPT_STARTS
                                        for r in attempt.records):
         axes.plot([attempt.last_step], [-0.75], marker="s", markersize=8, color=END_COLOUR, zorder=5, linestyle="")
         axes.text(attempt.last_step, -0.75, "  no closing record", fontsize=7, color=END_COLOUR, va="center")
@@ -255,7 +266,7 @@ def _stragglers(axes: Any, attempt: Attempt, legend: dict[str, Any], line: Any) 
     open_since: dict[tuple[int, str], tuple[int, float | None]] = {}
     spans: list[tuple[int, str, int, int, float | None]] = []
     for record in attempt.records:
-        if record["kind"] != "straggler" or record["step"] is None:
+        if record["kind"] != ReportKind.STRAGGLER.value or record["step"] is None:
             continue
         recovered = record["reason"].startswith("recovered")
         flavour = record["reason"].removeprefix("recovered-").removesuffix("-slow")
@@ -292,7 +303,7 @@ def _wall_time_strip(axes: Any, view: RunView, attempts: Sequence[Attempt], lege
         return
     # The origin is the earliest moment shown: the first report, or a stall that began before it.
     origin = min([*times, *(t - idle for r in view.records if (t := _time_s(r)) is not None
-                            and r["kind"] in FAULT_MARKERS and (idle := _idle_s(r)))])
+                            and r["kind"] in STALL_KINDS and (idle := _idle_s(r)))])
     for row, attempt in enumerate(attempts):
         stamped = [(t - origin, r) for r in attempt.records if (t := _time_s(r)) is not None]
         if not stamped:
@@ -301,18 +312,18 @@ def _wall_time_strip(axes: Any, view: RunView, attempts: Sequence[Attempt], lege
                   zorder=1)
         for at, record in stamped:
             kind = record["kind"]
-            if kind in FAULT_MARKERS:
-                marker, colour = FAULT_MARKERS[kind]
-                idle = _idle_s(record) if kind in ("hang", "data_stall", "checkpoint_stall") else None
+            if kind in RANK_KINDS:
+                marker, colour = ReportKind(kind).mark.symbol, ReportKind(kind).mark.colour
+                idle = _idle_s(record) if kind in STALL_KINDS else None
                 if idle:
                     axes.plot([at - idle, at], [row, row], color=colour, linewidth=5, alpha=0.5, zorder=2)
                     axes.text(at - idle, row - 0.25, f"{kind} {record['ranks']} idle {idle:.0f} s", fontsize=7,
                               color=colour)
                     legend["stall (wall time)"] = Line2D([], [], color="#d73027", linewidth=5, alpha=0.5)
                 axes.plot([at], [row], marker=marker, markersize=8, color=colour, linestyle="", zorder=3)
-            elif kind == "straggler":
+            elif kind == ReportKind.STRAGGLER.value:
                 axes.plot([at], [row], marker="|", markersize=10, color=STRAGGLER_COLOUR, linestyle="", zorder=3)
-            elif kind == "restart" and record["reason"] not in ("started", "restored"):
+            elif kind == ReportKind.RESTART and record["reason"] not in ATTEMPT_STARTS:
                 axes.plot([at], [row], marker="s", markersize=7, color=END_COLOUR, linestyle="", zorder=3)
-            elif kind in ("restart", "finished"):
+            elif kind in (ReportKind.RESTART, ReportKind.FINISHED):
                 axes.plot([at], [row], marker="o", markersize=4, color="#333333", linestyle="", zorder=3)

@@ -21,12 +21,12 @@ from scout.gate.codec import CodecError
 from scout.gate.manifest import ManifestError
 from scout.gate.model import Trust
 from scout.gate.recorder import inspect_gate
+from scout.reports.kinds import ReportKind
 
 __all__ = ["RunView", "load_run", "summary_json", "summary_text"]
 
 SUMMARY_SCHEMA: Final = "scout.run-summary/1"
-FAULT_KINDS: Final = ("hang", "data_stall", "checkpoint_stall", "desync", "group_stall", "unresponsive",
-                      "inconclusive", "observer_failure", "sdc", "straggler")
+FAULT_KINDS: Final = tuple(kind.value for kind in ReportKind if kind.is_fault)
 
 
 @attrs.frozen
@@ -80,7 +80,7 @@ def summary_json(view: RunView) -> dict[str, Any]:
     counts = Counter(r["kind"] for r in view.faults)
     restarts = [{"generation": r["generation"], "step": r["step"], "reason": r["reason"],
                  "failure": r["evidence"].get("failure"), "choice": r["evidence"].get("choice")}
-                for r in view.records if r["kind"] == "restart"]
+                for r in view.records if r["kind"] == ReportKind.RESTART]
     verified = [f"t{t}/s{s}" for t, s, trust, _ in view.checkpoints if trust == Trust.RECOVERY_VERIFIED.value]
     return {
         "schema": SUMMARY_SCHEMA,
@@ -88,7 +88,7 @@ def summary_json(view: RunView) -> dict[str, Any]:
         "world_size": view.world_size,
         "last_step": view.last_step,
         "faults_by_kind": dict(sorted(counts.items())),
-        "unchecked_replays": sum(r["kind"] == "unchecked" for r in view.records),
+        "unchecked_replays": sum(r["kind"] == ReportKind.UNCHECKED for r in view.records),
         "faults": [{k: r[k] for k in ("kind", "ranks", "hosts", "step", "reason", "generation", "time", "source")}
                    for r in view.faults],
         "restarts": restarts,
@@ -119,7 +119,7 @@ def summary_text(view: RunView) -> str:
                          f"{r['step'] if r['step'] is not None else '-':>6}  {r['generation']:>3}  {r['reason']}")
     else:
         lines.append("no fault reported")
-    unchecked = [r for r in view.records if r["kind"] == "unchecked"]
+    unchecked = [r for r in view.records if r["kind"] == ReportKind.UNCHECKED]
     if unchecked:
         last = unchecked[-1]["evidence"]
         lines.append(f"{len(unchecked)} replay(s) could not be checked (not corruption; no promotion in their cycle); "

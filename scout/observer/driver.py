@@ -23,7 +23,7 @@ next poll.
 from __future__ import annotations
 
 import math
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any, Final, Protocol, TypeAlias, cast
 
 import attrs
@@ -167,11 +167,14 @@ def drive(
     poll_interval_s: float,
     watch_interval_s: float | None = None,
     machine: Machine[ObserverContext] | None = None,
+    on_round_closed: Callable[[float], None] | None = None,
 ) -> Generator[DriverOp, Any, ObserverRun]:
     """Run one observer from its start until its trainer exits (or it fails). ``poll_interval_s``
     paces joining and attaching; ``watch_interval_s`` (default: the same) bounds each wait while
     watching (DRIVER-4: progress is dated by its publish, so a longer bound delays no report as
-    long as it is at most the shortest stage threshold)."""
+    long as it is at most the shortest stage threshold). ``on_round_closed``: told each round
+    this observer opened and closed, with its latency in seconds from request to decision (the
+    ops metrics; spec/ops.md OPS-5)."""
     if not 0 < poll_interval_s <= 1.0:
         raise ValueError(f"poll_interval_s must be in (0, 1] seconds, got {poll_interval_s!r}")
     watch_s = poll_interval_s if watch_interval_s is None else watch_interval_s
@@ -188,6 +191,7 @@ def drive(
 
     def step(event: Any) -> Generator[DriverOp, Any, None]:
         nonlocal state
+        opened = state.context.round
         state, effects = machine.step(state, event)
         for effect in cast(tuple[ObserverEffect, ...], effects):
             if isinstance(effect, Send):
@@ -205,6 +209,8 @@ def drive(
                 world.emit(effect.report)
             elif isinstance(effect, RoundClosed):
                 run.rounds += 1
+                if on_round_closed is not None and opened is not None and opened.round == effect.round:
+                    on_round_closed(world.now() - opened.opened_s)
             elif isinstance(effect, Noted):
                 name = _NOTED.get(effect.what)
                 if name is not None:

@@ -18,9 +18,13 @@ paths) are not seen, nor are references taken with ``from torch.distributed impo
 before :func:`instrument` ran. An ``async_op=True`` call is "in flight" from its issue until it
 returns its work handle; a hang inside ``work.wait()`` shows the op counter but no fingerprint.
 
-Only the thread that called :func:`instrument` publishes (the record has a single writer); calls
-from other threads pass through unrecorded. Instrumentation never raises into the trainer: a
-call that cannot be described is published with a fingerprint of its name alone.
+Only the thread that called :func:`instrument` publishes host progress; calls from other threads
+(FSDP2's backward on autograd threads, a communication thread) publish no host coordinate but
+are counted by completion tracking (:mod:`scout.observer.completion`, INSTR-9..13), which
+:func:`instrument` starts for the default process group. DDP's buffer broadcast
+(``torch.distributed._broadcast_coalesced``, looked up by DDP at each forward) is wrapped like
+the public collectives. Instrumentation never raises into the trainer: a call that cannot be
+described is published with a fingerprint of its name alone.
 
 torch is imported lazily, inside the functions that need it.
 """
@@ -30,21 +34,25 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import logging
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Final
 
 from scout.core.fingerprint import CollectiveCall, TensorMeta, fingerprint
+from scout.observer.completion import CompletionTracker, CompletionTracking, start_tracking
 from scout.observer.progress import ProgressPublisher, Stage
 
 __all__ = [
     "COLLECTIVES",
+    "GROUP_ARGUMENT",
     "add_collective_listener",
     "already_published",
     "InstrumentationError",
     "check_at_each_step",
     "checkpoint_io",
+    "completion_tracker",
+    "finish_at_completion",
     "describe_call",
     "instrument",
     "instrument_dataloader",
@@ -71,7 +79,27 @@ COLLECTIVES: Final = (
     "recv",
     "isend",
     "irecv",
+    "_broadcast_coalesced",
 )
+
+#: Where each collective takes its process group (positional index, keyword); the ``async_op``
+#: flag follows it. A test compares these with the installed torch's signatures. Point-to-point
+#: calls are not in a group's collective sequence and are not tracked for completion.
+GROUP_ARGUMENT: Final = {
+    "all_reduce": (2, "group"),
+    "all_gather": (2, "group"),
+    "all_gather_into_tensor": (2, "group"),
+    "reduce_scatter": (3, "group"),
+    "reduce_scatter_tensor": (3, "group"),
+    "broadcast": (2, "group"),
+    "all_to_all": (2, "group"),
+    "all_to_all_single": (4, "group"),
+    "barrier": (0, "group"),
+    "_broadcast_coalesced": (0, "process_group"),
+}
+
+
+logger = logging.getLogger("scout")
 
 
 class InstrumentationError(RuntimeError):
@@ -166,6 +194,11 @@ def describe_call(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Col
                               detail=(("uneven_splits", int(uneven)),))
     if op == "barrier":
         return CollectiveCall(op, _group_ranks(_arg(a, k, 0, "group")))
+    if op == "_broadcast_coalesced":
+        # DDP's buffer (and parameter) broadcast: (process_group, tensors, buffer_size, src).
+        return CollectiveCall("broadcast_coalesced", _group_ranks(_arg(a, k, 0, "process_group")),
+                              _metas(_arg(a, k, 1, "tensors")), root=_arg(a, k, 3, "src"),
+                              detail=(("buffer_size", int(_arg(a, k, 2, "buffer_size", 0))),))
     if op in ("send", "recv", "isend", "irecv"):
         # The peer is rank-dependent by nature; the tag and the tensor are not.
         return CollectiveCall(op, _group_ranks(_arg(a, k, 2, "group")), _metas([_arg(a, k, 0, "tensor")]),
@@ -190,14 +223,36 @@ class _Instrumentation:
         self.step_checks: list[Callable[[], None]] = []
         self.failures = 0  # publishes that raised and were swallowed (diagnostics never crash)
         # A wrapped collective may call another one (all_gather_object -> all_gather): only the
-        # outermost call publishes, so entry and exit stay paired.
-        self.depth = 0
+        # outermost call of a thread publishes and is tracked, so entry and exit stay paired.
+        self.local = threading.local()
         self._fallback: dict[str, int] = {}
-        # Called with (entry_ns, exit_ns) of every published collective (loop stragglers).
-        self.collective_listeners: list[Callable[[int, int], None]] = []
+        # Called at the entry of every published collective (loop stragglers, LOOP-5); each
+        # returns the function to call when that collective completed.
+        self.collective_listeners: list[Callable[[], Callable[[], None]]] = []
+        # Completion tracking (INSTR-9..13), when it could be started; its tracker is fed here
+        # when its source is markers.
+        self.tracking: CompletionTracking | None = None
 
     def owns_thread(self) -> bool:
         return self.enabled and threading.get_ident() == self.thread_id
+
+    @property
+    def depth(self) -> int:
+        """How many wrapped or already-published collectives this thread is inside."""
+        depth: int = getattr(self.local, "depth", 0)
+        return depth
+
+    @depth.setter
+    def depth(self, value: int) -> None:
+        self.local.depth = value
+
+    def on_tracked_group(self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """Whether this call is on the group completion tracking follows (INSTR-9)."""
+        tracking = self.tracking
+        if tracking is None or op not in GROUP_ARGUMENT:
+            return False
+        index, name = GROUP_ARGUMENT[op]
+        return tracking.tracks(_arg(args, kwargs, index, name))
 
     def fingerprint_of(self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
         try:
@@ -215,24 +270,58 @@ class _Instrumentation:
             self.failures += 1
 
     def wrap(self, op: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        index = GROUP_ARGUMENT.get(op, (0, ""))[0]
+
         @functools.wraps(original)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if self.depth or not self.owns_thread():
+            if not self.enabled or self.depth:
                 return original(*args, **kwargs)
-            self.safely(self.publisher.enter_collective, self.fingerprint_of(op, args, kwargs))
+            publish = threading.get_ident() == self.thread_id
+            tracked = self.on_tracked_group(op, args, kwargs)
+            if not publish and not tracked:
+                return original(*args, **kwargs)
+            # INSTR-11: markers when they are the source; LOOP-5: the loop timer times every
+            # collective the host publishes and every one of the tracked group, from any thread.
+            tracker = self.tracking.tracker if tracked and self.tracking is not None else None
+            fingerprint = self.fingerprint_of(op, args, kwargs)
+            if publish:
+                self.safely(self.publisher.enter_collective, fingerprint)
+            entry = self.begin_tracked(tracker, fingerprint)
+            finishers = self.started_listeners()
             self.depth += 1
-            entry_ns = time.monotonic_ns()
+            result: Any = None
             try:
-                return original(*args, **kwargs)
+                result = original(*args, **kwargs)
+                return result
             finally:
-                exit_ns = time.monotonic_ns()
                 self.depth -= 1
-                self.safely(self.publisher.exit_collective)
-                for listener in self.collective_listeners:
-                    self.safely(listener, entry_ns, exit_ns)
+                asynchronous = bool(_arg(args, kwargs, index + 1, "async_op", False))
+                if tracker is not None:
+                    self.safely(tracker.end, entry, result if asynchronous else None)
+                if publish:
+                    self.safely(self.publisher.exit_collective)
+                self.safely(finish_at_completion, finishers, result if asynchronous else None)
 
         wrapper.__scout_instrumented__ = True  # type: ignore[attr-defined]
         return wrapper
+
+    def started_listeners(self) -> list[Callable[[], None]]:
+        finishers = []
+        for listener in self.collective_listeners:
+            try:
+                finishers.append(listener())
+            except Exception:
+                self.failures += 1
+        return finishers
+
+    def begin_tracked(self, tracker: CompletionTracker | None, fingerprint: int) -> Any:
+        if tracker is None:
+            return None
+        try:
+            return tracker.begin(fingerprint)
+        except Exception:
+            self.failures += 1
+            return None
 
     def patch_collectives(self) -> None:
         import torch.distributed as dist
@@ -250,6 +339,9 @@ class _Instrumentation:
 
     def restore(self) -> None:
         self.enabled = False
+        if self.tracking is not None:
+            self.tracking.stop()
+            self.tracking = None
         for module, op, original, wrapper in reversed(self.patched):
             # If someone wrapped our wrapper since, leave theirs in place; ours is now a
             # pass-through because enabled is False.
@@ -265,9 +357,13 @@ _ACTIVE: _Instrumentation | None = None
 _LOCK = threading.Lock()
 
 
-def instrument(publisher: ProgressPublisher, *, collectives: bool = True) -> None:
+def instrument(publisher: ProgressPublisher, *, collectives: bool = True, completion: bool = True,
+               completion_source: str = "auto") -> None:
     """Start publishing into ``publisher`` from the calling thread; wrap torch.distributed's
-    collectives unless ``collectives=False`` (e.g. an MPI program that publishes by hand)."""
+    collectives unless ``collectives=False`` (e.g. an MPI program that publishes by hand). With
+    ``completion`` (and torch.distributed initialised) also track the completion of the default
+    group's collectives (INSTR-9..13; ``completion_source``: ``auto``, ``flight-recorder`` or
+    ``markers``)."""
     global _ACTIVE
     with _LOCK:
         if _ACTIVE is not None:
@@ -278,7 +374,24 @@ def instrument(publisher: ProgressPublisher, *, collectives: bool = True) -> Non
         active = _Instrumentation(publisher)
         if collectives:
             active.patch_collectives()
+            if completion:
+                try:
+                    active.tracking = start_tracking(publisher, source=completion_source)
+                except Exception as error:  # INSTR-6: never into the trainer; the observer then has host progress
+                    logger.warning("scout: completion tracking could not start (%s); the observer judges by host "
+                                   "progress alone", error)
         _ACTIVE = active
+
+
+def completion_tracker(group: Any = None) -> CompletionTracker | None:
+    """The completion tracker fed by markers, when ``group`` (None: the default group) is the
+    tracked one -- for hooks that issue collectives inside :func:`already_published` (DDP's
+    buckets, ``scout/job/hooks.py``)."""
+    active = _ACTIVE
+    tracking = None if active is None else active.tracking
+    if tracking is None or tracking.tracker is None or not tracking.tracks(group):
+        return None
+    return tracking.tracker
 
 
 def uninstrument() -> None:
@@ -303,10 +416,11 @@ def _active(what: str) -> _Instrumentation:
 
 @contextlib.contextmanager
 def already_published() -> Iterator[None]:
-    """Collectives called inside the block were published by the caller already (e.g. DDP's
-    communication hook, which published the bucket's launch): the wrappers pass them through."""
+    """Collectives called inside the block (on this thread) were published and tracked by the
+    caller already (e.g. DDP's communication hook, which published the bucket's launch): the
+    wrappers pass them through."""
     active = _ACTIVE
-    if active is None or not active.owns_thread():
+    if active is None or not active.enabled:
         yield
         return
     active.depth += 1
@@ -316,9 +430,36 @@ def already_published() -> Iterator[None]:
         active.depth -= 1
 
 
-def add_collective_listener(listener: Callable[[int, int], None]) -> None:
-    """Call ``listener(entry_ns, exit_ns)`` after every collective the wrappers publish."""
+def add_collective_listener(listener: Callable[[], Callable[[], None]]) -> None:
+    """Call ``listener()`` at the entry of every collective the wrappers publish or track (any
+    thread, on the tracked group), and the
+    function it returns when that collective completed: when the call returned, or for an
+    ``async_op`` call when its work's future completed (LOOP-5: on NCCL that callback's current
+    stream waits for the collective, so a mark recorded there completes with it)."""
     _active("add_collective_listener").collective_listeners.append(listener)
+
+
+def finish_at_completion(finishers: list[Callable[[], None]], work: Any = None) -> None:
+    """Call every finisher now (a blocking call returned), or when ``work`` completes."""
+    if not finishers:
+        return
+    if work is None:
+        for finish in finishers:
+            _quietly(finish)
+        return
+
+    def completed(future: Any) -> None:
+        for finish in finishers:
+            _quietly(finish)
+
+    work.get_future().then(completed)
+
+
+def _quietly(action: Callable[[], None]) -> None:
+    try:
+        action()
+    except Exception:  # diagnostics never break the training step (INSTR-6)
+        logger.debug("scout: a collective listener failed", exc_info=True)
 
 
 def mark_step(step: int) -> None:

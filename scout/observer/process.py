@@ -5,7 +5,9 @@ so it starts in well under a second and stays small. The trainer starts it
 (:func:`scout.observer.launch.start_observer`) and talks to it over two pipes:
 
 - stdin, line 1: the spec (JSON: rank, group, record name and token, group key, thresholds,
-  report file, fault policy); line 2, after the rendezvous: the peers of its group. Later the
+  report file, fault policy, and with metrics on the rounds file where it leaves the latency of
+  each round it opened for the node's ops sidecar, spec/ops.md OPS-5); line 2, after the
+  rendezvous: the peers of its group. Later the
   pipe stays open; its end-of-file means the trainer is gone;
 - stdout, line 1: ``{"address": [host, port], "nonce": ...}`` once the UDP socket is bound; then
   one ``{"report": {...}}`` line per report, for the trainer's callbacks.
@@ -49,6 +51,7 @@ from scout.observer.channel import UdpChannel
 from scout.observer.driver import DriverOp, ObserverRun, Pause, Receive, Transmit
 from scout.observer.progress import ProgressError, ProgressReader, RecordNotFound, process_alive
 from scout.observer.rendezvous import RendezvousFailed, peers_from_records
+from scout.reports.kinds import ReportKind
 
 __all__ = ["EXIT_FAILED", "main"]
 
@@ -64,10 +67,9 @@ WATCHDOG_INTERVAL_S: Final = 0.1
 #: WATCHDOG_INTERVAL_S cost a healthy observer more CPU than its loop. Where pidfds do not
 #: exist, it polls every WATCHDOG_INTERVAL_S.
 WATCHDOG_RECHECK_S: Final = 1.0
-#: Finding kinds after which ``on_hang = "restart"`` ends the trainer.
-RESTART_KINDS: Final = frozenset({"hang", "data_stall", "checkpoint_stall", "desync", "group_stall",
-                                  "unresponsive", "inconclusive"})
 _PR_SET_PDEATHSIG: Final = 1
+#: Round latencies kept in the rounds file (the ops sidecar reads it about once a second).
+ROUNDS_KEPT: Final = 64
 
 
 def _set_parent_death_signal() -> None:
@@ -231,6 +233,8 @@ class _World:
         self.reader: ProgressReader | None = None
         self.record_closed = False
         self._published_s: float | None = None
+        self._last_host: tuple[Any, ...] | None = None
+        self._last_completion: Any = None
 
     def now(self) -> float:
         return time.monotonic()
@@ -262,9 +266,23 @@ class _World:
             return None
         if snapshot.closed:
             self.record_closed = True
-        # DRIVER-4: the trainer's publish time is CLOCK_MONOTONIC, the clock of now().
-        self._published_s = snapshot.publish_ns / 1e9 if snapshot.publish_ns > 0 else None
-        return Progress(snapshot.step, snapshot.op, snapshot.fingerprint, snapshot.stage)
+        progress = snapshot.progress(time.monotonic_ns())
+        self._published_s = self._changed_at(snapshot, progress)
+        return progress
+
+    def _changed_at(self, snapshot: Any, progress: Progress) -> float | None:
+        """DRIVER-4: when what changed since the last read was published, in seconds of
+        CLOCK_MONOTONIC (the clock of now()): the host fields at the record's publish, the
+        completion coordinate at its section's last publish (a heartbeat after the change, so
+        never early); None when neither publish time is known."""
+        host = (progress.step, progress.op, progress.fingerprint, progress.stage)
+        times = []
+        if host != self._last_host and snapshot.publish_ns > 0:
+            times.append(snapshot.publish_ns)
+        if progress.completion != self._last_completion and snapshot.completion is not None:
+            times.append(snapshot.completion.publish_ns)
+        self._last_host, self._last_completion = host, progress.completion
+        return max(times) / 1e9 if times else None
 
     def published_s(self) -> float | None:
         return self._published_s
@@ -294,7 +312,7 @@ class _World:
         record = wire.report_record(report, group_ranks=self.group_ranks, job_id=self.spec["job_id"],
                                     generation=self.spec["generation"], hosts=self.hosts)
         self._publish(record)
-        if self.spec.get("on_hang") == "restart" and record["kind"] in RESTART_KINDS:
+        if self.spec.get("on_hang") == "restart" and ReportKind(record["kind"]).on_hang_restart:
             self._restart(record)
 
     def fail(self, reason: str) -> None:
@@ -382,6 +400,35 @@ def _execute(ops: Generator[DriverOp, Any, ObserverRun], channel: UdpChannel, wa
             assert_never(op)
 
 
+class _RoundLog:
+    """The latencies of the rounds this observer opened, for the node's ops sidecar (spec/ops.md
+    OPS-5): one small file rewritten whole at each round's end (rounds come only while a rank
+    is stuck, seconds apart), holding the count and the newest ``ROUNDS_KEPT`` latencies."""
+
+    def __init__(self, path: str, rank: int) -> None:
+        self.path = path
+        self.rank = rank
+        self.rounds = 0
+        self.recent: list[float] = []
+        self.broken = False
+
+    def closed(self, latency_s: float) -> None:
+        self.rounds += 1
+        self.recent = [*self.recent[-(ROUNDS_KEPT - 1):], round(latency_s, 6)]
+        if self.broken:
+            return
+        target = Path(self.path)
+        temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            temporary.write_text(json.dumps({"rank": self.rank, "rounds": self.rounds, "recent": self.recent}),
+                                 encoding="utf-8")
+            os.replace(temporary, target)
+        except OSError as error:
+            self.broken = True  # said once; the observer's own job goes on
+            print(f"scout: observer of rank {self.rank} cannot write {self.path}: {error}", file=sys.stderr, flush=True)
+
+
 def _config(spec: dict[str, Any]) -> ObserverConfig:
     group = list(spec["group_ranks"])
     return ObserverConfig(group.index(spec["rank"]), len(group), **spec.get("config", {}))
@@ -418,7 +465,10 @@ def main() -> int:
         # DRIVER-4: a watch interval longer than the shortest stage threshold would delay reports.
         watch_s = min(float(spec.get("watch_interval_s", poll_s)), config.stall_threshold_s,
                       config.data_stall_threshold_s, config.checkpoint_stall_threshold_s)
-        run = _execute(driver.drive(config, world, poll_interval_s=poll_s, watch_interval_s=watch_s), channel, waker)
+        rounds_path = spec.get("rounds_path")
+        on_round = _RoundLog(rounds_path, world.rank).closed if rounds_path else None
+        run = _execute(driver.drive(config, world, poll_interval_s=poll_s, watch_interval_s=watch_s,
+                                    on_round_closed=on_round), channel, waker)
         run.rank = world.rank
         code = EXIT_FAILED if run.failed else 0
     except Exception as error:  # the observer must never die silently

@@ -15,6 +15,12 @@ odd, and the reader then returns ``None`` ("no consistent snapshot") instead of 
 argument relies on stores becoming visible in program order (x86-64 TSO); in addition every
 payload carries a checksum of its fields, so a torn copy is also rejected on weakly ordered CPUs.
 
+*Completion section (PROGRESS-8).* A second seqlock section, after the first, holds the rank's
+completion coordinate (PROGRESS-9): written only by the trainer's completion watcher thread
+(:class:`CompletionWriter`, one per record), with its own sequence word on its own cache line
+and its own checksum, read by the same rule. A record whose completion section was never written
+(an MPI program, tracking switched off) reads as "no completion evidence".
+
 *Ownership.* The header holds the owner's pid, the owner's process start time (so a recycled
 pid is not mistaken for the owner) and a random 16-byte token. A segment name is derived from
 (job id, restart generation, rank), so two jobs, two generations or two ranks never share one.
@@ -59,11 +65,15 @@ from typing import Any, Final
 
 import attrs
 
-from scout.core.observer import Stage
+from scout.core.observer import Completion, PendingState, Progress, Stage
 
 __all__ = [
+    "COMPLETION_HEARTBEAT_S",
+    "COMPLETION_STALE_S",
     "LAYOUT_VERSION",
     "RECORD_BYTES",
+    "CompletionSnapshot",
+    "CompletionWriter",
     "ObserverAlreadyAttached",
     "ProgressError",
     "ProgressPublisher",
@@ -107,8 +117,8 @@ class _Life(enum.IntEnum):
 
 
 MAGIC: Final = b"SCOUTPR1"
-LAYOUT_VERSION: Final = 1
-RECORD_BYTES: Final = 256
+LAYOUT_VERSION: Final = 2
+RECORD_BYTES: Final = 384
 TOKEN_BYTES: Final = 16
 
 # Header: magic, version, size, owner pid/start/token, observer pid/start/token, rank, generation.
@@ -125,8 +135,20 @@ _PAYLOAD_OFFSET: Final = 136
 # collectives entered, last completed stage, its key, its duration ns, checksum.
 _PAYLOAD: Final = struct.Struct("<qqQIIQQqqQIxxxxQqQ")
 _CHECKSUM_MASK: Final = 2**64 - 1
-assert _HEADER.size <= _SEQ_OFFSET and _PAYLOAD_OFFSET + _PAYLOAD.size <= RECORD_BYTES
+# The completion section (PROGRESS-8): its own sequence word on its own cache line, then source,
+# enqueued, completed, pending fingerprint, completed fingerprint, pending state, pending since
+# ns, publish ns, checksum.
+_COMPLETION_SEQ_OFFSET: Final = 256
+_COMPLETION_OFFSET: Final = 264
+_COMPLETION: Final = struct.Struct("<QQQQQIxxxxqqQ")
+assert _HEADER.size <= _SEQ_OFFSET and _PAYLOAD_OFFSET + _PAYLOAD.size <= _COMPLETION_SEQ_OFFSET
+assert _COMPLETION_OFFSET + _COMPLETION.size <= RECORD_BYTES
 
+# PROGRESS-10: the watcher republishes an unchanged coordinate at least this often, and a
+# reader counts a section not published for COMPLETION_STALE_S as absent.
+COMPLETION_HEARTBEAT_S: Final = 0.25
+COMPLETION_STALE_S: Final = 1.0
+COMPLETION_STALE_NS: Final = round(COMPLETION_STALE_S * 1e9)
 # A reader gives up on one read after this many attempts (a few microseconds each): a writer
 # that stays mid-publish that long is stopped, and the caller keeps its last snapshot.
 READ_ATTEMPTS_MAX: Final = 1000
@@ -339,8 +361,26 @@ def _self_identity() -> tuple[int, int]:
 
 
 @attrs.frozen
+class CompletionSnapshot:
+    """One consistent copy of the completion section (PROGRESS-9): ``pending_state`` is a
+    :class:`scout.core.observer.PendingState` value; ``pending_since_ns`` is when the oldest
+    pending collective was enqueued (monotonic, 0 when none)."""
+
+    sequence: int
+    source: int
+    enqueued: int
+    completed: int
+    pending_fingerprint: int
+    completed_fingerprint: int
+    pending_state: int
+    pending_since_ns: int
+    publish_ns: int
+
+
+@attrs.frozen
 class Snapshot:
-    """One consistent copy of the record's payload."""
+    """One consistent copy of the record's payload (and of its completion section, when the
+    trainer tracks completion)."""
 
     sequence: int
     step: int
@@ -356,10 +396,31 @@ class Snapshot:
     completed_stage: Stage
     completed_stage_key: int
     completed_stage_duration_ns: int
+    completion: CompletionSnapshot | None = None
 
     @property
     def coordinate(self) -> tuple[int, int]:
         return (self.step, self.op)
+
+    def progress(self, now_ns: int | None = None) -> Progress:
+        """The observer machine's view of this snapshot (times on the monotonic clock in
+        seconds). A completion section whose values break PROGRESS-9 counts as absent, and so
+        does one not published for ``COMPLETION_STALE_S`` before ``now_ns`` (PROGRESS-10: its
+        watcher cannot run, so it may lag what the trainer did)."""
+        completion, since_s = None, 0.0
+        section = self.completion
+        if section is not None and now_ns is not None and now_ns - section.publish_ns > COMPLETION_STALE_NS:
+            section = None
+        if section is not None:
+            try:
+                completion = Completion(section.source, section.enqueued, section.completed,
+                                        section.pending_fingerprint, PendingState(section.pending_state),
+                                        section.completed_fingerprint)
+            except ValueError:
+                completion = None
+            else:
+                since_s = section.pending_since_ns / 1e9 if completion.pending else 0.0
+        return Progress(self.step, self.op, self.fingerprint, self.stage, completion, since_s)
 
 
 # --------------------------------------------------------------------------------------------
@@ -412,6 +473,7 @@ class ProgressPublisher:
         self._outer_start_ns = 0
         self._async = False  # an asynchronous collective was launched and not yet left
         self._lock = threading.Lock()
+        self._completion_writer: CompletionWriter | None = None
         self._publish()
 
     # -- claiming ---------------------------------------------------------------------------
@@ -566,6 +628,24 @@ class ProgressPublisher:
     def coordinate(self) -> tuple[int, int]:
         return (self._step, self._op)
 
+    def completion_writer(self) -> CompletionWriter:
+        """The one writer of the completion section (PROGRESS-8). A second live writer is
+        refused: release the first (:meth:`CompletionWriter.release`) before taking another."""
+        with self._lock:
+            if self._completion_writer is not None:
+                raise ProgressError(
+                    f"the completion section of record {self.name} already has a live writer; it has "
+                    "exactly one (the completion watcher): release it before taking another"
+                )
+            writer = CompletionWriter(self)
+            self._completion_writer = writer
+            return writer
+
+    def _release_completion_writer(self, writer: CompletionWriter) -> None:
+        with self._lock:
+            if self._completion_writer is writer:
+                self._completion_writer = None
+
     def observer_pid(self) -> int | None:
         """The pid of the live observer attached to this record, or None."""
         if self._buffer is None:
@@ -600,6 +680,59 @@ class ProgressPublisher:
         self.close()
 
 
+class CompletionWriter:
+    """Publishes the rank's completion coordinate into the record's completion section
+    (PROGRESS-8, PROGRESS-9). Exactly one per record, used by one thread (the completion
+    watcher); its publishes never take the publisher's lock, so they neither wait for nor delay
+    the training thread's. After the record is closed a publish does nothing."""
+
+    def __init__(self, publisher: ProgressPublisher) -> None:
+        self._publisher = publisher
+        self._seq = 0
+        self._released = False
+
+    def publish(self, source: int, enqueued: int, completed: int, pending_fingerprint: int, pending_state: int,
+                pending_since_ns: int, completed_fingerprint: int = 0) -> None:
+        """One consistent completion coordinate: ``completed <= enqueued``, and the pending
+        fields are zero exactly when ``enqueued == completed`` (PROGRESS-9)."""
+        if self._released:
+            raise ProgressError("this completion writer was released; take a new one from the publisher")
+        if not 0 < source < 2**64 or not 0 <= completed <= enqueued < 2**63:
+            raise ValueError(
+                f"a completion coordinate needs 0 < source and 0 <= completed <= enqueued, got source={source}, "
+                f"completed={completed}, enqueued={enqueued}"
+            )
+        if (enqueued == completed) != (pending_state == 0):
+            raise ValueError(
+                f"pending state {pending_state} contradicts enqueued={enqueued}, completed={completed}: it is 0 "
+                "exactly when nothing is pending"
+            )
+        buffer = self._publisher._buffer
+        if buffer is None:
+            return
+        fields = (source, enqueued, completed, pending_fingerprint, completed_fingerprint, pending_state,
+                  pending_since_ns, time.monotonic_ns())
+        seq = self._seq + 1
+        _SEQ.pack_into(buffer, _COMPLETION_SEQ_OFFSET, seq)
+        _COMPLETION.pack_into(buffer, _COMPLETION_OFFSET, *fields, hash(fields) & _CHECKSUM_MASK)
+        self._seq = seq + 1
+        _SEQ.pack_into(buffer, _COMPLETION_SEQ_OFFSET, seq + 1)
+
+    def withdraw(self) -> None:
+        """Clear the section: readers see "no completion evidence" again (the watcher could not
+        keep the coordinate, PROGRESS-8)."""
+        buffer = self._publisher._buffer
+        if buffer is not None:
+            _SEQ.pack_into(buffer, _COMPLETION_SEQ_OFFSET, 0)
+        self._seq = 0
+
+    def release(self) -> None:
+        """Give the section back (the watcher stopped). Idempotent."""
+        if not self._released:
+            self._released = True
+            self._publisher._release_completion_writer(self)
+
+
 # --------------------------------------------------------------------------------------------
 # Reader
 # --------------------------------------------------------------------------------------------
@@ -615,6 +748,7 @@ class ProgressReader:
         self.token = token
         self.claimed = False
         self.last_snapshot: Snapshot | None = None
+        self.last_completion: CompletionSnapshot | None = None
         self.failed_reads = 0  # reads that found no consistent snapshot (writer mid-publish)
         self._observer_token = b""
         try:
@@ -690,12 +824,31 @@ class ProgressReader:
             snapshot = Snapshot(
                 before, values[0], values[1], values[2], Stage(values[3]),
                 values[4] == _Life.CLOSED, values[5], values[6], values[7], values[8],
-                values[9], Stage(values[10]), values[11], values[12],
+                values[9], Stage(values[10]), values[11], values[12], self._read_completion(buffer, attempts_max),
             )
             self.last_snapshot = snapshot
             return snapshot
         self.failed_reads += 1
         return None
+
+    def _read_completion(self, buffer: Any, attempts_max: int) -> CompletionSnapshot | None:
+        """The completion section by PROGRESS-2's rule (PROGRESS-8); the last consistent copy
+        when the watcher is stopped mid-publish; None while it was never written."""
+        unpack_seq = _SEQ.unpack_from
+        for _ in range(attempts_max):
+            (before,) = unpack_seq(buffer, _COMPLETION_SEQ_OFFSET)
+            if before == 0:
+                return None
+            if before & 1:
+                continue
+            fields = _COMPLETION.unpack_from(buffer, _COMPLETION_OFFSET)
+            (after,) = unpack_seq(buffer, _COMPLETION_SEQ_OFFSET)
+            if before != after or hash(fields[:-1]) & _CHECKSUM_MASK != fields[-1]:
+                continue
+            self.last_completion = CompletionSnapshot(before, *fields[:-1])
+            return self.last_completion
+        self.failed_reads += 1
+        return self.last_completion
 
     def close(self, *, unlink_if_orphaned: bool = False) -> None:
         """Release the observer slot; with ``unlink_if_orphaned`` also remove the record when

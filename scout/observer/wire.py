@@ -11,10 +11,12 @@ from typing import Any, Final
 
 from scout import reports
 from scout.core.observer import (
+    Completion,
     Delegate,
     Evidence,
     Finding,
     Message,
+    PendingState,
     Reply,
     Request,
     RoundId,
@@ -39,10 +41,20 @@ class WireError(ValueError):
     """A datagram that is not a valid observer message."""
 
 
+def _completion_out(completion: Completion | None) -> Any:
+    if completion is None:
+        return None
+    return (completion.source, completion.enqueued, completion.completed, completion.pending_fingerprint,
+            int(completion.pending_state), completion.completed_fingerprint)
+
+
 def _evidence_out(evidence: Evidence | None) -> Any:
     if evidence is None:
         return None
-    return (evidence.step, evidence.op, evidence.fingerprint, int(evidence.stage), evidence.idle_s)
+    if evidence.completion is None:
+        return (evidence.step, evidence.op, evidence.fingerprint, int(evidence.stage), evidence.idle_s)
+    return (evidence.step, evidence.op, evidence.fingerprint, int(evidence.stage), evidence.idle_s,
+            _completion_out(evidence.completion), evidence.pending_age_s)
 
 
 def _int(value: Any, what: str) -> int:
@@ -63,18 +75,38 @@ def _ints(value: Any, what: str) -> tuple[int, ...]:
     return tuple(_int(v, what) for v in value)
 
 
+def _completion_in(value: Any) -> Completion:
+    if not isinstance(value, tuple) or len(value) != 6:
+        raise WireError(f"completion must be a 6-tuple, got {value!r}")
+    source, enqueued, completed, pending_fingerprint, pending_state, completed_fingerprint = value
+    try:
+        state = PendingState(_int(pending_state, "pending_state"))
+    except ValueError:
+        raise WireError(f"unknown pending state {pending_state!r}") from None
+    try:
+        return Completion(_int(source, "source"), _int(enqueued, "enqueued"), _int(completed, "completed"),
+                          _int(pending_fingerprint, "pending_fingerprint"), state,
+                          _int(completed_fingerprint, "completed_fingerprint"))
+    except ValueError as error:  # the value's own checks (completed <= enqueued, ...)
+        raise WireError(str(error)) from None
+
+
 def _evidence_in(value: Any) -> Evidence | None:
+    """Evidence is a 5-tuple without completion tracking, a 7-tuple with it (PROGRESS-9)."""
     if value is None:
         return None
-    if not isinstance(value, tuple) or len(value) != 5:
-        raise WireError(f"evidence must be a 5-tuple, got {value!r}")
-    step, op, fingerprint, stage, idle_s = value
+    if not isinstance(value, tuple) or len(value) not in (5, 7):
+        raise WireError(f"evidence must be a 5- or 7-tuple, got {value!r}")
+    step, op, fingerprint, stage, idle_s = value[:5]
     try:
         stage_value = Stage(_int(stage, "stage"))
     except ValueError:
         raise WireError(f"unknown stage {stage!r}") from None
+    completion, age_s = None, 0.0
+    if len(value) == 7 and value[5] is not None:
+        completion, age_s = _completion_in(value[5]), max(0.0, _float(value[6], "pending_age_s"))
     return Evidence(_int(step, "step"), _int(op, "op"), _int(fingerprint, "fingerprint"), stage_value,
-                    max(0.0, _float(idle_s, "idle_s")))
+                    max(0.0, _float(idle_s, "idle_s")), completion, age_s)
 
 
 def _report_out(report: StallReport) -> Any:
@@ -82,14 +114,15 @@ def _report_out(report: StallReport) -> Any:
         report.kind.value, report.outcome.value, report.scope.value, report.key,
         (report.round.initiator, report.round.number), report.decided_by, report.reporter,
         report.attributed, report.ahead, report.missing,
-        tuple(_evidence_out(e) for e in report.evidence), report.idle_s, report.reason,
+        tuple(_evidence_out(e) for e in report.evidence), report.idle_s, report.reason, report.blocking,
     )
 
 
 def _report_in(value: Any) -> StallReport:
-    if not isinstance(value, tuple) or len(value) != 13:
-        raise WireError("a delegated report must be a 13-tuple")
-    kind, outcome, scope, key, round_, decided_by, reporter, attributed, ahead, missing, evidence, idle_s, reason = value
+    if not isinstance(value, tuple) or len(value) != 14:
+        raise WireError("a delegated report must be a 14-tuple")
+    (kind, outcome, scope, key, round_, decided_by, reporter, attributed, ahead, missing, evidence, idle_s, reason,
+     blocking) = value
     try:
         kind_value, outcome_value, scope_value = StallKind(kind), Finding(outcome), Scope(scope)
     except ValueError as error:
@@ -105,8 +138,15 @@ def _report_in(value: Any) -> StallReport:
         kind_value, outcome_value, scope_value, (key_value[0], key_value[1]), RoundId(*round_value),
         _int(decided_by, "decided_by"), _int(reporter, "reporter"), _ints(attributed, "attributed"),
         _ints(ahead, "ahead"), _ints(missing, "missing"), tuple(_evidence_in(e) for e in evidence),
-        _float(idle_s, "idle_s"), reason[:500],
+        _float(idle_s, "idle_s"), reason[:500], _count(blocking, "blocking"),
     )
+
+
+def _count(value: Any, what: str) -> int:
+    number = _int(value, what)
+    if number < 0:
+        raise WireError(f"{what} must be >= 0, got {number}")
+    return number
 
 
 def encode_message(message: Message) -> bytes:
@@ -197,11 +237,14 @@ def report_record(
         if item is None:
             peers.append({"rank": group_ranks[position], "missing": True})
         else:
-            peers.append({
+            peer: dict[str, Any] = {
                 "rank": group_ranks[position], "step": item.step, "op": item.op,
                 "fingerprint": f"{item.fingerprint:#018x}", "stage": item.stage.name.lower(),
                 "idle_s": round(item.idle_s, 3),
-            })
+            }
+            if item.completion is not None:
+                peer["completion"] = _completion_record(item.completion, item.pending_age_s)
+            peers.append(peer)
     at_fault = report.missing if report.outcome is Finding.UNRESPONSIVE else report.attributed
     if report.outcome is Finding.BEHIND:
         reason = "ahead-of-majority" if set(report.attributed) == set(report.ahead) else "behind-majority"
@@ -229,9 +272,25 @@ def report_record(
             "decided_by_rank": group_ranks[report.decided_by],
             "idle_s": round(report.idle_s, 3),
             "peers": peers,
+            "basis": "completion" if report.blocking else "progress",
+            "blocking_collective": report.blocking or None,
             "detail": report.reason,
         },
     )
+
+
+def _completion_record(completion: Completion, age_s: float) -> dict[str, Any]:
+    """One peer's completion coordinate in a report (docs/observer.md "Report schema")."""
+    record: dict[str, Any] = {
+        "source": f"{completion.source:#018x}", "enqueued": completion.enqueued, "completed": completion.completed,
+        "completed_fingerprint": f"{completion.completed_fingerprint:#018x}",
+    }
+    if completion.pending:
+        record["pending"] = {
+            "sequence": completion.completed + 1, "fingerprint": f"{completion.pending_fingerprint:#018x}",
+            "state": completion.pending_state.name.lower(), "age_s": round(age_s, 3),
+        }
+    return record
 
 
 def failure_record(

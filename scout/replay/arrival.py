@@ -12,9 +12,11 @@ measure on its own monotonic clock is
   :meth:`LoopTimer.end_step`), the same on every rank once the step's collectives equalise it,
   less the time the host kept the training thread waiting for a CPU (Linux run-queue delay,
   as COMM-1: host contention is not loop work, and on a shared host it is the largest noise);
-* ``wait``: the longest time it spent inside one of the step's collectives (from its entry to
-  its exit, given by :meth:`LoopTimer.collective`) -- long for the ranks that arrived early,
-  short for the one they waited for.
+* ``wait``: the longest time it spent waiting in one of the step's collectives -- from its
+  entry to its exit (:meth:`LoopTimer.collective`), or, where a collective returns at enqueue
+  (NCCL, the emulated backend), from its enqueue to its completion, timed by marks of the
+  device's timer and resolved later (:meth:`LoopTimer.collective_started`, LOOP-5) -- long for
+  the ranks that arrived early, short for the one they waited for.
 
 A rank's *loop time* is ``period - wait`` (LOOP-1): its own work in the step, the time its
 peers waited for it included. At a check step every peer exchanges the median of its loop
@@ -28,7 +30,9 @@ Wiring (the trainer, or ``scout.attach``'s per-step call)::
     for step in range(1, steps + 1):
         loop.begin_step()                       # the loop body starts
         batch = next(data); loss = model(batch); loss.backward(); optimizer.step()
-        # every collective of the body, from any thread: loop.collective(entry_ns, exit_ns)
+        # every collective of the body, from any thread: finish = loop.collective_started()
+        # at its enqueue, finish() when it completed (a Work's future callback), or
+        # loop.collective(entry_ns, exit_ns) when both times are known on this clock
         check = loop.end_step(step)             # collective at check steps: every peer calls it
         replayer.after_optimizer_step()         # and the rest of the per-step work
 
@@ -58,13 +62,54 @@ from scout.core.verdict import (
 from scout.replay.collectives import PeerGroup, RunQueueDelay
 from scout.replay.stragglers import StragglerEvent, StragglerKind, StragglerTracker
 from scout.transport.base import DeadlineExceeded, TransportError
+from scout.transport.nccl.timing import Mark, Timer, WallTimer, timer_for
 
-__all__ = ["LOOP_ROW_LENGTH", "LoopCheck", "LoopConfig", "LoopTimer"]
+__all__ = ["LOOP_ROW_LENGTH", "LoopCheck", "LoopConfig", "LoopTimer", "PendingWait"]
 
 logger = logging.getLogger("scout.replay")
 
 #: LOOP-2: step, steps in the window, median loop, period and wait (microseconds).
 LOOP_ROW_LENGTH: Final = 5
+#: LOOP-5: waits of one step awaiting their marks, and steps awaiting their waits.
+PENDING_WAITS_PER_STEP_MAX: Final = 1024
+
+
+class PendingWait:
+    """LOOP-5: one collective's wait, timed by two marks of the timer: recorded at its enqueue,
+    and by :meth:`finish` when it completed (any thread; on NCCL from its work's future
+    callback, whose current stream waits for the collective). Resolved later, never waited for."""
+
+    __slots__ = ("_timer", "end", "start")
+
+    def __init__(self, timer: Timer, start: Mark) -> None:
+        self._timer = timer
+        self.start = start
+        self.end: Mark | None = None
+
+    def finish(self) -> None:
+        if self.end is None:
+            self.end = self._timer.record()
+
+    def elapsed_ns(self) -> int | None:
+        """The wait in ns, or None while unfinished or unresolved (never blocks)."""
+        end = self.end
+        if end is None:
+            return None
+        seconds = self._timer.elapsed_s(self.start, end)
+        return None if seconds is None else max(0, round(seconds * 1e9))
+
+
+def _default_timer(clock_ns: Callable[[], int]) -> Timer:
+    """TIMING-4: events on the current CUDA device when this process uses CUDA, else the wall
+    clock (``clock_ns``)."""
+    try:
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+            return timer_for(torch.device("cuda", torch.cuda.current_device()))
+    except Exception:  # noqa: BLE001 - no usable CUDA timer: the wall clock
+        logger.debug("scout: loop waits by the wall clock", exc_info=True)
+    return WallTimer(clock_ns)
 
 
 @attrs.frozen
@@ -120,12 +165,18 @@ class LoopCheck:
     reason: str | None = None  # why the check said nothing (None when it was decided)
 
 
+def _nothing() -> None:
+    return None
+
+
 class LoopTimer:
     """This rank's loop times and the group's loop-straggler test (LOOP-1..LOOP-4).
 
-    ``collective`` may be called from any thread (DDP's communication hook); the other
-    methods from the training loop only. Memory is bounded: one running maximum per step and
-    at most ``window_steps_max`` steps.
+    ``collective`` and ``collective_started`` (and what it returns) may be called from any
+    thread (DDP's communication hook, a work's completion callback); the other methods from the
+    training loop only. Memory is bounded: one running maximum and at most
+    ``PENDING_WAITS_PER_STEP_MAX`` unresolved waits per step, at most ``window_steps_max`` steps
+    in the window and as many awaiting their waits.
     """
 
     def __init__(
@@ -135,10 +186,12 @@ class LoopTimer:
         *,
         clock_ns: Callable[[], int] = time.monotonic_ns,
         run_queue_delay_s: Callable[[], float] | None = None,
+        timer: Timer | None = None,
     ) -> None:
         self.peers = peers
         self.config = config if config is not None else LoopConfig()
         self._clock_ns = clock_ns
+        self.timer = timer if timer is not None else _default_timer(clock_ns)
         self.tracker = StragglerTracker(
             StragglerKind.LOOP, peers.ranks, self.config.straggler, self.config.trail_checks
         )
@@ -151,8 +204,12 @@ class LoopTimer:
         self._body_started_ns: int | None = None
         self._wait_ns = 0  # the longest collective of the current body
         self._collectives = 0
+        self._pending: list[PendingWait] = []  # LOOP-5: the current body's waits timed by marks
         # (period_ns, wait_ns) of each step since the last check.
         self._window: deque[tuple[int, int]] = deque(maxlen=self.config.window_steps_max)
+        # LOOP-5: (period_ns, longest known wait_ns, waits still unresolved) of ended steps.
+        self._unresolved: deque[tuple[int, int, list[PendingWait]]] = deque()
+        self.dropped_steps = 0  # ended steps whose waits did not resolve within the bound
         self.disabled_reason: str | None = None
         self.last_step = 0
 
@@ -166,6 +223,19 @@ class LoopTimer:
             self._body_started_ns = self._clock_ns()
             self._wait_ns = 0
             self._collectives = 0
+            self._pending = []
+
+    def collective_started(self) -> Callable[[], None]:
+        """LOOP-5: a collective of the current step was enqueued now; call the returned
+        function when it completed (from any thread). Outside a loop body it is ignored (the
+        returned function does nothing)."""
+        with self._lock:
+            if self._body_started_ns is None or len(self._pending) >= PENDING_WAITS_PER_STEP_MAX:
+                return _nothing
+            wait = PendingWait(self.timer, self.timer.record())
+            self._pending.append(wait)
+            self._collectives += 1
+        return wait.finish
 
     def collective(self, entry_ns: int, exit_ns: int) -> None:
         """One collective of the current step on this rank: when it was entered and when it
@@ -196,11 +266,16 @@ class LoopTimer:
         now_ns = self._clock_ns()
         delay_s = self._run_queue_delay()
         with self._lock:
-            started, wait_ns = self._body_started_ns, self._wait_ns
+            started, wait_ns, pending = self._body_started_ns, self._wait_ns, self._pending
             delayed_ns = round((delay_s - self._delay_at_start_s) * 1e9)
             self._body_started_ns = None
+            self._pending = []
         if started is not None and step > self.config.warmup_steps:
-            self._window.append((max(0, now_ns - started - delayed_ns), wait_ns))
+            self._unresolved.append((max(0, now_ns - started - delayed_ns), wait_ns, pending))
+            if len(self._unresolved) > self.config.window_steps_max:
+                self._unresolved.popleft()
+                self.dropped_steps += 1
+        self._settle()
         check = None
         if step % self.config.check_every_steps == 0:
             check = self._check(step)
@@ -208,6 +283,17 @@ class LoopTimer:
         return check
 
     # -- the check ----------------------------------------------------------------------------
+
+    def _settle(self) -> None:
+        """LOOP-5: steps whose waits all resolved join the window, oldest first; a step waiting
+        for a mark keeps the later ones waiting (the window stays in step order)."""
+        while self._unresolved:
+            period_ns, wait_ns, pending = self._unresolved[0]
+            waits = [w.elapsed_ns() for w in pending]
+            if any(w is None for w in waits):
+                return
+            self._unresolved.popleft()
+            self._window.append((period_ns, max([wait_ns, *(w for w in waits if w is not None)])))
 
     def _row(self, step: int) -> list[int]:
         window = list(self._window)

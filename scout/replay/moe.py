@@ -26,8 +26,6 @@ collective (REPLAY-7).
 from __future__ import annotations
 
 import logging
-import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -39,7 +37,6 @@ from torch.func import functional_call
 from scout.core.moe import balanced_traffic, expert_rows, materialize_rows, validate_counts
 from scout.core.recipes import (
     Catalog,
-    Coverage,
     DueRecipe,
     EvidenceKind,
     Intervals,
@@ -49,17 +46,16 @@ from scout.core.recipes import (
     ReplayStatus,
     Schedule,
     combine_evidence,
-    coverage,
-    decide_readiness,
 )
-from scout.core.verdict import Status, classify_exact
 from scout.replay.collectives import PeerGroup
-from scout.replay.replay import deterministic_algorithms
+from scout.replay.determinism import deterministic_algorithms, fixed_cotangent
+from scout.replay.replay import ReplayConfig
+from scout.replay.runner import ReplayRun, ReplayRunner, StepReport
 from scout.replay.signature import structured_signature, tensor_signature
-from scout.transport.base import TransportError
 
 __all__ = [
     "AllToAllReplay",
+    "ExpertExecutor",
     "ExpertLayers",
     "ExpertReplayConfig",
     "ExpertReplayer",
@@ -69,17 +65,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("scout.replay")
-
-EXPERT_EVIDENCE: tuple[EvidenceKind, ...] = (
-    EvidenceKind.PARAMETERS,
-    EvidenceKind.INPUT,
-    EvidenceKind.OUTPUT,
-    EvidenceKind.INPUT_GRADIENT,
-    EvidenceKind.PARAMETER_GRADIENT,
-)
-_READINESS_LENGTH = 4  # schedule digest, due flag, status, description digest
-_EVIDENCE_LENGTH = 2 + len(EXPERT_EVIDENCE)  # status, compute microseconds, evidence
-
 
 def local_expert_count(module: nn.Module) -> int:
     """The number of local experts of a grouped module: the leading dimension of its first
@@ -149,16 +134,29 @@ class ExpertLayers:
 
 @attrs.frozen
 class ExpertReplayConfig:
+    """Expert replay's settings; timing, the straggler test's and the error handling's are the
+    dense replay's (:class:`~scout.replay.replay.ReplayConfig`, REPLAY-9)."""
+
     expert_steps: int = 50  # REC-2: steps between two expert checks
     source_position: int = 0  # REPLAY-1
     max_capture_bytes: int = 64 * 2**20  # CAP-2
     deterministic: bool = True  # REPLAY-4
     cotangent_seed: int = 2608  # REPLAY-5
     history_limit: int = 4096
+    timing_warmup_runs: int = 1  # STRAG-1
+    timing_repetitions: int = 3
+    timing_clock: str = "auto"
 
     def __attrs_post_init__(self) -> None:
         if self.expert_steps < 0 or self.source_position < 0 or self.max_capture_bytes < 0:
             raise ValueError(f"expert replay settings must be >= 0: {self}")
+        self.replay_config()  # the shared settings are checked where the dense replay checks them
+
+    def replay_config(self) -> ReplayConfig:
+        return ReplayConfig(source_position=self.source_position, max_capture_bytes=self.max_capture_bytes,
+                            deterministic=self.deterministic, cotangent_seed=self.cotangent_seed,
+                            history_limit=self.history_limit, timing_warmup_runs=self.timing_warmup_runs,
+                            timing_repetitions=self.timing_repetitions, timing_clock=self.timing_clock)
 
 
 @attrs.define
@@ -170,97 +168,44 @@ class _ExpertCapture:
     reason: str = ""
 
 
-@attrs.frozen
-class ExpertStepReport:
-    step: int
-    results: tuple[RecipeResult, ...]
-    compute_ms: float = 0.0
+class ExpertExecutor:
+    """The expert recipes' executor (MOE-1..MOE-3): a forward pre-hook on each MoE layer's
+    grouped module records the due expert's rows, materialized at ``n_exec``; the replay runs
+    the module on copies of its parameters with the one-hot count vector."""
 
+    schedule_tag = "scout-expert-schedule"
 
-class ExpertReplayer:
-    """Expert recipes of one rank, replayed among the replicas of its experts (``peers``: the
-    expert-data-parallel group, never the default group). ``expert_keys``: the ``(slot,
-    n_exec)`` pairs to replay (a regime catalog's ``expert_keys()``, MOE-5). Construction is
-    collective over ``peers`` (the schedule contract, READY-1); call :meth:`step` once per
-    training step after ``optimizer.step()`` -- before it, in fact, is wrong: the capture is
-    of the step's forward, the check runs on the live parameters at the step's end."""
-
-    def __init__(
-        self,
-        experts: ExpertLayers,
-        peers: PeerGroup,
-        expert_keys: Sequence[tuple[int, int]],
-        config: ExpertReplayConfig | None = None,
-    ) -> None:
-        self.config = config or ExpertReplayConfig()
+    def __init__(self, experts: ExpertLayers, expert_keys: Sequence[tuple[int, int]],
+                 config: ExpertReplayConfig) -> None:
         self.experts = experts
-        self.peers = peers
+        self.config = config
         for slot, _ in expert_keys:
             experts.locate(slot)
         self.catalog = Catalog(hidden_layer_count=0, has_embedding=False, has_output=False,
                                optimizer_slice_count=0, expert_keys=tuple(expert_keys))
-        self.schedule = Schedule(self.catalog, Intervals(expert_steps=self.config.expert_steps))
-        self._digest = structured_signature(("scout-expert-schedule", 1, self.schedule.describe()))
-        self.results: deque[RecipeResult] = deque(maxlen=self.config.history_limit)
-        self.step_count = 0
-        self.disabled_reason: str | None = None
         self._armed: DueRecipe | None = None
         self._capture: _ExpertCapture | None = None
         self._suspended = False
         self._handles = [m.register_forward_pre_hook(self._hook_for(layer), with_kwargs=True)
                          for layer, m in enumerate(experts.layers)]
-        if peers.size > 1:
-            rows = peers.all_gather_int64([self._digest])
-            verdict = classify_exact([row[0] for row in rows])
-            if verdict.status is not Status.AGREE:
-                self.disabled_reason = "peers disagree on the expert schedule (catalog, intervals)"
-                logger.warning("scout: expert replay disabled: %s", self.disabled_reason)
-        self._arm(1)
 
-    # -- public -----------------------------------------------------------------------------
+    # -- capture (MOE-2, MOE-3) ---------------------------------------------------------------
 
-    def coverage(self, since_step: int = 0) -> Coverage:
-        return coverage(self.catalog, list(self.results), since_step)
+    def arm(self, step: int, due: Sequence[DueRecipe]) -> None:
+        self._armed = due[0] if due else None
+        self._capture = None
+
+    def held_bytes(self) -> int:
+        rows = self._capture.rows if self._capture is not None else None
+        return 0 if rows is None else rows.numel() * rows.element_size()
+
+    def release(self) -> None:
+        self._capture = None
 
     def close(self) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
-
-    def resume_at(self, step: int) -> None:
-        self.step_count = step
-        self._arm(step + 1)
-
-    def step(self) -> ExpertStepReport:
-        step = self.step_count = self.step_count + 1
-        try:
-            due = self.schedule.due(step)
-            if not due:
-                return ExpertStepReport(step, ())
-            if self.disabled_reason is not None:
-                results = tuple(RecipeResult(d.recipe, step, Status.INCONCLUSIVE,
-                                             reason=f"replay-disabled: {self.disabled_reason}") for d in due)
-            else:
-                try:
-                    results, compute_ms = self._check(step, due[0])
-                except TransportError as exc:
-                    self.disabled_reason = f"transport failure at step {step}: {exc}"
-                    results = (RecipeResult(due[0].recipe, step, Status.INCONCLUSIVE, reason=str(exc)),)
-                    compute_ms = 0.0
-                self.results.extend(results)
-                return ExpertStepReport(step, results, compute_ms)
-            self.results.extend(results)
-            return ExpertStepReport(step, results)
-        finally:
-            self._capture = None
-            self._arm(step + 1)
-
-    # -- capture (MOE-2, MOE-3) ---------------------------------------------------------------
-
-    def _arm(self, step: int) -> None:
-        due = self.schedule.due(step)
-        self._armed = due[0] if due else None
-        self._capture = None
 
     def _hook_for(self, layer: int) -> Callable[..., None]:
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -298,88 +243,112 @@ class ExpertReplayer:
         rows = x.detach().index_select(0, index).contiguous()
         return _ExpertCapture(due.recipe, due.step, rows, ReplayStatus.OK)
 
-    # -- the check ----------------------------------------------------------------------------
+    # -- the round's executor (REPLAY-9) -------------------------------------------------------
 
-    def _check(self, step: int, due: DueRecipe) -> tuple[tuple[RecipeResult, ...], float]:
+    def _ready(self, due: DueRecipe) -> _ExpertCapture:
         capture = self._capture
-        if capture is None or capture.step != step:
-            capture = _ExpertCapture(due.recipe, step, None, ReplayStatus.NOT_READY,
-                                     f"{due.recipe} was armed for step {step} but its layer was not called")
+        if capture is None or capture.step != due.step or capture.recipe != due.recipe:
+            return _ExpertCapture(due.recipe, due.step, None, ReplayStatus.NOT_READY,
+                                  f"{due.recipe} was armed for step {due.step} but its layer was not called")
+        return capture
+
+    def prepare(self, due: DueRecipe) -> tuple[ReplayStatus, tuple[object, ...]]:
+        capture = self._ready(due)
+        layer, _ = self.experts.locate(due.recipe.index)
+        module = self.experts.layers[layer]
+        description: tuple[object, ...] = (str(due.recipe), due.step, type(module).__qualname__)
+        if capture.rows is None:
+            return capture.status, (*description, "not-ready", capture.reason)
+        return ReplayStatus.OK, (*description, str(capture.rows.dtype), tuple(capture.rows.shape),
+                                 tuple((n, str(p.dtype), tuple(p.shape)) for n, p in module.named_parameters()))
+
+    def local_evidence(self, due: DueRecipe) -> list[Callable[[], dict[EvidenceKind, int]]]:
         layer, expert = self.experts.locate(due.recipe.index)
         module = self.experts.layers[layer]
-        description: tuple[object, ...] = (str(due.recipe), step, type(module).__qualname__)
-        if capture.rows is not None:
-            description += (str(capture.rows.dtype), tuple(capture.rows.shape))
-        description += (tuple((n, str(p.dtype), tuple(p.shape)) for n, p in module.named_parameters()),)
-        digest = structured_signature(("scout-expert-readiness", 1, description))
-        row = [self._digest, 1, int(capture.status), digest]
-        rows = [row] if self.peers.size == 1 else self.peers.all_gather_int64(row)
-        decision = decide_readiness([r[3] for r in rows], [r[2] for r in rows])
-        if self.peers.size == 1:
-            return (RecipeResult(due.recipe, step, Status.INCONCLUSIVE, reason="singleton"),), 0.0
-        if classify_exact([r[0] for r in rows]).status is not Status.AGREE or not decision.proceed:
-            reason = decision.reason or "readiness: expert schedule digests differ"
-            return (RecipeResult(due.recipe, step, Status.INCONCLUSIVE, reason=reason),), 0.0
-        assert capture.rows is not None  # every peer is ready (READY-2)
-        status = ReplayStatus.OK
-        evidence: dict[EvidenceKind, int] = {}
-        compute_s = 0.0
-        try:
-            evidence[EvidenceKind.PARAMETERS] = structured_signature(expert_parameter_slices(module, expert))
-        except Exception as exc:
-            logger.warning("scout: %s parameter signature failed: %r", due.recipe, exc)
-            status = ReplayStatus.REPLAY_FAILED
-        self.peers.broadcast_([capture.rows], self.config.source_position)  # REPLAY-1, always
-        if status is ReplayStatus.OK:
-            try:
-                started = time.perf_counter()
-                evidence.update(self._replay(module, expert, capture.rows, due.recipe.n_exec))
-                compute_s = time.perf_counter() - started
-            except Exception as exc:  # REPLAY-7
-                logger.warning("scout: %s replay failed: %r", due.recipe, exc)
-                status = ReplayStatus.REPLAY_FAILED
-        mine = [int(status), round(compute_s * 1e6)] + [evidence.get(k, 0) for k in EXPERT_EVIDENCE]
-        gathered = self.peers.all_gather_int64(mine)
-        by_kind = {kind: [r[2 + i] for r in gathered] for i, kind in enumerate(EXPERT_EVIDENCE)}
-        result = combine_evidence(due.recipe, step, [r[0] for r in gathered], by_kind)
-        return (result,), compute_s * 1e3
+        return [lambda: {EvidenceKind.PARAMETERS: structured_signature(expert_parameter_slices(module, expert))}]
 
-    def _replay(self, module: nn.Module, expert: int, rows: torch.Tensor, n_exec: int) -> dict[EvidenceKind, int]:
+    def payload(self, due: DueRecipe) -> list[torch.Tensor]:
+        rows = self._ready(due).rows
+        assert rows is not None  # every peer is ready (READY-2)
+        return [rows]
+
+    def replay(self, due: DueRecipe) -> ReplayRun:
         """REPLAY-5 on the expert: copies of the parameters, the one-hot count vector."""
+        rows = self._ready(due).rows
+        assert rows is not None
+        layer, expert = self.experts.locate(due.recipe.index)
+        module = self.experts.layers[layer]
         count = local_expert_count(module)
         counts = torch.zeros(count, dtype=torch.int64, device=rows.device)
-        counts[expert] = n_exec
+        counts[expert] = due.recipe.n_exec
         x = rows.detach().clone()
         if x.is_floating_point():
             x.requires_grad_(True)
         parameters = {n: _local(p).detach().clone().requires_grad_(p.requires_grad)
                       for n, p in module.named_parameters()}
         buffers = {n: b.detach().clone() for n, b in module.named_buffers()}
-        self._suspended = True
-        try:
-            with deterministic_algorithms(self.config.deterministic), torch.enable_grad():
-                output = functional_call(module, {**parameters, **buffers}, (x, counts))
-                trainable = [(n, p) for n, p in parameters.items() if p.requires_grad]
-                targets = ([x] if x.requires_grad else []) + [p for _, p in trainable]
-                generator = torch.Generator(device=output.device).manual_seed(self.config.cotangent_seed)
-                cotangent = torch.randn(output.shape, generator=generator, device=output.device, dtype=output.dtype)
-                gradients = torch.autograd.grad([output], targets, [cotangent], allow_unused=True)
-        finally:
-            self._suspended = False
-        input_gradient = gradients[0] if x.requires_grad else None
-        parameter_gradients = gradients[1:] if x.requires_grad else gradients
-        # Only this expert's slice of each grouped gradient: the others are zero by construction.
-        by_name = {}
-        for (name, parameter), gradient in zip(trainable, parameter_gradients, strict=True):
-            if gradient is not None and parameter.dim() >= 3 and parameter.shape[0] == count:
-                gradient = gradient[expert]
-            by_name[name] = gradient
-        return {
-            EvidenceKind.INPUT: tensor_signature(rows),
-            EvidenceKind.OUTPUT: tensor_signature(output.detach()),
-            EvidenceKind.INPUT_GRADIENT: structured_signature(input_gradient),
-            EvidenceKind.PARAMETER_GRADIENT: structured_signature(by_name),
-        }
+        trainable = [(n, p) for n, p in parameters.items() if p.requires_grad]
+        targets = ([x] if x.requires_grad else []) + [p for _, p in trainable]
+
+        def run() -> tuple[torch.Tensor, Sequence[torch.Tensor | None]]:
+            self._suspended = True
+            try:
+                with deterministic_algorithms(self.config.deterministic), torch.enable_grad():
+                    output = functional_call(module, {**parameters, **buffers}, (x, counts))
+                    cotangent = fixed_cotangent(output, 0, self.config.cotangent_seed)
+                    gradients = torch.autograd.grad([output], targets, [cotangent], allow_unused=True)
+            finally:
+                self._suspended = False
+            return output, gradients
+
+        def evidence(first: tuple[torch.Tensor, Sequence[torch.Tensor | None]]) -> dict[EvidenceKind, int]:
+            output, gradients = first
+            input_gradient = gradients[0] if x.requires_grad else None
+            parameter_gradients = gradients[1:] if x.requires_grad else gradients
+            # Only this expert's slice of each grouped gradient: the others are zero by construction.
+            by_name = {}
+            for (name, parameter), gradient in zip(trainable, parameter_gradients, strict=True):
+                if gradient is not None and parameter.dim() >= 3 and parameter.shape[0] == count:
+                    gradient = gradient[expert]
+                by_name[name] = gradient
+            return {
+                EvidenceKind.INPUT: tensor_signature(rows),
+                EvidenceKind.OUTPUT: tensor_signature(output.detach()),
+                EvidenceKind.INPUT_GRADIENT: structured_signature(input_gradient),
+                EvidenceKind.PARAMETER_GRADIENT: structured_signature(by_name),
+            }
+
+        return ReplayRun(rows.device, run, evidence)
+
+
+#: What one expert check did: the runner's report (an alias kept for the public name).
+ExpertStepReport = StepReport
+
+
+class ExpertReplayer(ReplayRunner):
+    """Expert recipes of one rank, replayed among the replicas of its experts (``peers``: the
+    expert-data-parallel group, never the default group) by the replay runner, with the dense
+    path's timing, seeds, validation and error handling (REPLAY-9). ``expert_keys``: the
+    ``(slot, n_exec)`` pairs to replay (a regime catalog's ``expert_keys()``, MOE-5).
+    Construction is collective over ``peers`` (the schedule contract, READY-1); call
+    :meth:`step` once per training step after ``optimizer.step()`` -- the capture is of the
+    step's forward, the check runs on the live parameters at the step's end."""
+
+    def __init__(
+        self,
+        experts: ExpertLayers,
+        peers: PeerGroup,
+        expert_keys: Sequence[tuple[int, int]],
+        config: ExpertReplayConfig | None = None,
+    ) -> None:
+        self.config = config or ExpertReplayConfig()
+        self.experts = experts
+        executor = ExpertExecutor(experts, expert_keys, self.config)
+        schedule = Schedule(executor.catalog, Intervals(expert_steps=self.config.expert_steps))
+        # The dense replay's device and communication tests already judge these ranks' devices
+        # and links; expert checks do not feed a second pair (the straggler statistics stay).
+        super().__init__(executor, peers, schedule, self.config.replay_config().runner_settings(),
+                         track_stragglers=False, label="expert replay")
 
 
 class AllToAllReplay:

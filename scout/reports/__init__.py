@@ -20,6 +20,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
+from scout.reports.kinds import ReportKind, Source
+
 __all__ = [
     "KINDS",
     "REPORTS_FILE",
@@ -27,6 +29,7 @@ __all__ = [
     "SCHEMA",
     "SOURCES",
     "ReportError",
+    "ReportKind",
     "append_hosts",
     "append_record",
     "make_record",
@@ -37,24 +40,9 @@ __all__ = [
 
 SCHEMA: Final = "scout.report/1"
 REPORTS_FILE: Final = "reports.jsonl"
-#: Every ``kind`` a report may have; dashboards key on these (stable).
-KINDS: Final = (
-    "hang",  # a rank behind its peers' progress (or ahead of it: it skipped a collective)
-    "data_stall",  # the same, while the rank waits for its data loader
-    "checkpoint_stall",  # the same, inside checkpoint I/O
-    "desync",  # a rank inside a different collective than its peers
-    "group_stall",  # every rank of a group stuck at one point: fabric or a common cause
-    "unresponsive",  # a rank's observer did not answer (rank or host gone)
-    "inconclusive",  # observers could not decide (no strict majority)
-    "observer_failure",  # a rank's observer cannot do its job: hang detection is off there
-    "sdc",  # replay attributed silent data corruption to a rank
-    "unchecked",  # a replay could not be checked (Inconclusive or missing): not corruption
-    "straggler",  # a rank confirmed slow (or recovered)
-    "checkpoint",  # a checkpoint's trust changed (verified, quarantined, ...)
-    "restart",  # the fault policy stopped the job, or a restart restored a checkpoint
-    "finished",  # the job closed scout at the end of its loop (the step it reached)
-)
-SOURCES: Final = ("observer", "replay", "gate", "job")
+#: Every ``kind`` a report may have (:class:`~scout.reports.kinds.ReportKind` says what each means).
+KINDS: Final = tuple(kind.value for kind in ReportKind)
+SOURCES: Final = tuple(source.value for source in Source)
 #: One report line is at most this long; a longer one is refused (a reader's memory is bounded).
 REPORT_BYTES_MAX: Final = 1 << 20
 #: A report file is read at most this far (scout report, restore).
@@ -85,9 +73,9 @@ def _int_list(name: str, value: object) -> list[int]:
 
 
 def make_record(
-    kind: str,
+    kind: ReportKind | str,
     *,
-    source: str,
+    source: Source | str | None = None,
     reason: str,
     job_id: str,
     generation: int,
@@ -103,8 +91,15 @@ def make_record(
     ``[a-z0-9_-:.]``), ``evidence`` a kind-specific JSON object."""
     if kind not in KINDS:
         raise ReportError(f"report kind {kind!r} is not one of {', '.join(KINDS)}")
+    kind = ReportKind(kind)
+    if source is None:
+        source = kind.source
     if source not in SOURCES:
         raise ReportError(f"report source {source!r} is not one of {', '.join(SOURCES)}")
+    source = Source(source)
+    if source is not kind.source:
+        raise ReportError(f"report source {source.value!r} does not write kind {kind.value!r}: its source is "
+                          f"{kind.source.value!r} (scout.reports.kinds)")
     if not isinstance(reason, str) or not _REASON.match(reason) or len(reason) > 120:
         raise ReportError(f"report reason {reason!r} must be a stable code matching {_REASON.pattern} (<= 120)")
     if not isinstance(job_id, str) or not job_id:
@@ -123,8 +118,8 @@ def make_record(
         raise ReportError(f"report evidence must be a JSON object, got {type(evidence).__name__}")
     record: dict[str, Any] = {
         "schema": SCHEMA,
-        "kind": kind,
-        "source": source,
+        "kind": kind.value,
+        "source": source.value,
         "ranks": _int_list("ranks", ranks),
         "hosts": sorted(set(host_list)),
         "step": step,
@@ -137,7 +132,7 @@ def make_record(
     }
     line = json.dumps(record, sort_keys=True)
     if len(line) > REPORT_BYTES_MAX:
-        raise ReportError(f"report of kind {kind!r} is {len(line)} bytes, over REPORT_BYTES_MAX={REPORT_BYTES_MAX}")
+        raise ReportError(f"report of kind {kind.value!r} is {len(line)} bytes, over REPORT_BYTES_MAX={REPORT_BYTES_MAX}")
     return record
 
 

@@ -7,10 +7,12 @@ replayed one recipe per replay, a cycle per catalog pass, ``--rounds`` cycles. R
 at *k* seconds of virtual time:
 
 1. every rank computes the recipe's signature and exchanges it with its peer group
-   (``Exchange``, bounded by a deadline); each rank takes the group's verdict with the one
-   verdict rule over what arrived (``classify_exact``; a silent peer is MISSING evidence);
-2. job-wide aggregation: the group leaders (position 0) and the gate's writer (rank 0) exchange
-   their groups' verdicts (``Exchange`` again). A group whose leader did not answer is MISSING;
+   (:func:`group_vote`: ``Exchange``, bounded by a deadline); each rank takes the group's
+   verdict with the one verdict rule over what arrived (``combine_evidence``; a silent peer is
+   MISSING evidence);
+2. aggregation among the group leaders (position 0) and the gate's writer (rank 0), who
+   exchange their groups' verdicts (:func:`aggregate_results`: ``Exchange`` again). A group
+   whose leader did not answer is MISSING;
 3. the writer steps the gate with one :class:`~scout.gate.model.RecipeVerdicts` (one verdict per
    group), and at the end of each cycle with a boundary and a capture. It checks every
    ``always`` invariant of spec/gate.toml on every step;
@@ -38,7 +40,8 @@ from typing import Any, Final
 import attrs
 
 from scout.core.machine import MachineState
-from scout.core.recipes import RecipeId
+from scout.core.recipes import EvidenceKind, RecipeId, RecipeResult, ReplayStatus, combine_evidence
+from scout.core.verdict import MISSING, Status
 from scout.gate.model import (
     CheckpointCaptured,
     CycleBoundary,
@@ -55,16 +58,15 @@ from scout.gate.recorder import GateWriter
 from scout.gate.recovery import Choice, FailureClass, recover
 from scout.gate.results import recipe_verdicts
 from scout.gate.step import gate_machine
-from scout.job.aggregate import NO_VIEW, GateView, aggregate_results, gate_view, group_vote
 from scout.scenarios.exchange import replica_groups
 from scout.scenarios.registry import Check, ScenarioOutcome, ScenarioParams, scenario
 from scout.transport.base import Group
-from scout.transport.program import Now, Sleep
+from scout.transport.program import Exchange, Now, Sleep
 from scout.transport.sim.cluster import SimCluster
 from scout.transport.sim.faults import Corrupt, FlipBit, Freeze
 from scout.transport.sim.process import ProgramState, SimContext
 
-__all__ = ["RECIPES", "gate_campaign"]
+__all__ = ["NO_VIEW", "RECIPES", "GateView", "aggregate_results", "gate_campaign", "gate_view", "group_vote"]
 
 RECIPES: Final = ("embedding", "hidden.0", "hidden.1", "output")
 PERIOD_S: Final = 1.0  # replay k starts at k * PERIOD_S
@@ -77,8 +79,74 @@ WRITER: Final = 0
 ROUND_GROUP: Final = 0  # round ids: 2k for a replay's group exchange, 2k+1 for its aggregation
 COLUMNS: Final = ("cycle", "steps", "injected", "gate_after", "checkpoint_at_end", "reports")
 
-View = GateView
 GateMachineState = MachineState[GateContext]
+
+
+# ------------------------------------------------------------------------------------------
+# The campaign's own aggregation: partial results and the gate's view (step 4 above). A job's
+# step exchanges its results once, all or nothing, through scout.job.aggregate; this campaign
+# studies what a deadline-bounded exchange with silent leaders does to the gate.
+# ------------------------------------------------------------------------------------------
+
+#: What every rank knows of the gate: (version, newest verified step or -1, quarantined
+#: checkpoints, tainted). Versions only grow, so the newest view wins wherever views meet.
+GateView = tuple[int, int, int, bool]
+View = GateView
+NO_VIEW: GateView = (0, -1, 0, False)
+
+
+def gate_view(state: MachineState[GateContext], version: int) -> GateView:
+    context = state.context
+    verified = context.verified_step
+    quarantined = sum(entry.trust is Trust.QUARANTINED for entry in context.checkpoints)
+    return (version, -1 if verified is None else verified, quarantined, state.control is GateState.TAINTED)
+
+
+def _newer(view: GateView, candidate: object) -> GateView:
+    if isinstance(candidate, (tuple, list)) and len(candidate) == 4:
+        other = tuple(candidate)
+        if other > view:
+            return other
+    return view
+
+
+def group_vote(
+    recipe: RecipeId, step: int, signature: int, view: GateView, *, group: Group, round_id: int, timeout_s: float
+) -> Generator[Any, Any, tuple[RecipeResult, GateView]]:
+    """Exchange this rank's replay output signature with its peer group and decide the recipe."""
+    answer = yield Exchange((signature, view), round_id=round_id, timeout_s=timeout_s, group=group)
+    for payload in answer.answers.values():
+        if isinstance(payload, (tuple, list)) and len(payload) == 2:
+            view = _newer(view, payload[1])
+    present = [rank in answer.answers for rank in group.ranks]
+    statuses = [int(ReplayStatus.OK) if here else MISSING for here in present]
+    signatures = [answer.answers[rank][0] if here else MISSING for rank, here in zip(group.ranks, present, strict=True)]
+    return combine_evidence(recipe, step, statuses, {EvidenceKind.OUTPUT: signatures}), view
+
+
+def aggregate_results(
+    group_index: int,
+    result: RecipeResult,
+    view: GateView,
+    *,
+    leaders: Group,
+    writer: int,
+    round_id: int,
+    timeout_s: float,
+) -> Generator[Any, Any, tuple[dict[int, RecipeResult], GateView]]:
+    """The leaders' exchange: each group leader (and the gate's writer) sends its group's result;
+    returns the results that arrived, by group index, and the writer's view if newer."""
+    mine = (group_index, result.status.value, result.outliers, result.reason or "", view)
+    gathered = yield Exchange(mine, round_id=round_id, timeout_s=timeout_s, group=leaders)
+    results: dict[int, RecipeResult] = {}
+    for payload in gathered.answers.values():
+        index, status, outliers, reason, _view = payload
+        results[int(index)] = RecipeResult(result.recipe, result.step, Status(status), tuple(outliers),
+                                           reason=str(reason) or None)
+    writer_payload = gathered.answers.get(writer)
+    if writer_payload is not None:
+        view = _newer(view, writer_payload[4])
+    return results, view
 
 
 def _signature(recipe_index: int, replay: int) -> int:

@@ -1,19 +1,18 @@
 """Simulated scenarios whose checks are the fault campaign's localization criteria (``scout
 campaign``, :mod:`scout.scenarios.campaign`), beside those of :mod:`.observer` and :mod:`.exchange`.
 
-* ``sdc-in-evidence``: from round ``SDC_ROUND`` on, one rank computes a wrong signature (one bit
-  flipped: SDC in its own computation, so it sends and holds the wrong value). Every rank
-  exchanges its signature with its replica group each round and votes with the one verdict rule
-  (:func:`scout.core.verdict.classify_exact`); every member of the faulty group must attribute
-  exactly that rank, every other vote must agree.
-* ``straggler-timing`` / ``straggler-healthy``: every rank times a replay compute each round
-  (1 % Gaussian jitter around ``COMPUTE_MS``; the straggler ``factor`` times slower from round
-  ``STRAGGLER_ROUND`` on), exchanges the durations with its group, votes with
-  :func:`~scout.core.verdict.classify_timing` and steps the sequential straggler test with each
-  peer's log ratio (spec/straggler.md STRAG-2, STRAG-4, at its defaults: ``CONFIRM_ROUNDS``
-  checks for a straggler 1.5x or slower): the straggler is confirmed by every
-  member of its group within ``CONFIRM_ROUNDS`` rounds of the fault, nobody else ever; healthy,
-  nobody is ever attributed or confirmed.
+* ``sdc-in-evidence``: from step ``SDC_ROUND`` on, one rank's replay output is wrong (one bit of
+  its OUTPUT signature flipped: SDC in its own computation). The job runs the product's check
+  pipeline (:mod:`.replay_job`: the replay round, the step's one exchange, the gate's writer,
+  reports and the fault policy ``on_sdc = "restart"``): the SDC report must name exactly that
+  rank at that step, every rank must stop there, and the gate must be tainted with nothing
+  unverified left restorable.
+* ``straggler-timing`` / ``straggler-healthy``: the same job, every replay computing for
+  ``COMPUTE_MS`` with 1 % Gaussian jitter, the straggler ``factor`` times slower from step
+  ``STRAGGLER_ROUND`` on; the replay's own device straggler test (spec/straggler.md STRAG-2,
+  STRAG-4, at its defaults: ``CONFIRM_ROUNDS`` checks for a straggler 1.5x or slower) must report
+  it device-slow within ``CONFIRM_ROUNDS`` steps of the fault, nobody else ever; healthy,
+  nobody is ever reported.
 * ``observer-observer-dead``: one rank's *observer* dies, then its trainer hangs: the peers'
   observers must still name it (unresponsive: it no longer answers rounds).
 * ``observer-partition``: one rank's host is cut off from the network (every message to and from
@@ -31,29 +30,16 @@ import random
 from collections.abc import Callable, Generator
 from typing import Any, Final
 
-import attrs
-
-from scout.core.straggler import (
-    DEFAULT_SEQUENTIAL_CONFIG,
-    Confirmed,
-    check_evidence,
-    confirmation_start,
-    confirmation_step,
-)
-from scout.core.verdict import MISSING, Status, classify_exact, classify_timing
+from scout.gate.model import UNVERIFIED_RESTORABLE
+from scout.job.pipeline import CheckOutput
+from scout.reports.kinds import ReportKind
 from scout.scenarios import observer as observer_scenarios
-from scout.scenarios.exchange import replica_groups
 from scout.scenarios.registry import Check, ScenarioOutcome, ScenarioParams, scenario
-from scout.transport.base import Group
-from scout.transport.program import Exchange, Now, Sleep
-from scout.transport.sim.cluster import SimCluster
+from scout.scenarios.replay_job import Faults, JobRun, SimReplayCheck, run_replay_job
 from scout.transport.sim.faults import Crash, Partition
-from scout.transport.sim.process import ProgramState, SimContext
 
-__all__ = ["VoteRecord", "faulty_rank", "straggler_factor"]
+__all__ = ["faulty_rank", "straggler_factor"]
 
-PERIOD_S: Final = 1.0  # round k starts at k * PERIOD_S of virtual time
-TIMEOUT_S: Final = 0.25  # each exchange's deadline
 SDC_ROUND: Final = 3
 COMPUTE_MS: Final = 40.0  # replay compute per round, before jitter
 JITTER: Final = 0.01  # relative standard deviation of a healthy compute time
@@ -64,9 +50,7 @@ STRAGGLER_ROUND: Final = 2
 #: second slow check, whose spread estimate over three values still spans the change of level, so
 #: it takes a fifth (measured: round 6 at every seed and factor).
 CONFIRM_ROUNDS: Final = 5
-FLOOR_MS: Final = 0.1  # the replay's device floor: no ratio of times below it
 STRAGGLER_FACTORS: Final = (1.5, 2.0, 3.0)
-_NOW: Final = Now()
 
 
 def faulty_rank(params: ScenarioParams, name: str) -> int:
@@ -79,177 +63,110 @@ def straggler_factor(params: ScenarioParams) -> float:
     return random.Random(f"straggler-factor:{params.seed}").choice(STRAGGLER_FACTORS)
 
 
-@attrs.frozen
-class VoteRecord:
-    """One rank's vote in one round: the verdict's status and the *ranks* it named."""
-
-    round_id: int
-    status: Status
-    named: tuple[int, ...]
-    confirmed: tuple[int, ...] = ()  # stragglers confirmed in this round (ranks)
-
-
-def _voting_program(
-    groups: list[Group],
-    index_of: list[int],
-    rounds: int,
-    evidence: Callable[[SimContext, int, int], Any],
-    vote: Callable[[list[Any]], Any],
-    confirm: bool,
-) -> Callable[[SimContext], Generator[Any, Any, list[VoteRecord]]]:
-    """Each round: compute (``evidence`` may sleep and returns the value), exchange it with the
-    group under the deadline, vote over the group's values in position order (MISSING for a
-    silent peer), and, for timing, step the confirmation machine."""
-
-    def program(ctx: SimContext) -> Generator[Any, Any, list[VoteRecord]]:
-        group = groups[index_of[ctx.rank]]
-        confirmation = confirmation_start(len(group.ranks), DEFAULT_SEQUENTIAL_CONFIG)
-        records: list[VoteRecord] = []
-        for round_id in range(1, rounds + 1):
-            now_s = yield _NOW
-            if now_s < round_id * PERIOD_S:
-                yield Sleep(round_id * PERIOD_S - now_s)
-            value = yield from evidence(ctx, index_of[ctx.rank], round_id)
-            result = yield Exchange(value, round_id=round_id, timeout_s=TIMEOUT_S, group=group)
-            values = result.by_position(MISSING)
-            verdict = vote(values)
-            named = tuple(group.ranks[position] for position in verdict.outliers)
-            confirmed: tuple[int, ...] = ()
-            if confirm:
-                evidence_nepers = check_evidence({"compute": values}, {"compute": verdict}, FLOOR_MS,
-                                                 len(group.ranks))
-                confirmation, effects = confirmation_step(confirmation, evidence_nepers)
-                confirmed = tuple(group.ranks[e.peer] for e in effects if isinstance(e, Confirmed))
-            records.append(VoteRecord(round_id, verdict.status, named, confirmed))
-        return records
-
-    return program
-
-
-def _signature(group_index: int, round_id: int) -> int:
-    return (group_index * 2654435761 + round_id * 40503 + 12345) % 2**32
-
-
-def _run(params: ScenarioParams, name: str, evidence: Callable[[SimContext, int, int], Any],
-         vote: Callable[[list[Any]], Any], confirm: bool) -> tuple[SimCluster, list[Group], list[list[VoteRecord] | None]]:
-    cluster = SimCluster(params.ranks, seed=params.seed, scenario=name)
-    groups = replica_groups(params.ranks, params.group_size)
-    index_of = [0] * params.ranks
-    for index, group in enumerate(groups):
-        for rank in group.ranks:
-            index_of[rank] = index
-    cluster.spawn(_voting_program(groups, index_of, params.rounds, evidence, vote, confirm))
-    result = cluster.run()
-    records: list[list[VoteRecord] | None] = []
-    for rank in range(params.ranks):
-        outcome = result.outcomes[(rank, "main")]
-        records.append(outcome.value if outcome.state is ProgramState.DONE else None)
-    return cluster, groups, records
-
-
-def _group_of(groups: list[Group], rank: int) -> Group:
-    return next(group for group in groups if rank in group.ranks)
-
-
-def _vote_rows(records: list[list[VoteRecord] | None], rounds: int) -> list[tuple[Any, ...]]:
-    rows = []
-    for round_id in range(1, rounds + 1):
-        statuses: dict[str, int] = {}
-        named: set[int] = set()
-        confirmed: set[int] = set()
-        for mine in records:
-            if mine is None or len(mine) < round_id:
-                continue
-            record = mine[round_id - 1]
-            statuses[record.status.value] = statuses.get(record.status.value, 0) + 1
-            named.update(record.named)
-            confirmed.update(record.confirmed)
-        rows.append((round_id, " ".join(f"{k}={v}" for k, v in sorted(statuses.items())),
-                     tuple(sorted(named)), tuple(sorted(confirmed))))
-    return rows
-
-
 VOTE_COLUMNS: Final = ("round", "votes", "named", "confirmed")
 
 
-def _finished(records: list[list[VoteRecord] | None]) -> Check:
-    crashed = [rank for rank, mine in enumerate(records) if mine is None]
-    return Check("every rank finished every round", not crashed, f"unfinished ranks: {crashed[:8]}")
+def _logging_check(log: list[tuple[int, int, str]]) -> Callable[..., SimReplayCheck]:
+    """The simulated replay check, noting each group leader's results (step, group, status)
+    for the scenario's table; the check itself is the product's."""
+
+    class Logged(SimReplayCheck):
+        def run(self, step: int) -> Generator[Any, Any, CheckOutput | None]:
+            output = yield from super().run(step)
+            if output is not None and self.layout.leader:
+                log.extend((step, self.layout.index, result.status.value) for result in output.results)
+            return output
+
+    return Logged
 
 
-@scenario("sdc-in-evidence", summary="one rank computes a wrong signature (one bit flipped) from round "
-          f"{SDC_ROUND} on; its replica group's votes attribute exactly it, every other vote agrees",
-          min_ranks=3, min_rounds=SDC_ROUND)
+def _rows(run: JobRun, log: list[tuple[int, int, str]], steps: int) -> list[tuple[Any, ...]]:
+    rows = []
+    for step in range(1, steps + 1):
+        statuses: dict[str, int] = {}
+        for at, _group, status in log:
+            if at == step:
+                statuses[status] = statuses.get(status, 0) + 1
+        named = {rank for r in run.records if r["kind"] == ReportKind.SDC and r["step"] == step for rank in r["ranks"]}
+        confirmed = {rank for r in run.records if r["kind"] == ReportKind.STRAGGLER and r["step"] == step
+                     and r["evidence"].get("change") == "confirmed" for rank in r["ranks"]}
+        if statuses or named or confirmed:
+            rows.append((step, " ".join(f"{k}={v}" for k, v in sorted(statuses.items())), tuple(sorted(named)),
+                         tuple(sorted(confirmed))))
+    return rows
+
+
+def _finished(run: JobRun) -> Check:
+    unfinished = [rank for rank, outcome in enumerate(run.outcomes) if outcome is None]
+    return Check("every rank's pipeline ran to its end", not unfinished and run.pipelines == len(run.outcomes),
+                 f"unfinished ranks: {unfinished[:8]}")
+
+
+def _job(params: ScenarioParams, name: str, faults: Faults) -> tuple[JobRun, list[tuple[int, int, str]]]:
+    log: list[tuple[int, int, str]] = []
+    run = run_replay_job(ranks=params.ranks, group_size=params.group_size, seed=params.seed, steps=params.rounds,
+                         faults=faults, scenario=name, compute_ms=COMPUTE_MS, jitter=JITTER,
+                         make_check=_logging_check(log))
+    return run, log
+
+
+@scenario("sdc-in-evidence", summary="one rank's replay output is wrong (one bit flipped) from step "
+          f"{SDC_ROUND} on; the product's pipeline reports SDC naming exactly it, quarantines and stops every rank "
+          "at that step", min_ranks=3, min_rounds=SDC_ROUND)
 def sdc_in_evidence(params: ScenarioParams) -> ScenarioOutcome:
     victim = faulty_rank(params, "sdc-in-evidence")
     bit = random.Random(f"sdc-bit:{params.seed}").randrange(32)
-
-    def evidence(ctx: SimContext, group_index: int, round_id: int) -> Generator[Any, Any, int]:
-        yield Sleep(0.002 + ctx.random.random() * 0.003)
-        value = _signature(group_index, round_id)
-        return value ^ (1 << bit) if ctx.rank == victim and round_id >= SDC_ROUND else value
-
-    cluster, groups, records = _run(params, "sdc-in-evidence", evidence, classify_exact, confirm=False)
-    faulty_group = _group_of(groups, victim)
-    wrong: list[tuple[Any, ...]] = []
-    for rank, mine in enumerate(records):
-        for record in mine or []:
-            in_group = rank in faulty_group.ranks
-            if record.round_id >= SDC_ROUND and in_group and len(faulty_group.ranks) >= 3:
-                expected: tuple[Status, tuple[int, ...]] = (Status.ATTRIBUTED, (victim,))
-            else:
-                expected = (Status.AGREE, ())
-            if (record.status, record.named) != expected:
-                wrong.append((rank, record.round_id, record.status.value, record.named))
+    run, log = _job(params, "sdc-in-evidence", Faults(sdc_rank=victim, sdc_step=SDC_ROUND, sdc_bit=bit))
+    sdc = [r for r in run.records if r["kind"] == ReportKind.SDC]
+    stops = {outcome.stop.step if outcome is not None and outcome.stop is not None else None
+             for outcome in run.outcomes}
+    final = run.storage.generations[-1].context if run.storage.generations else None
+    unverified = [str(e.id) for e in (final.checkpoints if final else ()) if e.trust in UNVERIFIED_RESTORABLE]
     checks = [
-        _finished(records),
-        Check(f"every vote of rank {victim}'s group from round {SDC_ROUND} attributes exactly rank {victim}; "
-              "every other vote agrees", not wrong, f"unexpected votes (rank, round, status, named): {wrong[:6]}"),
+        _finished(run),
+        Check(f"the SDC reports name exactly rank {victim}, first at step {SDC_ROUND}",
+              bool(sdc) and all(r["ranks"] == [victim] for r in sdc) and sdc[0]["step"] == SDC_ROUND,
+              f"sdc reports (ranks, step): {[(r['ranks'], r['step']) for r in sdc][:6]}"),
+        Check(f"every rank stops at step {SDC_ROUND} (on_sdc = restart), naming rank {victim}'s host",
+              stops == {SDC_ROUND} and list(run.excluded_hosts) == [f"host{victim // 4}"],
+              f"stop steps: {sorted(stops, key=str)}; excluded hosts: {list(run.excluded_hosts)}"),
+        Check("the gate is tainted and no unverified checkpoint stays restorable (GATE-4)",
+              final is not None and final.sdc is not None and not unverified,
+              f"sdc record: {None if final is None else final.sdc}; restorable unverified: {unverified}"),
     ]
-    faults = [f"rank {victim}: bit {bit} of its signature flipped from round {SDC_ROUND} on"]
-    return ScenarioOutcome(VOTE_COLUMNS, _vote_rows(records, params.rounds), checks, faults, cluster.result())
+    faults = [f"rank {victim}: bit {bit} of its replay output flipped from step {SDC_ROUND} on"]
+    return ScenarioOutcome(VOTE_COLUMNS, _rows(run, log, params.rounds), checks, faults, run.simulation)
 
 
 def _timing_scenario(params: ScenarioParams, name: str, straggler: int | None, factor: float) -> ScenarioOutcome:
-    def evidence(ctx: SimContext, group_index: int, round_id: int) -> Generator[Any, Any, float]:
-        scale = factor if ctx.rank == straggler and round_id >= STRAGGLER_ROUND else 1.0
-        duration_ms = COMPUTE_MS * scale * max(0.5, 1.0 + ctx.random.gauss(0.0, JITTER))
-        began = yield _NOW
-        yield Sleep(duration_ms / 1000.0)
-        ended = yield _NOW
-        return float(round((ended - began) * 1000.0, 6))
-
-    cluster, groups, records = _run(params, name, evidence, classify_timing, confirm=True)
-    checks = [_finished(records)]
-    confirmed_by: dict[int, list[tuple[int, int]]] = {}
-    attributed_other: list[tuple[int, int, tuple[int, ...]]] = []
-    for rank, mine in enumerate(records):
-        for record in mine or []:
-            for who in record.confirmed:
-                confirmed_by.setdefault(who, []).append((rank, record.round_id))
-            if any(named != straggler for named in record.named):
-                attributed_other.append((rank, record.round_id, record.named))
-    others = sorted(set(confirmed_by) - {straggler})
-    checks.append(Check("no healthy rank is ever named slow or confirmed", not attributed_other and not others,
-                        f"named: {attributed_other[:6]}; confirmed: {others[:8]}"))
+    run, log = _job(params, name, Faults(straggler_rank=straggler, straggler_step=STRAGGLER_ROUND,
+                                         straggler_factor=factor))
+    confirmed = [r for r in run.records if r["kind"] == ReportKind.STRAGGLER and r["evidence"].get("change") == "confirmed"]
+    wrong = [(r["ranks"], r["step"], r["reason"]) for r in run.records
+             if r["kind"] in (ReportKind.SDC, ReportKind.STRAGGLER) and r["ranks"] != [straggler]]
+    checks = [
+        _finished(run),
+        Check("no healthy rank is ever reported (sdc or straggler)", not wrong, f"reports naming others: {wrong[:6]}"),
+        Check("no replay is unchecked or attributed", all(status == "AGREE" for _, _, status in log),
+              f"statuses: {sorted({status for _, _, status in log})}"),
+    ]
     faults: list[str] = []
     if straggler is not None:
-        group = _group_of(groups, straggler)
-        deadline_round = STRAGGLER_ROUND + CONFIRM_ROUNDS - 1
-        confirmers = {rank for rank, round_id in confirmed_by.get(straggler, []) if round_id <= deadline_round}
+        deadline = STRAGGLER_ROUND + CONFIRM_ROUNDS - 1
+        first = min((r["step"] for r in confirmed if r["ranks"] == [straggler]), default=None)
         checks.append(Check(
-            f"every member of rank {straggler}'s group confirms it by round {deadline_round} "
-            f"({CONFIRM_ROUNDS} checks after the slowdown, the sequential test's bound at its defaults)",
-            confirmers == set(group.ranks) or len(group.ranks) < 3,
-            f"confirmed by {sorted(confirmers)[:8]} of {len(group.ranks)} peers"))
-        faults.append(f"rank {straggler}: replay compute {factor}x slower from round {STRAGGLER_ROUND} on")
+            f"rank {straggler} is reported device-slow by step {deadline} ({CONFIRM_ROUNDS} checks after the "
+            "slowdown, the sequential test's bound at its defaults)",
+            first is not None and first <= deadline and confirmed[0]["reason"] == "device-slow",
+            f"first confirmation at step {first}"))
+        faults.append(f"rank {straggler}: replay compute {factor}x slower from step {STRAGGLER_ROUND} on")
     else:
         faults.append(f"none: every rank computes {COMPUTE_MS} ms with {JITTER:.0%} jitter")
-    return ScenarioOutcome(VOTE_COLUMNS, _vote_rows(records, params.rounds), checks, faults, cluster.result())
+    return ScenarioOutcome(VOTE_COLUMNS, _rows(run, log, params.rounds), checks, faults, run.simulation)
 
 
-@scenario("straggler-timing", summary="one rank's replay compute is 1.5-3x slower from round "
-          f"{STRAGGLER_ROUND} on; its group's timing votes confirm exactly it within {CONFIRM_ROUNDS} rounds",
+@scenario("straggler-timing", summary="one rank's replay compute is 1.5-3x slower from step "
+          f"{STRAGGLER_ROUND} on; the product's pipeline reports it device-slow within {CONFIRM_ROUNDS} checks",
           min_ranks=3, min_rounds=STRAGGLER_ROUND + CONFIRM_ROUNDS - 1)
 def straggler_timing(params: ScenarioParams) -> ScenarioOutcome:
     return _timing_scenario(params, "straggler-timing", faulty_rank(params, "straggler-timing"),
@@ -257,31 +174,22 @@ def straggler_timing(params: ScenarioParams) -> ScenarioOutcome:
 
 
 def straggler_confirmation_round(params: ScenarioParams, factor: float) -> tuple[int, int | None]:
-    """The straggler-timing scenario with a chosen slowdown ``factor`` (bench/evaluate.py: the
-    checks the sequential test needs at 1.2x, 1.5x, 2x): the straggler's rank and the first round
-    at which every member of its group had confirmed it (None if that never happened within
-    ``params.rounds``). The straggler is slow from round ``STRAGGLER_ROUND`` on."""
+    """The straggler-timing job with a chosen slowdown ``factor`` (bench/evaluate.py: the checks
+    the sequential test needs at 1.2x, 1.5x, 2x): the straggler's rank and the step of the first
+    report confirming it device-slow (None if none came within ``params.rounds`` steps). The
+    straggler is slow from step ``STRAGGLER_ROUND`` on, and every step is a check."""
     if not factor >= 1.0:
         raise ValueError(f"factor must be >= 1.0 (a slowdown), got {factor!r}")
     straggler = faulty_rank(params, "straggler-timing")
-    outcome = _timing_scenario(params, "straggler-timing", straggler, factor)
-    group = next(g for g in replica_groups(params.ranks, params.group_size) if straggler in g.ranks)
-    # The rows say who was confirmed in a round, not by whom: each member's own votes do.
-    confirmed: set[int] = set()
-    records = outcome.result.outcomes
-    for round_id in range(1, params.rounds + 1):
-        for rank in group.ranks:
-            program = records.get((rank, "main"))
-            votes = program.value if program is not None else None
-            if votes and len(votes) >= round_id and straggler in votes[round_id - 1].confirmed:
-                confirmed.add(rank)
-        if confirmed == set(group.ranks):
-            return straggler, round_id
-    return straggler, None
+    run, _log = _job(params, "straggler-timing", Faults(straggler_rank=straggler, straggler_step=STRAGGLER_ROUND,
+                                                        straggler_factor=factor))
+    steps = [r["step"] for r in run.records if r["kind"] == ReportKind.STRAGGLER and r["ranks"] == [straggler]
+             and r["evidence"].get("change") == "confirmed" and r["reason"] == "device-slow"]
+    return straggler, min(steps, default=None)
 
 
 @scenario("straggler-healthy", summary=f"every rank's replay compute has {JITTER:.0%} jitter and no straggler: "
-          "no timing vote names anyone, nobody is confirmed", min_ranks=2)
+          "the product's pipeline reports nobody", min_ranks=2)
 def straggler_healthy(params: ScenarioParams) -> ScenarioOutcome:
     return _timing_scenario(params, "straggler-healthy", None, 1.0)
 

@@ -87,10 +87,11 @@ BYTES_PER_RANK: dict[str, int] = {
     "observer-trainer-dead": 14 * 2**10,
     "observer-observer-dead": 14 * 2**10,  # measured 11.0
     "observer-partition": 14 * 2**10,  # measured 11.2
-    # the campaign's voting scenarios (scout/scenarios/localization.py), measured 9.3 and 11.1
-    "sdc-in-evidence": 12 * 2**10,
-    "straggler-timing": 14 * 2**10,
-    "straggler-healthy": 14 * 2**10,
+    # the campaign's product-path scenarios (scout/scenarios/replay_job.py: a pipeline, a replay
+    # check and its straggler tests per rank), measured 51-57 between 128 and 1,024 ranks
+    "sdc-in-evidence": 64 * 2**10,
+    "straggler-timing": 64 * 2**10,
+    "straggler-healthy": 64 * 2**10,
     # measured 28.5: forty steps of polling leave the most trace per rank
     "observer-healthy": 36 * 2**10,
     # measured 74

@@ -84,6 +84,26 @@ def test_ATTACH_sdc_on_rank_1_restarts_once_from_a_verified_checkpoint_before_it
     assert "step 100 loss" in run.stdout, "the restarted job finishes"
 
 
+def test_COMPLETION_3_ddp_with_a_buffer_at_default_settings_a_rank_asleep_before_its_forward_is_named(
+    tmp_path: Path,
+) -> None:
+    """The example's causal mask is a registered buffer, so DDP (broadcast_buffers=True, its
+    default) broadcasts it from C++ before every forward: the healthy ranks are let through the
+    broadcast tree at different times and wait in the broadcast or in the bucket all-reduce
+    after it, with different host coordinates. The sleeper never enqueued the broadcast its
+    peers enqueued (INSTR-1: ``_broadcast_coalesced`` is wrapped; INSTR-11: tracked)."""
+    run, records, _ = torchrun(tmp_path, steps=24, fault=f"hang-before-forward:1:20:{THRESHOLD_S + 5}",
+                               stall_threshold_s=THRESHOLD_S, recheck_interval_s=2.0)
+    assert run.returncode == 0, run.stderr[-3000:]
+    (hang,) = _faults(records)
+    assert (hang["kind"], hang["ranks"], hang["reason"], hang["step"]) == ("hang", [1], "behind-majority", 20), hang
+    assert hang["evidence"]["basis"] == "completion" and hang["reporter_rank"] != 1
+    sleeper = next(p for p in hang["evidence"]["peers"] if p["rank"] == 1)
+    assert sleeper["completion"]["enqueued"] < hang["evidence"]["blocking_collective"]
+    latency_s = _time(hang) - _struck_at(run)
+    assert THRESHOLD_S - 0.1 <= latency_s <= THRESHOLD_S + 1.0, latency_s
+
+
 @pytest.mark.parametrize(("fault", "rank"), [("hang-before-backward", 2), ("hang-in-backward", 0)])
 def test_ATTACH_a_rank_asleep_inside_a_step_is_reported_as_hang_naming_it(tmp_path: Path, fault: str, rank: int) -> None:
     """INSTR-8: the peers that wait inside backward for the sleeper show the bucket all-reduce its

@@ -1,4 +1,4 @@
-"""INSTR-9: scout's DDP hook averages each bucket with one ReduceOp.AVG all-reduce, and the
+"""INSTR-15: scout's DDP hook averages each bucket with one ReduceOp.AVG all-reduce, and the
 gradients are DDP's own (bitwise, on two ranks); two real gloo ranks under torchrun."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ JOB = Path(__file__).resolve().with_name("ddp_hook_job.py")
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_INSTR_9_the_hook_averages_with_one_avg_all_reduce_and_matches_ddp() -> None:
+def test_INSTR_15_the_ddp_hook_averages_with_one_avg_all_reduce_and_matches_ddp() -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     completed = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone", str(JOB),

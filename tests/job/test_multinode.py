@@ -61,11 +61,18 @@ def _hangs(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in records if r["source"] == "observer"]
 
 
-@pytest.mark.parametrize(("rank", "share_store"), [(3, True), (1, False)])
-def test_CLUSTER_a_hang_on_either_node_is_named(tmp_path: Path, rank: int, share_store: bool) -> None:
-    records = two_nodes(tmp_path, f"hang-before-backward:{rank}:20:{THRESHOLD_S + 5}", share_store=share_store)
+@pytest.mark.parametrize(("rank", "share_store", "fault"),
+                         [(3, True, "hang-before-backward"), (1, False, "hang-before-forward")])
+def test_CLUSTER_COMPLETION_3_a_hang_on_either_node_is_named(tmp_path: Path, rank: int, share_store: bool,
+                                                             fault: str) -> None:
+    """Before backward: the peers wait in the bucket all-reduces. Before the forward: DDP's
+    default buffer broadcast (the example's causal mask is a buffer) lets the healthy ranks
+    through at different times, and the sleeper never enqueued it (spec/observer.md
+    COMPLETION-3) -- named across the two nodes all the same."""
+    records = two_nodes(tmp_path, f"{fault}:{rank}:20:{THRESHOLD_S + 5}", share_store=share_store)
     (hang,) = _hangs(records)
     assert (hang["kind"], hang["ranks"], hang["step"]) == ("hang", [rank], 20), hang
+    assert hang["evidence"]["basis"] == "completion"
 
 
 def test_CLUSTER_rank_0_frozen_with_sigstop_is_named(tmp_path: Path) -> None:

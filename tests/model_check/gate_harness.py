@@ -27,12 +27,12 @@ the stored representative), and traces are real event sequences.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import attrs
 
-from scout.core.machine import Firing, Property
+from scout.core.machine import Firing, Machine, Property
 from scout.gate.machine import GateMachineState, restorable
 from scout.gate.model import (
     RESTORABLE,
@@ -41,6 +41,7 @@ from scout.gate.model import (
     CycleBoundary,
     CycleRecord,
     GateConfig,
+    GateContext,
     GateReport,
     GateReportKind,
     GateState,
@@ -53,7 +54,7 @@ from scout.gate.model import (
     Trust,
     TrustChange,
 )
-from scout.gate.step import GateSystem, initial_state
+from scout.gate.step import check_event, gate_machine, initial_state
 
 VerdictVector = tuple[GroupVerdict, ...]
 
@@ -344,6 +345,21 @@ class Canonical:
     def __repr__(self) -> str:
         gate, _referee = self.raw
         return f"{gate.control} {gate.context!r}"
+
+
+class GateSystem:
+    """The gate as the explorer sees it: validation plus the table's step, so model checking
+    also proves that no event the environment offers is refused."""
+
+    def __init__(self, machine: Machine[GateContext] | None = None, extra: Sequence[Property] = ()) -> None:
+        # ``machine``: the same table bound to other functions (tests plant bugs this way).
+        self.machine = machine if machine is not None else gate_machine()
+        self.properties: tuple[Property, ...] = (*self.machine.properties, *extra)
+        self.labels: tuple[str, ...] = self.machine.labels
+
+    def fire(self, state: GateMachineState, event: Any) -> Firing[GateMachineState]:
+        check_event(state, event)
+        return self.machine.fire(state, event)
 
 
 class CheckedGate:

@@ -32,11 +32,12 @@ from scout.gate.model import (
     ResultClass,
     TrustChange,
 )
-from scout.gate.step import GateSystem, gate_machine
+from scout.gate.step import gate_machine
 from tests.model_check.gate_harness import (
     REASON_CHECKS,
     SEVERAL_CHECKPOINTS_WITNESSES,
     CheckedGate,
+    GateSystem,
     checked_environment,
     class_vectors,
     every_vector,

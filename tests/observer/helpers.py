@@ -53,6 +53,40 @@ def churn_publisher(identity: RecordIdentity, duration_s: float, conn: Connectio
     publisher.close()
 
 
+def churn_both_sections(identity: RecordIdentity, duration_s: float, conn: Connection) -> None:
+    """PROGRESS-8: the training thread churns the payload while a second thread (the watcher's
+    stand-in) churns the completion section, each keeping its fields in a fixed relation."""
+    processes.die_with_parent()  # killed with its parent, whatever state it is in
+    publisher = ProgressPublisher(identity)
+    writer = publisher.completion_writer()
+    conn.send((publisher.name, publisher.token))
+    deadline = time.monotonic() + min(duration_s, CHILD_LIFETIME_MAX_S)
+    counts = [0, 0]
+
+    def completions() -> None:
+        n = 0
+        while time.monotonic() < deadline:
+            n += 1
+            writer.publish(7, n + 1, n, fingerprint_of(n + 1), 2, n * 1000, fingerprint_of(n))
+        counts[1] = n
+
+    import threading
+
+    thread = threading.Thread(target=completions)
+    thread.start()
+    while time.monotonic() < deadline:
+        counts[0] += 1
+        publisher.begin_step(counts[0])
+        publisher.enter_collective(fingerprint_of(counts[0]))
+        publisher.exit_collective()
+    thread.join(CHILD_LIFETIME_MAX_S)
+    conn.send(tuple(counts))
+    if conn.poll(CHILD_LIFETIME_MAX_S):
+        conn.recv()
+    writer.release()
+    publisher.close()
+
+
 def hold_reader(name: str, token: bytes, conn: Connection) -> None:
     """Attach as the record's observer and stay attached until told to go (or killed)."""
     processes.die_with_parent()  # killed with its parent, whatever state it is in

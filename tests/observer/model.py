@@ -11,7 +11,12 @@ Two of them, both :class:`~scout.core.machine.Explorable`:
   connected by a network that delivers in order, and may lose or delay up to a budget of
   messages. Checks the table's ``always`` invariants for every observer in every state, plus
   the group properties (OBS-40..): reports are correct, one per stuck position in the group,
-  never from an attributed or dead observer.
+  never from an attributed or dead observer. Under NCCL semantics (``DEVICE_BEHAVIOURS``) the
+  trainers also publish completion coordinates (COMPLETION-1..8): waiting in the blocking
+  collective b with the device started, past b, b enqueued but never started (a GPU-side hang),
+  b never enqueued (by the host, or by another thread while the host waits at the sync point),
+  b with another fingerprint; and OBS-46/47 check the reports against which trainers are really
+  faulty, independently of the rule that made them.
 
 Time is discrete: a Tick advances the clock by one second. Within one second the network
 delivers in FIFO order; a delivery only touches its receiver, and everything a receiver does
@@ -34,6 +39,7 @@ from scout.core.machine import Firing, Machine, MachineState, Property, load_mac
 from scout.core.observer import (
     Answer,
     Attached,
+    Completion,
     Decision,
     EmitReport,
     Evidence,
@@ -43,6 +49,7 @@ from scout.core.observer import (
     ObserverConfig,
     ObserverContext,
     ObserverState,
+    PendingState,
     Progress,
     ProgressSeen,
     RoundId,
@@ -65,6 +72,7 @@ OBSERVER: Machine[ObserverContext] = load_machine(SPEC_PATH)
 
 F = 0xF00D
 F_PRIME = 0xBEEF
+G = 0x600D  # the collective after b
 
 # Small numbers so that a few seconds cover two rounds and a confirmation.
 MODEL_CONFIG = dict(
@@ -133,6 +141,11 @@ class Budget:
     stale: int = 0
 
 
+def _tracked(progress: Progress, idle_s: float = 2.0) -> Evidence:
+    return Evidence(progress.step, progress.op, progress.fingerprint, progress.stage, idle_s, progress.completion,
+                    idle_s)
+
+
 class LoneObserver:
     """One observer whose world can deliver anything a driver can, bounded by a budget: the
     trainer may progress, exit or freeze; peers answer rounds with any evidence from ``menu``
@@ -153,6 +166,9 @@ class LoneObserver:
         self.config = attrs.evolve(model_config(position, group_size), round_deadline_s=1.5)
         self.horizon_s = horizon_s
         self.menu = tuple(menu)
+        # With completion evidence in the menu, the observer's own trainer tracks completion too.
+        self.own = _STUCK_AT[Behaviour.DEVICE_WAITING] if any(
+            e is not None and e.completion is not None for e in self.menu) else Progress(1, 3, F, Stage.COLLECTIVE)
         self.budget = budget
         wanted = set(sometimes)
         self.properties = [
@@ -208,7 +224,7 @@ class LoneObserver:
         if control == "JOINING":
             return events + [Joined(now), JoinFailed(now, "peer 2 unreachable")]
         if control == "ATTACHING":
-            events.append(Attached(now, Progress(1, 3, F, Stage.COLLECTIVE)))
+            events.append(Attached(now, self.own))
         if control in ("WATCHING", "ROUND", "HOLDING") and state.progress_left:
             events.append(ProgressSeen(now, Progress(1, 4, 0, Stage.COMPUTE)))
         if state.requests_left:
@@ -225,6 +241,11 @@ class LoneObserver:
         return events
 
 
+#: Peers' answers under NCCL semantics: waiting in b with the device started, past b, b only
+#: enqueued (GPU-side hang), b never enqueued, b with another fingerprint, no answer.
+DEVICE_EVIDENCE: tuple[Evidence | None, ...] = None  # type: ignore[assignment]  # set below, after _STUCK_AT
+
+
 # --------------------------------------------------------------------------------------------
 # A group of observers over a lossy network
 # --------------------------------------------------------------------------------------------
@@ -239,6 +260,25 @@ class Behaviour(enum.Enum):
     IN_F_PRIME = "stuck inside collective k, fingerprint F'"
     FROZEN = "frozen (SIGSTOP) mid-step"
     DEAD = "dead at t=1"
+    # Under NCCL semantics, with completion tracking (COMPLETION-1..8). The blocking collective
+    # b is number 5 of the tracked group; the host's sync point is op 3 of step 1.
+    DEVICE_PROGRESSING = "progressing, collectives completing"
+    DEVICE_WAITING = "host at the sync point; b enqueued and started, waiting for a peer"
+    DEVICE_PAST = "completed b (a broadcast let it through), waiting in b + 1"
+    GPU_HANG = "host at the sync point; b enqueued, its stream never reaches it"
+    HOST_LATE = "host asleep before enqueueing b"
+    THREAD_LATE = "host at the sync point; the thread that issues b never does"
+    DEVICE_OTHER = "host at the sync point; b enqueued and started with fingerprint F'"
+    DEVICE_FROZEN = "stopped (SIGSTOP) before b: its watcher stopped too, its completion reads absent"
+
+
+SOURCE = 0x5C0
+_B = 5
+
+
+def _completion(enqueued: int, completed: int, fp: int = 0, state: PendingState = PendingState.NONE,
+                done_fp: int = 0) -> Completion:
+    return Completion(SOURCE, enqueued, completed, fp, state, done_fp)
 
 
 # Where each stuck behaviour stops. Collective k is op 3 of step 1; "before" is op 2.
@@ -248,13 +288,35 @@ _STUCK_AT = {
     Behaviour.IN_F_PRIME: Progress(1, 3, F_PRIME, Stage.COLLECTIVE),
     Behaviour.FROZEN: Progress(1, 1, 0, Stage.COMPUTE),
     Behaviour.DEAD: Progress(1, 1, 0, Stage.COMPUTE),
+    Behaviour.DEVICE_WAITING: Progress(1, 3, 0, Stage.COMPUTE, _completion(_B, _B - 1, F, PendingState.STARTED)),
+    Behaviour.DEVICE_PAST: Progress(1, 4, 0, Stage.COMPUTE, _completion(_B + 1, _B, G, PendingState.STARTED, F)),
+    Behaviour.GPU_HANG: Progress(1, 3, 0, Stage.COMPUTE, _completion(_B, _B - 1, F, PendingState.ENQUEUED)),
+    Behaviour.HOST_LATE: Progress(1, 2, 0, Stage.COMPUTE, _completion(_B - 1, _B - 1)),
+    Behaviour.THREAD_LATE: Progress(1, 3, 0, Stage.COMPUTE, _completion(_B - 1, _B - 1)),
+    Behaviour.DEVICE_OTHER: Progress(1, 3, 0, Stage.COMPUTE, _completion(_B, _B - 1, F_PRIME, PendingState.STARTED)),
+    Behaviour.DEVICE_FROZEN: Progress(1, 2, 0, Stage.COMPUTE),  # PROGRESS-10: a stale section reads absent
 }
 DEATH_S = 1
+DEVICE_EVIDENCE = (
+    _tracked(_STUCK_AT[Behaviour.DEVICE_WAITING]), _tracked(_STUCK_AT[Behaviour.DEVICE_PAST]),
+    _tracked(_STUCK_AT[Behaviour.GPU_HANG]), _tracked(_STUCK_AT[Behaviour.THREAD_LATE]),
+    _tracked(_STUCK_AT[Behaviour.DEVICE_OTHER]), None,
+)
+
+#: Trainers that do nothing wrong: they progress, or they wait for a peer. OBS-46 and OBS-47
+#: judge reports against this, not against the assessment rule.
+HEALTHY = frozenset({Behaviour.PROGRESSING, Behaviour.IN_F, Behaviour.DEVICE_PROGRESSING, Behaviour.DEVICE_WAITING,
+                     Behaviour.DEVICE_PAST})
+_PROGRESSING = frozenset({Behaviour.PROGRESSING, Behaviour.DEVICE_PROGRESSING})
 
 
 def trainer_progress(behaviour: Behaviour, now: int) -> Progress:
     if behaviour is Behaviour.PROGRESSING:
         return Progress(1, 10 + now, 0, Stage.COMPUTE)
+    if behaviour is Behaviour.DEVICE_PROGRESSING:
+        return Progress(1, 10 + now, 0, Stage.COMPUTE, _completion(_B + now, _B + now - 1, F, PendingState.STARTED))
+    if behaviour is Behaviour.DEAD:
+        return _STUCK_AT[behaviour]
     return _STUCK_AT[behaviour]
 
 
@@ -399,7 +461,7 @@ class ObserverGroup:
                 if behaviour is Behaviour.DEAD and now >= DEATH_S:
                     step(position, TrainerExit(float(now), clean=False))
                     continue
-                if behaviour is Behaviour.PROGRESSING:
+                if behaviour in _PROGRESSING:
                     step(position, ProgressSeen(float(now), trainer_progress(behaviour, now)))
                 step(position, Tick(float(now)))
         nxt = GroupState(tuple(observers), now, tuple(network), tuple(delayed), faults_left, tuple(reports),
@@ -414,12 +476,12 @@ class ObserverGroup:
         for behaviour in self.behaviours:
             if behaviour is Behaviour.DEAD:
                 evidence.append(None)
-            elif behaviour is Behaviour.PROGRESSING:
+            elif behaviour in _PROGRESSING:
                 p = trainer_progress(behaviour, 0)
-                evidence.append(Evidence(p.step, p.op, p.fingerprint, p.stage, 0.0))
+                evidence.append(Evidence(p.step, p.op, p.fingerprint, p.stage, 0.0, p.completion))
             else:
                 p = _STUCK_AT[behaviour]
-                evidence.append(Evidence(p.step, p.op, p.fingerprint, p.stage, 9.0))
+                evidence.append(Evidence(p.step, p.op, p.fingerprint, p.stage, 9.0, p.completion))
         return evidence
 
     def expected_report(self) -> Finding | None:
@@ -501,7 +563,30 @@ def group_properties(group: ObserverGroup) -> list[Property]:
             return True
         return any(matches(r) for _, r in state.reports)
 
+    healthy = [behaviour in HEALTHY for behaviour in group.behaviours]
+    healthy_majority = 2 * sum(healthy) > group.size
+
+    def no_innocent_named(state: GroupState) -> bool:
+        if not healthy_majority:
+            return True
+        return all(not healthy[p] for _, r in state.reports for p in r.attributed)
+
+    def a_culprit_named_by_the_horizon(state: GroupState) -> bool:
+        stuck = not any(b in _PROGRESSING for b in group.behaviours)
+        culprits = [p for p, b in enumerate(group.behaviours) if not healthy[p] and b is not Behaviour.DEAD]
+        if (not healthy_majority or not stuck or not culprits or state.faulty or state.now < group.horizon_s
+                or state.network):
+            return True
+        return any(r.attributed and set(r.attributed) <= set(culprits) for _, r in state.reports)
+
     return [
+        Property.always("OBS-46", "Whenever a strict majority of the trainers is healthy (progressing, or waiting "
+                        "for a peer: in the collective, or with the device started in or past the blocking "
+                        "collective), no report attributes a healthy rank -- judged by what the trainers did, not "
+                        "by the assessment rule.", no_innocent_named),
+        Property.always("OBS-47", "Without loss or delay, when a strict majority of the trainers is healthy, none "
+                        "progresses, and a live trainer is faulty, a report by the horizon attributes faulty ranks "
+                        "only, at least one.", a_culprit_named_by_the_horizon),
         Property.always("OBS-45", "Without loss or delay, the true finding is reported by the horizon "
                         "(two rounds and a confirmation).", reported_by_the_horizon_without_faults),
         Property.always("OBS-40", "Every report names what the trainers really did (outcome, attributed, "
@@ -518,8 +603,18 @@ def group_properties(group: ObserverGroup) -> list[Property]:
     ]
 
 
-ALL_BEHAVIOURS = tuple(Behaviour)
+#: Host progress only (gloo before completion tracking, MPI): the first six behaviours.
+ALL_BEHAVIOURS = (Behaviour.PROGRESSING, Behaviour.BEFORE_K, Behaviour.IN_F, Behaviour.IN_F_PRIME, Behaviour.FROZEN,
+                  Behaviour.DEAD)
+#: NCCL semantics with completion tracking: every trainer publishes a completion coordinate.
+DEVICE_BEHAVIOURS = (Behaviour.DEVICE_PROGRESSING, Behaviour.DEVICE_WAITING, Behaviour.DEVICE_PAST,
+                     Behaviour.GPU_HANG, Behaviour.HOST_LATE, Behaviour.THREAD_LATE, Behaviour.DEVICE_OTHER,
+                     Behaviour.DEAD)
 
 
 def every_mix(size: int) -> Iterable[tuple[Behaviour, ...]]:
     return itertools.product(ALL_BEHAVIOURS, repeat=size)
+
+
+def every_device_mix(size: int) -> Iterable[tuple[Behaviour, ...]]:
+    return itertools.product(DEVICE_BEHAVIOURS, repeat=size)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import threading
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -75,11 +76,21 @@ POSITIONS = {
 
 
 def test_INSTR_1_argument_positions_match_the_installed_torch() -> None:
-    assert set(POSITIONS) == set(inst.COLLECTIVES)
+    assert set(POSITIONS) | {"_broadcast_coalesced"} == set(inst.COLLECTIVES)
     for op, positions in POSITIONS.items():
         parameters = list(inspect.signature(getattr(dist, op)).parameters)
         for index, name in positions:
             assert parameters[index] == name, f"torch.distributed.{op} parameter {index} is {parameters[index]!r}"
+    # INSTR-11: the group argument of every tracked collective, and its async_op flag after it.
+    for op, (index, name) in inst.GROUP_ARGUMENT.items():
+        if op == "_broadcast_coalesced":
+            continue  # a C++ binding without introspectable parameters; checked below
+        parameters = list(inspect.signature(getattr(dist, op)).parameters)
+        assert parameters[index] == name and parameters[index + 1] == "async_op", (op, parameters)
+    doc = dist._broadcast_coalesced.__doc__ or ""
+    assert doc.startswith("_broadcast_coalesced(process_group: "), doc[:120]
+    assert [
+        part.split(":")[0].strip() for part in doc.split("(", 1)[1].split(")", 1)[0].split(", ")] == ["process_group", "tensors", "buffer_size", "src"]
 
 
 def test_INSTR_1_collectives_publish_entry_exit_and_the_fingerprint(
@@ -279,3 +290,32 @@ def test_INSTR_7_the_record_shows_the_collective_a_rank_is_blocked_in(tmp_path: 
                 reader.close()
     assert done == {rank: ((16.0, True),) for rank in range(4)}
     assert [p.exitcode for p in processes] == [0, 0, 0, 0]
+
+
+def test_INSTR_9_10_11_the_default_group_is_tracked_from_any_thread_with_ddps_buffer_broadcast(
+    world_of_one: None, published: tuple[ProgressPublisher, ProgressReader]
+) -> None:
+    """On gloo the source is markers (INSTR-10); a collective from another thread counts for
+    completion but publishes no host coordinate (INSTR-9); DDP's buffer broadcast is wrapped and
+    tracked (INSTR-1, INSTR-11); a call on another group is not tracked."""
+    publisher, reader = published
+    tracking = inst._ACTIVE.tracking  # type: ignore[union-attr]
+    assert tracking is not None and tracking.source_name == "markers" and tracking.tracker is not None
+    inst.mark_step(1)
+    dist.all_reduce(torch.ones(4))
+    thread = threading.Thread(target=lambda: dist.all_reduce(torch.ones(4)))
+    thread.start()
+    thread.join(30)
+    dist._broadcast_coalesced(dist.group.WORLD, [torch.ones(3)], 1 << 20, 0)
+    other = dist.new_group([0], backend="gloo")
+    dist.all_reduce(torch.ones(2), group=other)
+    work = dist.all_reduce(torch.ones(2), async_op=True)
+    work.wait()
+    assert tracking.tracker.coordinate()[:2] == (4, 4)
+    tracking.watcher.poll_once()
+    snapshot = reader.read()
+    assert snapshot is not None and snapshot.completion is not None
+    assert (snapshot.completion.enqueued, snapshot.completion.completed) == (4, 4)
+    assert snapshot.collectives_entered == 4  # main thread: all_reduce, broadcast, other group, async
+    inst.uninstrument()
+    assert inst._ACTIVE is None and not tracking.watcher._thread.is_alive()

@@ -30,11 +30,13 @@ STATES_MAX = 2_000_000
 
 ANSWERS_AND_VERDICTS = ("OBS-20", "OBS-21", "OBS-22", "OBS-23", "OBS-24", "OBS-25", "OBS-26", "OBS-28")
 INTERFERENCE = ("OBS-27", "OBS-29", "OBS-30")
+COMPLETION = ("OBS-22", "OBS-23", "OBS-24", "OBS-31")
 
 
 def test_OBS_table_conforms_and_its_document_is_current(tmp_path: Path) -> None:
     assert conformance_problems(OBSERVER) == []
-    assert {p.id for p in OBSERVER.properties if p.kind == "sometimes"} == {*ANSWERS_AND_VERDICTS, *INTERFERENCE}
+    assert {p.id for p in OBSERVER.properties if p.kind == "sometimes"} == {*ANSWERS_AND_VERDICTS, *INTERFERENCE,
+                                                                            *COMPLETION}
     # Only this machine's document: copy it aside so other machines' documents do not matter here.
     for name in ("observer.toml", "observer.md"):
         shutil.copy(REPO / "spec" / name, tmp_path / name)
@@ -57,9 +59,12 @@ LONE_INTERFERENCE = dict(
 )
 
 
+LONE_COMPLETION = dict(horizon_s=6, menu=m.DEVICE_EVIDENCE, budget=Budget(progress=1), sometimes=COMPLETION)
+
+
 @functools.cache
 def lone_result(world: str) -> ExplorationResult[m.LoneState, object]:
-    kwargs = LONE_ANSWERS if world == "answers" else LONE_INTERFERENCE
+    kwargs = {"answers": LONE_ANSWERS, "interference": LONE_INTERFERENCE, "completion": LONE_COMPLETION}[world]
     return run_lone(LoneObserver(1, 3, **kwargs))  # type: ignore[arg-type]
 
 
@@ -74,6 +79,15 @@ def test_OBS_1_to_10_hold_for_one_observer_whatever_its_peers_answer() -> None:
 def test_OBS_1_to_10_hold_while_peers_ask_delegate_and_answer_late() -> None:
     result = lone_result("interference")
     assert set(result.witnesses) == set(INTERFERENCE)
+
+
+def test_OBS_31_and_COMPLETION_1_to_5_hold_for_one_observer_whose_peers_answer_with_completion() -> None:
+    """Peers answer with completion evidence (waiting in b, past b, b never started, b never
+    enqueued while the host waits at the sync point, b with another fingerprint) or never: every
+    invariant holds, and ranks are named behind (not enqueued, not started), desync and group
+    stall by completion."""
+    result = lone_result("completion")
+    assert set(result.witnesses) == set(COMPLETION)
 
 
 def test_OBS_every_row_of_the_table_fires_in_the_explored_worlds() -> None:
@@ -152,6 +166,61 @@ def test_OBS_40_to_45_every_mix_of_4_and_5_observers_slow(size: int) -> None:
     assert len(states) == 6**size
 
 
+# Under NCCL semantics: every trainer publishes a completion coordinate (COMPLETION-1..8).
+NAMED_DEVICE_MIXES = [
+    (B.GPU_HANG, B.DEVICE_WAITING, B.DEVICE_WAITING, B.DEVICE_WAITING),  # rank 0's stream never reaches b
+    (B.DEVICE_WAITING, B.DEVICE_WAITING, B.GPU_HANG, B.DEVICE_WAITING),  # a middle rank
+    (B.DEVICE_WAITING, B.DEVICE_WAITING, B.DEVICE_WAITING, B.GPU_HANG),  # the last rank
+    (B.DEVICE_WAITING, B.HOST_LATE, B.DEVICE_WAITING, B.DEVICE_WAITING),  # host asleep before enqueue
+    (B.DEVICE_WAITING, B.DEVICE_WAITING, B.THREAD_LATE, B.DEVICE_WAITING),  # backward thread never issues b
+    (B.DEVICE_WAITING, B.DEVICE_OTHER, B.DEVICE_WAITING, B.DEVICE_WAITING),  # mismatched pending fingerprints
+    (B.DEVICE_WAITING,) * 4,  # stuck collective everyone started: group stall
+    (B.DEVICE_PROGRESSING,) * 4,  # healthy
+    (B.DEVICE_PAST, B.DEVICE_WAITING, B.HOST_LATE, B.DEVICE_PAST),  # DDP's buffer broadcast, one rank asleep
+    (B.DEVICE_PAST, B.DEVICE_WAITING, B.DEVICE_OTHER),  # a broadcast let rank 0 through; rank 2 differs
+    (B.DEAD, B.DEVICE_WAITING, B.DEVICE_WAITING, B.GPU_HANG, B.DEVICE_WAITING),
+    (B.HOST_LATE, B.HOST_LATE, B.DEVICE_WAITING),  # the majority never enqueued b: rank 2 is not named
+    (B.DEVICE_WAITING, B.DEVICE_FROZEN, B.DEVICE_WAITING, B.DEVICE_WAITING),  # PROGRESS-10: host rules
+]
+
+
+def expected_device(mix: tuple[Behaviour, ...]) -> tuple[str, tuple[int, ...]] | None:
+    found = ObserverGroup(mix, horizon_s=GROUP_HORIZON_S).expected_report()
+    return None if found is None else (found[0].value, found[1])
+
+
+def test_COMPLETION_3_to_7_the_named_device_mixes_are_judged_as_the_spec_says() -> None:
+    """The findings the explorer then checks are delivered: COMPLETION-5 (GPU-side hang on rank 0,
+    a middle rank, the last), COMPLETION-3 (host late; another thread late while the host waits
+    at the sync point; DDP's buffer broadcast), COMPLETION-4 (mismatched pending fingerprints,
+    also when a broadcast let a rank past b), COMPLETION-7 (everyone started b), COMPLETION-8
+    (the rank that enqueued b while the majority did not is never named)."""
+    found = [expected_device(mix) for mix in NAMED_DEVICE_MIXES]
+    assert found == [
+        ("behind", (0,)), ("behind", (2,)), ("behind", (3,)), ("behind", (1,)), ("behind", (2,)),
+        ("desync", (1,)), ("group_stall", ()), None, ("behind", (2,)), ("desync", (2,)), ("behind", (3,)),
+        ("inconclusive", ()), ("behind", (1,)),
+    ]
+
+
+def test_OBS_46_47_and_COMPLETION_1_to_8_named_and_sampled_device_mixes_with_a_lost_or_delayed_message() -> None:
+    """OBS-40..47 over the named device mixes and a seeded sample of 3 and 4 observers (every
+    mix of 3 and 4 runs under ``-m slow``): reports match the trainers' truth through loss, and
+    no healthy rank is ever named."""
+    sample = (random.Random(3).sample(list(m.every_device_mix(3)), 24)
+              + random.Random(4).sample(list(m.every_device_mix(4)), 6))
+    states = check_mixes(NAMED_DEVICE_MIXES + sample)
+    assert len(states) == len(NAMED_DEVICE_MIXES) + 30
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(7200)
+@pytest.mark.parametrize("size", [3, 4])
+def test_OBS_46_47_every_device_mix_of_3_and_4_observers_slow(size: int) -> None:
+    states = check_mixes(list(m.every_device_mix(size)))
+    assert len(states) == len(m.DEVICE_BEHAVIOURS) ** size
+
+
 def final_reports(mix: tuple[Behaviour, ...], *, order: random.Random | None = None) -> tuple[object, ...]:
     """Run one fault-free execution to the horizon, delivering each second's messages in FIFO
     order or, with ``order``, in a random order. Returns what the group reported."""
@@ -224,6 +293,21 @@ def test_OBS_model_behaviours_cover_every_outcome() -> None:
 def test_OBS_1_to_45_hold_on_long_random_runs(mix: tuple[Behaviour, ...], choices: list[int]) -> None:
     """Beyond the explorer's horizon: 20 seconds (ten rounds and rechecks), 3 to 6 observers,
     one lost or delayed message anywhere. Every property is checked after every event."""
+    long_random_run(mix, choices)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    mix=st.lists(st.sampled_from(m.DEVICE_BEHAVIOURS), min_size=3, max_size=6).map(tuple),
+    choices=st.lists(st.integers(0, 10_000), min_size=50, max_size=400),
+)
+def test_OBS_46_47_and_COMPLETION_1_to_8_hold_on_long_random_runs_under_nccl_semantics(
+    mix: tuple[Behaviour, ...], choices: list[int]
+) -> None:
+    long_random_run(mix, choices)
+
+
+def long_random_run(mix: tuple[Behaviour, ...], choices: list[int]) -> None:
     group = ObserverGroup(mix, horizon_s=20, faults_max=1)
     state_properties = [p for p in group.properties if p.scope == "state"]
     step_properties = [p for p in group.properties if p.scope == "step"]

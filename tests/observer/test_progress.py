@@ -267,3 +267,111 @@ def test_PROGRESS_7_a_zombie_is_dead() -> None:
         time.sleep(0.01)
     assert process_start_ticks(process.pid) is None
     process.join(WAIT_S)
+
+
+def test_PROGRESS_8_two_sections_two_writers_no_torn_read_of_either(children: list[Child]) -> None:
+    child = start(children, helpers.churn_both_sections, unique_identity(), 1.5)
+    name, token = child.recv()
+    completions = 0
+    with ProgressReader(name, token) as reader:
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            snapshot = reader.read()
+            if snapshot is None:
+                continue
+            step, op = snapshot.coordinate
+            expected = {0: (0, max(0, step - 1)), 1: (helpers.fingerprint_of(step), step), 2: (0, step)}[op]
+            assert (snapshot.fingerprint, snapshot.collectives_entered) == expected, snapshot
+            section = snapshot.completion
+            if section is None:
+                continue
+            completions += 1
+            n = section.completed
+            assert (section.enqueued, section.pending_fingerprint, section.completed_fingerprint,
+                    section.pending_state, section.pending_since_ns) == (
+                n + 1, helpers.fingerprint_of(n + 1), helpers.fingerprint_of(n), 2, n * 1000)
+        steps, published = child.recv()
+        child.finish()
+    assert steps > 300 and published > 300 and completions > 300, (steps, published, completions)
+
+
+def test_PROGRESS_8_one_completion_writer_a_section_never_written_or_withdrawn_reads_absent() -> None:
+    with ProgressPublisher(unique_identity()) as publisher, ProgressReader(publisher.name, publisher.token) as reader:
+        assert reader.read().completion is None  # type: ignore[union-attr]
+        writer = publisher.completion_writer()
+        with pytest.raises(progress.ProgressError, match="already has a live writer"):
+            publisher.completion_writer()
+        writer.publish(9, 4, 3, 0xF, 1, 77, 0xE)
+        section = reader.read().completion  # type: ignore[union-attr]
+        assert section is not None and (section.source, section.enqueued, section.completed) == (9, 4, 3)
+        # A writer stopped mid-publish: the reader keeps the last consistent copy, bounded.
+        (sequence,) = struct.unpack_from("<Q", publisher._segment.buf, progress._COMPLETION_SEQ_OFFSET)
+        struct.pack_into("<Q", publisher._segment.buf, progress._COMPLETION_SEQ_OFFSET, sequence + 1)
+        assert reader.read(attempts_max=50).completion == section  # type: ignore[union-attr]
+        struct.pack_into("<Q", publisher._segment.buf, progress._COMPLETION_SEQ_OFFSET, sequence)
+        writer.withdraw()
+        assert reader.read().completion is None  # type: ignore[union-attr]
+        writer.release()
+        writer.release()
+        with pytest.raises(progress.ProgressError, match="was released"):
+            writer.publish(9, 1, 1, 0, 0, 0)
+        publisher.completion_writer().release()
+
+
+def test_PROGRESS_9_the_coordinate_is_checked_and_becomes_the_observers_progress() -> None:
+    from scout.core.observer import Completion, PendingState
+
+    with ProgressPublisher(unique_identity()) as publisher, ProgressReader(publisher.name, publisher.token) as reader:
+        writer = publisher.completion_writer()
+        for bad, message in (((0, 1, 1, 0, 0, 0), "0 < source"), ((9, 1, 2, 0, 0, 0), "completed <= enqueued"),
+                             ((9, 2, 1, 0, 0, 0), "pending state 0 contradicts"),
+                             ((9, 1, 1, 0, 2, 0), "pending state 2 contradicts")):
+            with pytest.raises(ValueError, match=message):
+                writer.publish(*bad)
+        publisher.begin_step(5)
+        writer.publish(9, 4, 3, 0xF, int(PendingState.STARTED), 2_500_000_000, 0xE)
+        seen = reader.read().progress()  # type: ignore[union-attr]
+        assert seen.coordinate == (5, 0)
+        assert seen.completion == Completion(9, 4, 3, 0xF, PendingState.STARTED, 0xE)
+        assert seen.pending_since_s == 2.5
+        # A re-estimated enqueue time alone is not progress.
+        writer.publish(9, 4, 3, 0xF, int(PendingState.STARTED), 2_600_000_000, 0xE)
+        assert reader.read().progress() == seen  # type: ignore[union-attr]
+        # Values that break PROGRESS-9 read as no completion evidence (a corrupt section).
+        struct.pack_into("<Q", publisher._segment.buf, progress._COMPLETION_OFFSET + 16, 99)  # completed > enqueued
+        fields = struct.unpack_from(progress._COMPLETION.format, publisher._segment.buf, progress._COMPLETION_OFFSET)
+        struct.pack_into(progress._COMPLETION.format, publisher._segment.buf, progress._COMPLETION_OFFSET,
+                         *fields[:-1], hash(fields[:-1]) & progress._CHECKSUM_MASK)
+        assert reader.read().progress().completion is None  # type: ignore[union-attr]
+        writer.release()
+
+
+def test_PROGRESS_10_a_section_its_watcher_stopped_publishing_reads_absent_and_a_live_one_heartbeats() -> None:
+    from scout.observer import completion as comp
+
+    with ProgressPublisher(unique_identity()) as publisher, ProgressReader(publisher.name, publisher.token) as reader:
+        writer = publisher.completion_writer()
+        writer.publish(9, 4, 3, 0xF, 2, 1, 0xE)
+        section = reader.read().completion  # type: ignore[union-attr]
+        assert section is not None
+        fresh = section.publish_ns + round(progress.COMPLETION_STALE_S * 1e9)
+        assert reader.read().progress(fresh).completion is not None  # type: ignore[union-attr]
+        assert reader.read().progress(fresh + 1).completion is None  # type: ignore[union-attr]
+        writer.release()
+
+        class Still:
+            key = 9
+
+            def poll(self) -> Any:
+                from scout.core.observer import Completion, PendingState
+
+                return Completion(9, 4, 3, 0xF, PendingState.STARTED, 0xE), 1
+
+        watcher = comp.CompletionWatcher(Still(), publisher.completion_writer())
+        watcher.poll_once()
+        watcher.poll_once()
+        assert watcher.publishes == 1  # nothing new, and the heartbeat is not due
+        watcher._published_s -= progress.COMPLETION_HEARTBEAT_S
+        watcher.poll_once()
+        assert watcher.publishes == 2  # the heartbeat: the same coordinate, published again
+        watcher.stop()

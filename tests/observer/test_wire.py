@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import contextlib
 
+import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from scout.core.observer import (
+    Completion,
     Delegate,
     Evidence,
     Finding,
+    PendingState,
     Reply,
     Request,
     RoundId,
@@ -25,6 +28,7 @@ from scout.reports import record_line
 from scout.transport import codec
 
 EVIDENCE = Evidence(1, 3, 2**64 - 1, Stage.COLLECTIVE, 1.5)
+TRACKED = Evidence(1, 3, 0, Stage.COMPUTE, 2.5, Completion(7, 12, 10, 0xF00D, PendingState.STARTED), 2.25)
 REPORT = StallReport(StallKind.HANG, Finding.BEHIND, Scope.RANK, (1, 3), RoundId(2, 7), 2, 0, (1,), (), (3,),
                 (EVIDENCE, EVIDENCE, EVIDENCE, None), 1.5, "progress differs from the strict majority")
 
@@ -32,7 +36,7 @@ REPORT = StallReport(StallKind.HANG, Finding.BEHIND, Scope.RANK, (1, 3), RoundId
 @pytest.mark.parametrize(
     "message",
     [Request(RoundId(1, 2)), Reply(RoundId(1, 2), 3, EVIDENCE), Reply(RoundId(0, 1), 2, None),
-     Delegate(RoundId(2, 7), 2, REPORT)],
+     Reply(RoundId(1, 2), 3, TRACKED), Delegate(RoundId(2, 7), 2, REPORT)],
 )
 def test_OBS_wire_messages_round_trip(message: object) -> None:
     assert wire.decode_message(wire.encode_message(message), 4) == message  # type: ignore[arg-type]
@@ -46,7 +50,9 @@ def test_OBS_wire_messages_round_trip(message: object) -> None:
         (("r", 0, 1, 2, (1, 2, 3, 2, float("nan"))), "idle_s must be a finite number"),
         (("x",), "not an observer message"),
         (("q", "0", 1), "initiator must be an int"),
-        (("d", 0, 1, 2, ("hang",)), "13-tuple"),
+        (("d", 0, 1, 2, ("hang",)), "14-tuple"),
+        (("r", 0, 1, 2, (1, 2, 3, 2, 1.0, (7, 3, 5, 0, 0, 0), 0.0)), r"completed \(5\) exceeds enqueued \(3\)"),
+        (("r", 0, 1, 2, (1, 2, 3, 2, 1.0, (7, 5, 3, 9, 9, 0), 0.0)), "unknown pending state 9"),
     ],
 )
 def test_OBS_wire_hostile_messages_fail_cleanly(payload: object, message: str) -> None:
@@ -74,3 +80,19 @@ def test_OBS_wire_report_record_uses_ranks_not_positions() -> None:
 def test_OBS_wire_report_record_refuses_positions_outside_the_group() -> None:
     with pytest.raises(wire.WireError, match="do not fit a group of 3"):
         wire.report_record(REPORT, group_ranks=(10, 11, 12), job_id="j", generation=2)
+
+
+def test_OBS_wire_report_record_carries_each_peers_completion_coordinate() -> None:
+    report = StallReport(StallKind.HANG, Finding.BEHIND, Scope.RANK, (1, 3), RoundId(0, 1), 0, 0, (2,), (), (),
+                         (TRACKED, TRACKED, attrs.evolve(TRACKED, completion=Completion(7, 11, 10, 0xF00D,
+                                                                                        PendingState.ENQUEUED))),
+                         2.5, "enqueued the collective but its device never started it", 11)
+    record = wire.report_record(report, group_ranks=(0, 1, 2), job_id="j", generation=0)
+    evidence = record["evidence"]
+    assert (evidence["basis"], evidence["blocking_collective"]) == ("completion", 11)
+    assert evidence["peers"][2]["completion"] == {
+        "source": "0x0000000000000007", "enqueued": 11, "completed": 10,
+        "completed_fingerprint": "0x0000000000000000", "pending": {"sequence": 11, "fingerprint": "0x000000000000f00d", "state": "enqueued", "age_s": 2.25}}
+    assert record["reason"] == "behind-majority" and record["ranks"] == [2]
+    plain = wire.report_record(REPORT, group_ranks=(10, 11, 12, 13), job_id="j", generation=2)
+    assert (plain["evidence"]["basis"], plain["evidence"]["blocking_collective"]) == ("progress", None)

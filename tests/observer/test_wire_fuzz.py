@@ -24,9 +24,11 @@ from hypothesis import strategies as st
 
 from scout import reports
 from scout.core.observer import (
+    Completion,
     Delegate,
     Evidence,
     Finding,
+    PendingState,
     Reply,
     Request,
     RoundId,
@@ -45,13 +47,30 @@ REPORTED_FINDINGS = tuple(f for f in Finding if f is not Finding.UNSETTLED)
 
 
 @st.composite
+def completion(draw) -> Completion:
+    enqueued = draw(st.integers(min_value=0, max_value=2**40))
+    completed = draw(st.integers(min_value=0, max_value=enqueued))
+    pending = enqueued > completed
+    return Completion(
+        draw(st.integers(min_value=1, max_value=2**63 - 1)), enqueued, completed,
+        draw(st.integers(min_value=0, max_value=2**64 - 1)) if pending else 0,
+        draw(st.sampled_from(tuple(s for s in PendingState if s is not PendingState.NONE))) if pending
+        else PendingState.NONE,
+        draw(st.integers(min_value=0, max_value=2**64 - 1)),
+    )
+
+
+@st.composite
 def evidence(draw) -> Evidence:
+    tracked = draw(st.one_of(st.none(), completion()))
     return Evidence(
         draw(st.integers(min_value=-1, max_value=2**40)),
         draw(st.integers(min_value=0, max_value=2**40)),
         draw(st.integers(min_value=0, max_value=2**64 - 1)),
         draw(st.sampled_from(tuple(Stage))),
         draw(st.floats(min_value=0.0, max_value=1e6)),
+        tracked,
+        draw(st.floats(min_value=0.0, max_value=1e6)) if tracked is not None else 0.0,
     )
 
 
@@ -79,6 +98,7 @@ def report(draw, group_size: int) -> StallReport:
         tuple(draw(st.one_of(st.none(), evidence())) for _ in range(group_size)),
         draw(st.floats(min_value=0.0, max_value=1e6)),
         draw(st.text(max_size=60)),
+        draw(st.integers(min_value=0, max_value=2**40)),
     )
 
 

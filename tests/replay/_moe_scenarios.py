@@ -12,8 +12,8 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from scout.core.recipes import Intervals
 from scout.gate.model import CheckpointCaptured, CycleBoundary, GateConfig
+from scout.gate.recorder import GateWriter
 from scout.gate.results import recipe_verdicts
-from scout.gate.step import Gate
 from scout.replay import faults
 from scout.replay.canary import CANARY_RECIPE, Canary, CanaryMonitor
 from scout.replay.collectives import TorchPeerGroup
@@ -130,7 +130,7 @@ def canary_common_mode(rank: int, world: int, *, fault_step: int = 5, cycles: in
     monitor = CanaryMonitor(Canary(), exchange, rank=rank) if with_canary else None
     recipes = [str(r) for r in replayer.catalog.recipes()] + ([str(CANARY_RECIPE)] if with_canary else [])
     config = GateConfig("canary-test", recipes, ("dp",))
-    gate = Gate.fresh(config) if rank == 0 else None
+    gate = GateWriter.in_memory(config) if rank == 0 else None
     if gate is not None:
         gate.apply(CycleBoundary(0))
     replay_results = []
@@ -170,7 +170,7 @@ def canary_common_mode(rank: int, world: int, *, fault_step: int = 5, cycles: in
     if gate is not None:
         trust = {str(e.id.step): e.trust.value for e in gate.state.context.checkpoints}
     return {"cycle": cycle, "replay": replay_results, "canary": canary, "trust": trust,
-            "control": None if gate is None else gate.control, "errors": []}
+            "control": None if gate is None else gate.state.control, "errors": []}
 
 
 def titan_experts(rank: int, world: int, *, flip_rank: int = 2, flip_expert: int = 5, steps: int = 0) -> dict[str, Any]:

@@ -167,3 +167,102 @@ def test_LOOP_2_a_group_of_one_never_exchanges() -> None:
     check = _step(timer, clock, 1, 40.0, 20.0)
     assert peers.rows == [] and check is not None
     assert check.reason == "singleton" and check.evidence == (None,)
+
+
+class StreamTimer:
+    """A FakeTimer whose marks, while ``waiting`` is set, are recorded on a stream that waits for
+    a collective: they complete only at :meth:`collective_completed` -- NCCL's future callbacks
+    run with such a current stream."""
+
+    def __init__(self, clock: Clock) -> None:
+        from scout.transport.nccl.timing import FakeClock, FakeTimer
+
+        self.fake_clock = FakeClock()
+        self.clock = clock
+        self.timer = FakeTimer(self.fake_clock)
+        self.waiting = False
+        self.withheld: list[object] = []
+        self.name = "stream"
+
+    def _sync(self) -> None:
+        self.fake_clock.now_ns = self.clock.now_ns
+
+    def record(self) -> object:
+        self._sync()
+        if self.waiting:
+            mark = self.timer.withhold()
+            self.withheld.append(mark)
+            return mark
+        return self.timer.record()
+
+    def collective_completed(self) -> None:
+        self._sync()
+        for mark in self.withheld:
+            self.timer.complete(mark)  # type: ignore[arg-type]
+        self.withheld.clear()
+        self.waiting = False
+
+    def completed(self, mark: object) -> bool:
+        self._sync()
+        return self.timer.completed(mark)  # type: ignore[arg-type]
+
+    def elapsed_s(self, start: object, end: object) -> float | None:
+        self._sync()
+        return self.timer.elapsed_s(start, end)  # type: ignore[arg-type]
+
+
+def test_LOOP_5_on_nccl_the_wait_is_timed_at_completion_though_the_hooks_callback_fires_at_enqueue() -> None:
+    """NCCL marks a DDP hook's future complete at enqueue, so a wall-clock read in its
+    callback measures ~0 on every rank; a mark recorded there sits on a stream that waits for
+    the all-reduce and measures the real wait."""
+    clock, peers = Clock(), LoopPeers()
+    stream = StreamTimer(clock)
+    timer = LoopTimer(peers, LoopConfig(check_every_steps=2, warmup_steps=0), clock_ns=clock,
+                      run_queue_delay_s=lambda: 0.0, timer=stream)  # type: ignore[arg-type]
+    wall_waits = []
+    for step in (1, 2):
+        timer.begin_step()
+        clock.now_ns += 10 * MS  # the rank's own work before the all-reduce
+        finish = timer.collective_started()  # the hook, at enqueue
+        stream.waiting = True  # the callback's stream waits for the all-reduce
+        entry = clock.now_ns
+        finish()  # NCCL: the future's callback fires at once
+        wall_waits.append(clock.now_ns - entry)
+        clock.now_ns += 25 * MS  # the host runs on to its sync point; the peer is late
+        stream.collective_completed()
+        clock.now_ns += 5 * MS
+        timer.end_step(step)
+    assert wall_waits == [0, 0]
+    # loop = period - wait = 40 - 25 ms on both steps (the wall clock in the callback: 40 ms).
+    assert peers.rows[0][2] == 15_000 and peers.rows[0][4] == 25_000
+
+
+def test_LOOP_5_a_step_joins_the_window_when_its_waits_resolve_in_step_order_and_the_backlog_is_bounded() -> None:
+    clock, peers = Clock(), LoopPeers()
+    stream = StreamTimer(clock)
+    timer = LoopTimer(peers, LoopConfig(check_every_steps=3, warmup_steps=0, window_steps_max=4), clock_ns=clock,
+                      run_queue_delay_s=lambda: 0.0, timer=stream)  # type: ignore[arg-type]
+    timer.begin_step()
+    stream.waiting = True
+    late = timer.collective_started()
+    late()  # its end mark waits for the collective
+    clock.now_ns += 30 * MS
+    timer.end_step(1)
+    for step in (2, 3):  # resolved at once (nothing waits), but behind step 1 in the window
+        clock.now_ns += 30 * MS
+        timer.end_step(step)
+    assert peers.rows[-1][1] == 0  # the check at step 3: nothing resolved yet, nothing sent
+    stream.collective_completed()
+    for step in (4, 5, 6):
+        clock.now_ns += 30 * MS
+        timer.end_step(step)
+    assert peers.rows[-1][1] == 4 and timer.dropped_steps == 0  # a window of 4: steps 3..6
+    # A mark that never completes: the steps behind it wait, at most window_steps_max of them.
+    stream.waiting = True
+    timer.collective_started()()
+    stream.waiting = False
+    for step in range(7, 13):
+        clock.now_ns += 30 * MS
+        timer.end_step(step)
+    # The fifth ended step behind it drops it (step 7), and the rest flow into the window.
+    assert timer.dropped_steps == 1 and peers.rows[-1] == [12, 4, 30_000, 30_000, 0]

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import pytest
 
+from scout.core.replay_round import COMMUNICATION_SLOT
 from scout.core.straggler import Confirmed
 from scout.core.verdict import Status, classify_timing
 from scout.replay import faults
@@ -102,7 +103,7 @@ class TimedPeers(ScriptedPeers):
     def all_gather_int64(self, row: Sequence[int]) -> Rows:
         rows = super().all_gather_int64(row)
         if len(row) == replay_module.EVIDENCE_ROW_LENGTH:
-            slot = replay_module._COMMUNICATION_SLOT
+            slot = COMMUNICATION_SLOT
             for peer, (entry, wait) in enumerate(self.entry_wait):
                 rows[peer][-slot:] = [entry, wait] + [-1] * (slot - 2)
         return rows

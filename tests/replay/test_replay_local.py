@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from scout.core.recipes import EvidenceKind, Intervals, ReplayStatus
+from scout.core.recipes import CLASS_ORDER, EvidenceKind, Intervals, ReplayStatus
+from scout.core.replay_round import evidence_position
 from scout.core.verdict import Status
 from scout.replay import faults
 from scout.replay import replay as replay_module
@@ -129,7 +130,7 @@ def test_REPLAY_5_live_state_is_bitwise_untouched_and_every_recipe_agrees() -> N
 
 
 def _evidence_slot(recipe_class_index: int, kind: EvidenceKind) -> int:
-    return replay_module._EVIDENCE_SLOT * recipe_class_index + 2 + list(EvidenceKind).index(kind)
+    return evidence_position(CLASS_ORDER[recipe_class_index], kind)
 
 
 def test_EVID_4_a_differing_peer_signature_is_attributed_to_that_peer() -> None:

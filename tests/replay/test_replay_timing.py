@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from scout.replay import replay as replay_module
+from scout.replay import runner as runner_module
 from scout.replay.replay import ReplayConfig
 from scout.transport.nccl.timing import CudaEventTimer
 from tests.fake_cuda import FakeCuda
@@ -22,7 +22,7 @@ CUDA = torch.device("cuda", 0)
 def fake(monkeypatch: pytest.MonkeyPatch) -> FakeCuda:
     cuda = FakeCuda()
     cuda.auto_run = True  # the device finishes what was queued whenever it is asked
-    monkeypatch.setattr(replay_module, "timer_for", lambda device: CudaEventTimer(device, cuda=cuda))
+    monkeypatch.setattr(runner_module, "timer_for", lambda device: CudaEventTimer(device, cuda=cuda))
     return cuda
 
 
@@ -34,7 +34,7 @@ def test_STRAG_1_TIMING_2_replay_on_cuda_is_timed_by_events_and_never_drains(fak
         fake.launch(next(durations_ms))  # the replay's kernels, queued on the stream
         return "evidence"
 
-    result, median_s, repetitions_s = replayer._timed(CUDA, run)
+    result, median_s, repetitions_s = replayer.timer.timed(CUDA, run)
     assert result == "evidence"
     assert repetitions_s == pytest.approx((0.004, 0.006, 0.005))
     assert median_s == pytest.approx(0.005)
@@ -56,7 +56,7 @@ def test_STRAG_1_FAULT_3_compute_hooks_see_the_span_so_far_on_the_device(fake: F
         return "evidence"
 
     replayer.add_compute_hook(slow_device)
-    _result, median_s, _repetitions = replayer._timed(CUDA, run)
+    _result, median_s, _repetitions = replayer.timer.timed(CUDA, run)
     assert seen == [pytest.approx(0.010)]
     assert median_s == pytest.approx(0.030)
     assert fake.drains == 0
@@ -66,20 +66,20 @@ def test_TIMING_6_a_device_that_never_finishes_fails_the_replay_within_the_bound
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     cuda = FakeCuda()  # no auto_run: the device never gets past the end mark
-    monkeypatch.setattr(replay_module, "timer_for", lambda device: CudaEventTimer(device, cuda=cuda))
+    monkeypatch.setattr(runner_module, "timer_for", lambda device: CudaEventTimer(device, cuda=cuda))
     _model, _optimizer, replayer = _setup(
         ScriptedPeers(), timing_warmup_runs=0, timing_repetitions=1, timing_resolve_timeout_s=0.05
     )
     with pytest.raises(RuntimeError, match="did not finish the timed replay within timing_resolve_timeout_s=0.05"):
-        replayer._timed(CUDA, lambda: "evidence")
+        replayer.timer.timed(CUDA, lambda: "evidence")
     assert cuda.drains == 0
 
 
 def test_STRAG_1_the_cpu_clock_and_the_wall_clock_stay_as_they_were() -> None:
     _model, _optimizer, replayer = _setup(ScriptedPeers())
     cpu = torch.device("cpu")
-    assert replayer._timer(cpu) is replay_module._THREAD_CPU_TIMER
+    assert replayer.timer.timer(cpu) is runner_module.THREAD_CPU_TIMER
     _model, _optimizer, wall = _setup(ScriptedPeers(), timing_clock="wall")
-    assert wall._timer(cpu).name == "wall" and wall._timer(cpu) is not replay_module._THREAD_CPU_TIMER
+    assert wall.timer.timer(cpu).name == "wall" and wall.timer.timer(cpu) is not runner_module.THREAD_CPU_TIMER
     with pytest.raises(ValueError, match="timing_resolve_timeout_s must be a finite number > 0, got 0"):
         ReplayConfig(timing_resolve_timeout_s=0)

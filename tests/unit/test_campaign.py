@@ -1,7 +1,8 @@
 """The fault campaign (``scout campaign``; scout/scenarios/campaign.py, real_campaign.py).
 
 The CI test runs ``scout campaign --quick`` as a user would (simulated scenarios at 8-256 ranks,
-one 4-rank gloo job per real fault kind, healthy runs) and requires every injected fault to be
+one 4-rank gloo job per real fault kind, the device-semantics matrix in one 4-rank torchrun job
+on the emulated NCCL backend, healthy runs) and requires every injected fault to be
 localized and nothing to be falsely attributed. The classification itself is tested on its own,
 including a planted wrong expectation that must come out misattributed, so the campaign's 100%
 cannot be vacuous."""
@@ -24,6 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 QUICK_TIMEOUT_S = 600  # the target is well under 5 minutes on 2 cores; this bounds a hang
 
 
+@pytest.mark.timeout(QUICK_TIMEOUT_S + 60)
 def test_campaign_quick_localizes_every_injected_fault_with_no_false_attribution(tmp_path: Path) -> None:
     out = tmp_path / "campaign.json"
     completed = processes.run([sys.executable, "-m", "scout.cli", "campaign", "--quick", "--json", str(out)],
@@ -39,7 +41,13 @@ def test_campaign_quick_localizes_every_injected_fault_with_no_false_attribution
     assert {kind.kind for kind in campaign.SIM_KINDS} <= {kind for part, kind in kinds if part == "sim"}
     assert {"sleep", "SIGSTOP", "SIGKILL", "bit flip: output", "bit flip: parameter", "bit flip: optimizer",
             "slow compute", "slow communication"} <= {kind for part, kind in kinds if part == "real"}
-    assert totals["sim_scenarios"] >= 200 and totals["real_jobs"] >= 10 and totals["healthy_runs"] >= 4
+    # The device-semantics part (NCCL's contract on the emulated backend, one torchrun job):
+    # every kind, the GPU-side hang on three ranks, and its healthy stretches.
+    device = {row["kind"]: row for row in document["table"] if row["part"] == "device"}
+    assert set(device) == {"gpu-hang", "launch-withheld", "host-sleep", "thread-sleep", "desync", "loop-slow",
+                           "healthy (between the faults)"}
+    assert device["gpu-hang"]["localized"] == 3 and totals["device_cases"] == 9
+    assert totals["sim_scenarios"] >= 200 and totals["real_jobs"] >= 10 and totals["healthy_runs"] >= 5
     assert "localized" in completed.stdout and "misattributed" in completed.stdout
 
 
@@ -106,3 +114,32 @@ def test_the_full_plan_has_at_least_1000_simulated_scenarios_from_8_to_4096_rank
 def test_campaign_arguments_are_refused_naming_the_value(argv, message, capsys) -> None:
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_device_part_classification_needs_the_rank_the_kind_and_completion_evidence() -> None:
+    """The device part's own classification (scout/scenarios/device_campaign.py), on planted
+    reports: a GPU-side hang named by completion is localized; the same named by host progress
+    is not (the matrix is about what completion evidence sees); a wrong rank is misattributed;
+    a report between the faults is a false attribution of the healthy stretches."""
+    from scout.scenarios.device_campaign import DeviceCase, classify_job
+
+    cases = [DeviceCase("gpu-hang", 2, 8), DeviceCase("desync", 1, 16), DeviceCase("loop-slow", 3, 24)]
+
+    def report(kind: str, ranks: list[int], step: int, basis: str = "completion", reason: str = "behind-majority",
+               source: str = "observer") -> dict[str, object]:
+        return {"source": source, "kind": kind, "ranks": ranks, "step": step, "reason": reason,
+                "evidence": {"basis": basis}}
+
+    good = [report("hang", [2], 8), report("desync", [1], 16, reason="collective-differs"),
+            report("straggler", [3], 30, reason="loop-slow", source="replay"),
+            report("straggler", [3], 60, reason="recovered-loop-slow", source="replay")]
+    outcomes = [r.outcome for r in classify_job(cases, good, exit_code=0, tail="", wall_s=1.0, seed=0)]
+    assert outcomes == [Outcome.LOCALIZED] * 3 + [Outcome.CLEAN]
+    by_progress = [report("hang", [2], 8, basis="progress"), *good[1:]]
+    assert classify_job(cases, by_progress, exit_code=0, tail="", wall_s=1.0, seed=0)[0].outcome is Outcome.INCONCLUSIVE
+    wrong = [report("hang", [0], 8), *good[1:], report("hang", [0], 40)]
+    results = classify_job(cases, wrong, exit_code=0, tail="", wall_s=1.0, seed=0)
+    assert results[0].outcome is Outcome.MISATTRIBUTED and results[-1].outcome is Outcome.FALSE_ATTRIBUTION
+    late_straggler = [*good[:2], report("straggler", [3], 24 + 40, reason="loop-slow", source="replay")]
+    assert classify_job(cases, late_straggler, exit_code=0, tail="", wall_s=1.0, seed=0)[2].outcome is \
+        Outcome.INCONCLUSIVE

@@ -29,9 +29,11 @@ from scout.gate.model import (
     TrustChange,
     is_complete_and_clean,
 )
+from scout.gate.recorder import GateWriter, MemoryRecorder
 from scout.gate.results import group_verdict, recipe_verdicts
-from scout.gate.step import Gate, GateInputError, check_event, initial_state, step
+from scout.gate.step import GateInputError, check_event, initial_state, step
 from tests.gate_story import CONFIG, clean_cycle, run_story, verdicts
+from tests.gate_story import story as story_events
 
 
 def final_state():
@@ -165,7 +167,7 @@ def _open_state():
     ],
 )
 def test_GATE_16_bad_input_is_refused_naming_the_value(event, message) -> None:
-    gate = Gate(_open_state())
+    gate = GateWriter(MemoryRecorder(), _open_state())
     before = gate.state
     with pytest.raises(GateInputError, match=message):
         gate.apply(event)
@@ -276,3 +278,48 @@ def test_GATE_random_runs_keep_the_state_invariants(script) -> None:
 def test_group_verdict_validates_outliers() -> None:
     with pytest.raises(ValueError, match="exactly an ATTRIBUTED verdict names outliers"):
         GroupVerdict("g", Outcome.AGREE, (1,))
+
+
+# ------------------------------------------------------------------------------------------
+# The restart cause and the closed effects
+# ------------------------------------------------------------------------------------------
+
+
+def test_GATE_36_the_restart_cause_is_kept_in_every_generation_of_its_timeline(tmp_path) -> None:
+    from scout.core.failure import FailureClass
+    from scout.gate.recorder import GateWriter, read_gate
+
+    causes = [(state.context.timeline, state.context.restart_cause) for _event, state, _effects in run_story()]
+    assert {cause for timeline, cause in causes if timeline == 0} == {None}  # the first start has none
+    assert {cause for timeline, cause in causes if timeline == 1} == {FailureClass.SDC}
+    with GateWriter.open(tmp_path / "gate", CONFIG) as writer:
+        for event in story_events():
+            writer.apply(event)
+            if isinstance(event, Restart):
+                break
+    state = read_gate(tmp_path / "gate", CONFIG)
+    assert state is not None and state.context.restart_cause is FailureClass.SDC
+    # A manifest written before the cause was recorded reads as "no cause", not as damage.
+    encoded = state_to_json(state)
+    del encoded["restart_cause"]
+    assert state_from_json(encoded).context.restart_cause is None
+
+
+@pytest.mark.parametrize("cause", ["sdc", None, 3])
+def test_GATE_36_GATE_35_a_cause_that_is_not_a_failure_class_is_refused_naming_it(cause: object) -> None:
+    with pytest.raises(TypeError, match=rf"cause must be a scout.core.failure.FailureClass member.*{cause!r}"):
+        Restart(100, cause)  # type: ignore[arg-type]
+    encoded = state_to_json(final_state())
+    encoded["restart_cause"] = "bad-luck"
+    with pytest.raises(CodecError, match="restart_cause: 'bad-luck' is not one of"):
+        state_from_json(encoded)
+
+
+def test_GATE_37_every_effect_is_a_gate_effect_and_a_stray_one_is_refused() -> None:
+    from scout.gate.model import GateReport, Persist
+    from scout.gate.step import gate_effects
+
+    seen = {type(effect) for _event, _state, effects in run_story() for effect in effects}
+    assert seen == {Persist, TrustChange, GateReport}
+    with pytest.raises(TypeError, match=r"not a GateEffect .*GATE-37"):
+        gate_effects((Persist(), "report this"))

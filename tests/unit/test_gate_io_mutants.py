@@ -15,6 +15,7 @@ from typing import Any
 import attrs
 import pytest
 
+from scout.core.failure import FailureClass
 from scout.gate.codec import (
     CodecError,
     _verdict_from,
@@ -59,7 +60,7 @@ from tests.gate_story import CONFIG, run_story, story, story_payloads
 # Codec: every field of a valid encoding broken one at a time
 # ------------------------------------------------------------------------------------------
 
-ENUM_KEYS = {"trust": Trust, "outcome": Outcome, "before": Trust, "after": Trust}
+ENUM_KEYS = {"trust": Trust, "outcome": Outcome, "before": Trust, "after": Trust, "restart_cause": FailureClass}
 #: Fields the decoders do not read (the certificate's job id and claim are for people).
 UNREAD = {"job_id", "claim"}
 
@@ -157,9 +158,12 @@ def test_GATE_M4_state_decoder_names_every_broken_field_exactly() -> None:
     for state in _states():
         encoded = json.loads(json.dumps(state_to_json(state)))
         assert state_from_json(encoded) == state
-        for broken, message in _cases(encoded, "", optional=set()):
+        # GATE-36: a manifest written before the restart cause was kept has none, and reads so.
+        for broken, message in _cases(encoded, "", optional={"restart_cause"}):
             _refuses(state_from_json, broken, message)
             checked += 1
+        older = {key: value for key, value in encoded.items() if key != "restart_cause"}
+        assert state_from_json(older) == attrs.evolve(state, context=state.context.replace(restart_cause=None))
     assert checked > 500
 
 

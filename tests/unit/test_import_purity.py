@@ -1,7 +1,9 @@
 """scout.core, the pure part of scout.gate, and the transport contract import without torch
 or mpi4py (docs/design.md §1, a must); so do the observer process (a light interpreter beside
-every trainer: it must never load torch), the reports, attach's configuration and the run
-summary. Proven in a fresh interpreter where both are blocked."""
+every trainer: it must never load torch), the ops sidecar and page server (spec/ops.md), the
+reports, attach's configuration and the run summary, and the job's check pipeline (the
+simulator runs it without torch). Proven in a fresh interpreter where both are blocked. The
+product's path never imports ``transitions`` (the tests' oracle of the machine tables)."""
 
 from __future__ import annotations
 
@@ -31,7 +33,11 @@ SCRIPT = textwrap.dedent(
              "scout.transport.program", "scout.transport.sim", "scout.reports", "scout.observer.process",
              "scout.observer.launch", "scout.observer.driver", "scout.observer.channel", "scout.observer.rendezvous",
              "scout.observer.wire", "scout.observer.progress", "scout.observer.instrument", "scout.observer.mpi",
-             "scout.job.config", "scout.job.summary", "scout.scenarios.registry"]
+             "scout.job.config", "scout.job.summary", "scout.scenarios.registry", "scout.ops.sidecar",
+             "scout.ops.state", "scout.ops.tail", "scout.ops.hooks", "scout.ops.paths", "scout.ops.slurm",
+             "scout.ops.web", "scout.commands.serve", "scout.commands.slurm_requeue", "scout.job.pipeline",
+             "scout.job.aggregate", "scout.job.gate_driver", "scout.scenarios.replay_job",
+             "scout.scenarios.localization"]
     for package in (scout.core, scout.gate):
         for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
             names.append(info.name)
@@ -61,3 +67,18 @@ def test_the_block_really_blocks() -> None:
         [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120
     )
     assert result.returncode != 0 and "blocked" in result.stderr
+
+
+def test_the_machines_run_without_the_transitions_oracle() -> None:
+    script = (
+        "import sys\n"
+        "from scout.gate.step import gate_machine\n"
+        "from scout.core.machine import packaged_machine\n"
+        "from scout.core.straggler import straggler_machine\n"
+        "gate_machine(); packaged_machine('observer'); straggler_machine()\n"
+        "import scout.observer.driver, scout.job.pipeline\n"
+        "assert 'transitions' not in sys.modules, sorted(m for m in sys.modules if 'transitions' in m)\n"
+        "assert gate_machine().transitions_machine.states and 'transitions' in sys.modules  # built when asked\n"
+    )
+    result = processes.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -27,8 +27,8 @@ from scout.gate.model import (
     RecipeVerdicts,
     Restart,
 )
-from scout.gate.recorder import GateRecorder
-from scout.gate.step import Gate, GateInputError, initial_state, step
+from scout.gate.recorder import GateRecorder, GateWriter, MemoryRecorder
+from scout.gate.step import GateInputError, initial_state, step
 from scout.scenarios.registry import ScenarioParams
 from tests.gate_story import CONFIG, clean_cycle, story, verdicts
 
@@ -152,13 +152,13 @@ def test_GATE_35_steps_beyond_the_stated_bound_are_refused_naming_the_value(make
 
 
 def test_GATE_35_the_largest_step_is_accepted_and_step_refuses_an_event_built_around_the_checks() -> None:
-    gate = Gate.fresh(CONFIG)
+    gate = GateWriter.in_memory(CONFIG)
     gate.apply(CycleBoundary(0))
     gate.apply(CycleBoundary(STEP_MAX))  # the bound itself is a valid step
     event = CycleBoundary(5)
     object.__setattr__(event, "step", 10**15)  # bypasses the constructor: step() still refuses
     with pytest.raises(GateInputError, match="GATE-35"):
-        Gate(initial_state(CONFIG)).apply(event)
+        GateWriter(MemoryRecorder(), initial_state(CONFIG)).apply(event)
 
 
 def test_GATE_35_a_manifest_whose_verdict_outcome_is_not_a_member_does_not_decode() -> None:
@@ -176,7 +176,7 @@ def test_GATE_35_a_manifest_whose_verdict_outcome_is_not_a_member_does_not_decod
 
 
 def test_GATE_35_the_story_still_runs_with_checked_events() -> None:
-    gate = Gate.fresh(CONFIG)
+    gate = GateWriter.in_memory(CONFIG)
     for event in (CycleBoundary(0), *clean_cycle(1, 0)):
         gate.apply(event)
     assert gate.state.context.covered == CONFIG.recipe_ids

@@ -20,11 +20,14 @@ LAYERS = {
     "spec_examples": 1,
     "observer": 2,
     "replay": 2,
-    "job": 3,
-    "scenarios": 4,
-    "integrations": 4,
-    "commands": 5,
-    "cli": 6,
+    # ops (metrics sidecar, live page, Slurm) reads what observers and reports leave, and attach
+    # starts it: between the two.
+    "ops": 3,
+    "job": 4,
+    "scenarios": 5,
+    "integrations": 5,
+    "commands": 6,
+    "cli": 7,
 }
 
 

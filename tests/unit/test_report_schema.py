@@ -41,7 +41,7 @@ def test_REPORT_the_schema_file_is_a_valid_json_schema_naming_every_kind() -> No
 
 @pytest.mark.parametrize("kind", reports.KINDS)
 def test_REPORT_every_kind_built_by_make_record_validates(kind: str) -> None:
-    record = reports.make_record(kind, source="job", reason="a-reason", job_id="j", generation=1, ranks=[3],
+    record = reports.make_record(kind, reason="a-reason", job_id="j", generation=1, ranks=[3],
                                  hosts=["h"], step=7, evidence={"x": 1}, reporter_rank=0)
     assert schema_errors(record) == []
 
@@ -53,7 +53,7 @@ def test_REPORT_every_kind_built_by_make_record_validates(kind: str) -> None:
      ("hosts", [1], "hosts"), ("evidence", [], "evidence"), ("job_id", "", "job_id")],
 )
 def test_REPORT_a_bad_field_is_refused_naming_it(field: str, value: Any, named: str) -> None:
-    fields: dict[str, Any] = dict(source="job", reason="ok", job_id="j", generation=0)
+    fields: dict[str, Any] = dict(source="observer", reason="ok", job_id="j", generation=0)
     kind = "hang"
     if field == "kind":
         kind = value

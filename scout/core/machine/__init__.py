@@ -9,7 +9,8 @@ by hand:
 - the pure step ``Machine.step(state, event) -> (state, effects)``, run from a dict compiled
   from the rows (``runtime``);
 - the ``transitions`` library machine, compared with the table and the compiled dict in both
-  directions (``reference``, ``conformance``);
+  directions (``reference``, ``conformance``) -- the tests' oracle, built and imported only
+  when asked for, never on the product's path;
 - the Markdown table, Mermaid diagram and invariant list inside ``spec/<name>.md``
   (``render``; ``scout spec`` writes them, ``scout spec --check`` proves them current);
 - bounded breadth-first model checking of every invariant over the real step (``explore``).
@@ -20,8 +21,9 @@ Modules, one job each: ``table`` (the data), ``parse`` (TOML mapping -> validate
 ``explore``, ``errors``.
 """
 
+from typing import Any
+
 from scout.core.machine.actions import Actions
-from scout.core.machine.conformance import conformance_problems
 from scout.core.machine.errors import (
     IllegalTransition,
     ModelCheckFailure,
@@ -33,7 +35,6 @@ from scout.core.machine.explore import Explorable, ExplorationResult, Trace, Tra
 from scout.core.machine.loader import load_actions, load_machine, load_table, packaged_machine
 from scout.core.machine.parse import parse_table
 from scout.core.machine.properties import Property
-from scout.core.machine.reference import reference_step
 from scout.core.machine.render import new_document, render_block, splice
 from scout.core.machine.runtime import Event, Firing, Machine, MachineState, build_machine
 from scout.core.machine.table import InvariantSpec, MachineTable, TransitionRow
@@ -70,3 +71,16 @@ __all__ = [
     "render_block",
     "splice",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """The ``transitions`` oracle's entry points, imported on first use (tests only)."""
+    if name == "conformance_problems":
+        from scout.core.machine.conformance import conformance_problems
+
+        return conformance_problems
+    if name == "reference_step":
+        from scout.core.machine.reference import reference_step
+
+        return reference_step
+    raise AttributeError(f"module 'scout.core.machine' has no attribute {name!r}")

@@ -3,9 +3,9 @@
 Steps run from a dict compiled from the table, ``(control, trigger) -> rows``, not through the
 ``transitions`` library: it fires the first row whose conditions pass, so it cannot refuse two
 guards holding at once, and it keeps the control state in a mutable model object. (The
-compiled step is also about 3.5 times faster.) The ``transitions`` machine is still built from
-the same table, at the same time, and ``conformance.conformance_problems`` compares the two in
-both directions so neither drifts.
+compiled step is also about 3.5 times faster.) The ``transitions`` machine is built from the
+same table only when a test asks for it (``Machine.transitions_machine``), and
+``conformance.conformance_problems`` compares the two in both directions so neither drifts.
 
 Step rules (docs/spec-format.md):
 - the event's ``trigger`` selects the rows with this source and trigger; their guards are all
@@ -96,13 +96,12 @@ class Machine(Generic[C]):
         actions: Actions,
         rows_by_key: Mapping[tuple[str, str], tuple[CompiledRow, ...]],
         properties: tuple[Property, ...],
-        transitions_machine: transitions.Machine,
     ) -> None:
         self.table = table
         self.actions = actions
         self.rows_by_key = rows_by_key
         self.properties = properties
-        self.transitions_machine = transitions_machine
+        self._reference: transitions.Machine | None = None
         self.labels = tuple(row.label for row in table.rows)
         self._state_names = frozenset(table.state_names)
         self._triggers = frozenset(table.triggers)
@@ -110,6 +109,16 @@ class Machine(Generic[C]):
     @property
     def name(self) -> str:
         return self.table.name
+
+    @property
+    def transitions_machine(self) -> transitions.Machine:
+        """The same table as a ``transitions`` machine: the conformance tests' oracle, built
+        the first time a test asks for it and never on the product's path."""
+        if self._reference is None:
+            from scout.core.machine.reference import build_transitions_machine
+
+            self._reference = build_transitions_machine(self.table, self.actions)
+        return self._reference
 
     def control(self, name: str) -> str:
         """The control state called ``name`` (the enum member when the actions define states).
@@ -221,8 +230,6 @@ def _check_arity(
 def build_machine(table: MachineTable, actions: Actions) -> Machine[Any]:
     """Bind a validated table to its functions. Raises :class:`SpecError` naming every row or
     invariant whose name the actions lack, and every action nothing in the table uses."""
-    from scout.core.machine.reference import build_transitions_machine
-
     problems: list[str] = []
     states = actions.states
     if states is not None:
@@ -297,6 +304,4 @@ def build_machine(table: MachineTable, actions: Actions) -> Machine[Any]:
         )
 
     compiled = {key: tuple(rows) for key, rows in rows_by_key.items()}
-    return Machine(
-        table, actions, compiled, tuple(properties), build_transitions_machine(table, actions)
-    )
+    return Machine(table, actions, compiled, tuple(properties))

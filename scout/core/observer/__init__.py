@@ -1,13 +1,15 @@
 """The observer lifecycle machine (table: ``spec/observer.toml``): values in :mod:`.model`,
 the round assessment and the table's actions in :mod:`.machine`."""
 
-from scout.core.observer.machine import ACTIONS, assess, reporter_for
+from scout.core.observer.machine import ACTIONS, assess, block_states, reporter_for
 from scout.core.observer.model import (
     FINAL_STATES,
     JOINED_STATES,
     Answer,
     Assessment,
     Attached,
+    BlockState,
+    Completion,
     Decision,
     Delegate,
     EmitReport,
@@ -24,6 +26,7 @@ from scout.core.observer.model import (
     ObserverEvent,
     ObserverState,
     OpenRound,
+    PendingState,
     Progress,
     ProgressSeen,
     Reply,
@@ -48,11 +51,14 @@ from scout.core.observer.model import (
 __all__ = [
     "ACTIONS",
     "assess",
+    "block_states",
     "reporter_for",
     "JOINED_STATES",
     "Answer",
     "Assessment",
     "Attached",
+    "BlockState",
+    "Completion",
     "Decision",
     "Delegate",
     "EmitReport",
@@ -70,6 +76,7 @@ __all__ = [
     "ObserverEvent",
     "ObserverState",
     "OpenRound",
+    "PendingState",
     "Progress",
     "ProgressSeen",
     "Reply",

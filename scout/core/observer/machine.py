@@ -22,6 +22,7 @@ from scout.core.observer.model import (
     Answer,
     Assessment,
     Attached,
+    BlockState,
     Coordinate,
     Decision,
     Delegate,
@@ -36,6 +37,7 @@ from scout.core.observer.model import (
     ObserverContext,
     ObserverState,
     OpenRound,
+    PendingState,
     ProgressSeen,
     Reply,
     Request,
@@ -53,9 +55,9 @@ from scout.core.observer.model import (
     TrainerExit,
     WakeAt,
 )
-from scout.core.verdict import MISSING, Status, classify_exact
+from scout.core.verdict import MISSING, Reason, Status, classify_exact
 
-__all__ = ["ACTIONS", "assess", "reporter_for"]
+__all__ = ["ACTIONS", "assess", "block_states", "reporter_for"]
 
 # --------------------------------------------------------------------------------------------
 # The assessment (pure; the one verdict rule does the voting)
@@ -81,9 +83,16 @@ def assess(evidence: Sequence[Evidence | None], config: ObserverConfig) -> Asses
         return Assessment(Finding.UNSETTLED, (), (), missing, None, StallKind.HANG, Scope.GROUP,
                           f"positions {unsettled} still progressing or within their stage's threshold")
     coordinates = classify_exact([MISSING if e is None else e.coordinate for e in evidence])
+    by_completion = _assess_completion(evidence, missing, coordinates.healthy_value)
+    if isinstance(by_completion, Assessment):
+        return by_completion
+    waiting = by_completion or frozenset()  # COMPLETION-8: never attributed by the host rules
     if coordinates.status is Status.ATTRIBUTED:
         healthy: Coordinate = coordinates.healthy_value
-        attributed = coordinates.outliers
+        attributed = tuple(p for p in coordinates.outliers if p not in waiting)
+        if not attributed:
+            return Assessment(Finding.INCONCLUSIVE, (), (), missing, healthy, StallKind.HANG, Scope.GROUP,
+                              "the ranks past the majority wait in a collective the majority has not enqueued")
         ahead = tuple(p for p in attributed if _at(evidence, p).coordinate > healthy)
         kind = _kind_of([_at(evidence, p).stage for p in attributed])
         return Assessment(Finding.BEHIND, attributed, ahead, missing, healthy, kind, Scope.RANK,
@@ -95,7 +104,11 @@ def assess(evidence: Sequence[Evidence | None], config: ObserverConfig) -> Asses
     healthy = coordinates.healthy_value
     fingerprints = classify_exact([MISSING if e is None else e.fingerprint for e in evidence])
     if fingerprints.status is Status.ATTRIBUTED:
-        return Assessment(Finding.DESYNC, fingerprints.outliers, (), missing, healthy, StallKind.DESYNC,
+        differing = tuple(p for p in fingerprints.outliers if p not in waiting)
+        if not differing:
+            return Assessment(Finding.INCONCLUSIVE, (), (), missing, healthy, StallKind.HANG, Scope.GROUP,
+                              "the ranks that differ wait in a collective the majority has not enqueued")
+        return Assessment(Finding.DESYNC, differing, (), missing, healthy, StallKind.DESYNC,
                           Scope.RANK, "collective fingerprint differs from the strict majority")
     if coordinates.status is Status.AGREE and fingerprints.status is Status.AGREE:
         kind = _kind_of([e.stage for _, e in present])
@@ -106,6 +119,121 @@ def assess(evidence: Sequence[Evidence | None], config: ObserverConfig) -> Asses
                           "same progress, collective fingerprints without a strict majority")
     return Assessment(Finding.UNRESPONSIVE, (), (), missing, healthy, StallKind.HANG, Scope.RANK,
                       "the answering majority is stuck at one point; the missing peers did not answer")
+
+
+def block_states(evidence: Sequence[Evidence | None]) -> tuple[int, tuple[BlockState | None, ...]] | None:
+    """The blocking collective ``b`` of a round and each position's state of it (COMPLETION-1,
+    COMPLETION-2); None when the completion rules do not apply: some answering rank has no
+    completion evidence, the sources differ, or nothing is pending anywhere."""
+    present = [e for e in evidence if e is not None]
+    if not present or any(e.completion is None for e in present):
+        return None
+    if len({e.completion.source for e in present if e.completion is not None}) != 1:
+        return None
+    pending = [e.completion.oldest_pending for e in present if e.completion is not None and e.completion.pending]
+    if not pending:
+        return None
+    blocking = min(p for p in pending if p is not None)
+    states: list[BlockState | None] = []
+    for item in evidence:
+        completion = None if item is None else item.completion
+        if completion is None:
+            states.append(None)
+        elif completion.enqueued < blocking:
+            states.append(BlockState.NOT_ENQUEUED)
+        elif completion.completed >= blocking:
+            states.append(BlockState.COMPLETED)
+        else:
+            # completed < b <= enqueued, and b is the lowest oldest-pending: this rank's oldest
+            # pending collective is b itself.
+            states.append(_PENDING_AS_BLOCK[completion.pending_state])
+    return blocking, tuple(states)
+
+
+_PENDING_AS_BLOCK = {
+    PendingState.ENQUEUED: BlockState.ENQUEUED,
+    PendingState.STARTED: BlockState.STARTED,
+    PendingState.UNKNOWN: BlockState.UNKNOWN,
+    PendingState.NONE: BlockState.UNKNOWN,  # unreachable: a rank with nothing pending has completed b or not enqueued it
+}
+_AT_BLOCK = frozenset({BlockState.ENQUEUED, BlockState.STARTED, BlockState.UNKNOWN})
+
+
+def _fingerprint_of(item: Evidence | None, state: BlockState | None, blocking: int) -> Any:
+    """A rank's fingerprint of collective ``blocking`` (COMPLETION-4), or MISSING where unknown:
+    it is that rank's oldest pending one, or the last one it completed."""
+    completion = None if item is None else item.completion
+    if completion is None or state is None:
+        return MISSING
+    if state in _AT_BLOCK:
+        found = completion.pending_fingerprint
+    elif state is BlockState.COMPLETED and completion.completed == blocking:
+        found = completion.completed_fingerprint
+    else:
+        return MISSING
+    return found if found != 0 else MISSING
+
+
+def _assess_completion(
+    evidence: Sequence[Evidence | None], missing: tuple[int, ...], majority_coordinate: Coordinate | None
+) -> Assessment | frozenset[int] | None:
+    """COMPLETION-3..8: judge a settled round on the blocking collective; or leave it to the host
+    coordinates -- None, or (COMPLETION-8) the positions the host rules must not attribute
+    because they wait in a collective the majority has not enqueued. Every vote is
+    ``classify_exact`` over per-position values."""
+    found = block_states(evidence)
+    if found is None:
+        return None
+    blocking, states = found
+    present = [(p, e) for p, e in enumerate(evidence) if e is not None]
+    key = majority_coordinate if majority_coordinate is not None else min(e.coordinate for _, e in present)
+
+    def finding(outcome: Finding, attributed: tuple[int, ...], kind: StallKind, scope: Scope, reason: str,
+                gone: tuple[int, ...] = missing) -> Assessment:
+        return Assessment(outcome, attributed, (), gone, key, kind, scope, f"{reason} (collective #{blocking})",
+                          blocking)
+
+    # COMPLETION-3: a rank that never enqueued b, which a strict majority enqueued, is behind.
+    enqueued = classify_exact([MISSING if s is None else s is not BlockState.NOT_ENQUEUED for s in states])
+    if enqueued.healthy_value is False:
+        # COMPLETION-8: the majority has not reached b; the host coordinates say where it is, and
+        # the ranks that enqueued b wait for it -- they are not evidence of a fault.
+        return frozenset(p for p, s in enumerate(states) if s is not None and s is not BlockState.NOT_ENQUEUED)
+    if enqueued.healthy_value is None:
+        return finding(Finding.INCONCLUSIVE, (), StallKind.HANG, Scope.GROUP,
+                       "no strict majority has enqueued the blocking collective")
+    if enqueued.status is Status.ATTRIBUTED:
+        kind = _kind_of([_at(evidence, p).stage for p in enqueued.outliers])
+        return finding(Finding.BEHIND, enqueued.outliers, kind, Scope.RANK,
+                       "never enqueued the collective the strict majority has enqueued")
+    # COMPLETION-4: the fingerprints of b, where known, with a strict majority.
+    fingerprints = classify_exact([_fingerprint_of(evidence[p], s, blocking) for p, s in enumerate(states)])
+    if fingerprints.status is Status.ATTRIBUTED:
+        return finding(Finding.DESYNC, fingerprints.outliers, StallKind.DESYNC, Scope.RANK,
+                       "pending collective fingerprint differs from the strict majority")
+    # COMPLETION-5, COMPLETION-6: started (or beyond) against enqueued and not started.
+    started_values = [
+        MISSING if s is None or s is BlockState.UNKNOWN else s in (BlockState.STARTED, BlockState.COMPLETED)
+        for s in states
+    ]
+    if any(v is not MISSING for v in started_values):
+        started = classify_exact(started_values)
+        if started.status is Status.ATTRIBUTED and started.healthy_value is True:
+            kind = _kind_of([_at(evidence, p).stage for p in started.outliers])
+            return finding(Finding.BEHIND, started.outliers, kind, Scope.RANK,
+                           "enqueued the collective but its device never started it, while the strict majority's did")
+        if started.healthy_value is False and started.status is Status.AGREE:
+            return finding(Finding.GROUP_STALL, (), StallKind.HANG, Scope.GROUP,
+                           "every rank enqueued the blocking collective and no rank's device started it", ())
+        if started.healthy_value is not True and started.reason is not Reason.MISSING_EVIDENCE:
+            return finding(Finding.INCONCLUSIVE, (), StallKind.HANG, Scope.GROUP,
+                           "no strict majority of devices has started the blocking collective")
+    # COMPLETION-7: b enqueued everywhere, nobody differs.
+    if missing:
+        return finding(Finding.UNRESPONSIVE, (), StallKind.HANG, Scope.RANK,
+                       "the answering majority waits in the blocking collective; the missing peers did not answer")
+    return finding(Finding.GROUP_STALL, (), _kind_of([e.stage for _, e in present]), Scope.GROUP,
+                   "every rank enqueued the blocking collective and none differs")
 
 
 def _at(evidence: Sequence[Evidence | None], position: int) -> Evidence:
@@ -307,7 +435,7 @@ def close_round(context: ObserverContext, event: Tick | Answer) -> Stepped:
         report = StallReport(
             assessment.kind, assessment.outcome, assessment.scope, assessment.key, opened.round,
             config.position, reporter, assessment.attributed, assessment.ahead, assessment.missing,
-            tuple(evidence), context.idle_s, assessment.reason,
+            tuple(evidence), context.idle_s, assessment.reason, assessment.blocking,
         )
         if reporter != config.position:
             effects.append(Send((reporter,), Delegate(opened.round, config.position, report)))
@@ -596,6 +724,14 @@ def stale_reply_counted(
     previous: ObserverMachineState, event: object, state: ObserverMachineState, effects: _Effects
 ) -> bool:
     return Noted("stale_reply_ignored") in effects
+
+
+@ACTIONS.predicate
+def rank_named_by_completion(
+    previous: ObserverMachineState, event: object, state: ObserverMachineState, effects: _Effects
+) -> bool:
+    delegated = [s.message.report for s in _sends(effects) if isinstance(s.message, Delegate)]
+    return any(report.blocking and report.attributed for report in (*_reports(effects), *delegated))
 
 
 @ACTIONS.predicate

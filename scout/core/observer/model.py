@@ -29,6 +29,20 @@ Closing a round assesses the evidence with the one verdict rule, ``classify_exac
 4. the answering majority agrees and some peers are silent -> **unresponsive** (names them);
 5. no majority -> **inconclusive**.
 
+*Completion.* On NCCL a collective returns at enqueue and completes later on a stream, so the
+host coordinate alone says where the Python thread is, not what the device finished: a rank whose
+stream never reaches a collective blocks at the same sync point as its peers. Where the trainer
+tracks completion (spec/observer.md INSTR-9..13), each piece of evidence also carries a
+:class:`Completion`: how many collectives of the tracked process group were enqueued, how many
+have completed (a contiguous prefix), and the state and fingerprint of the oldest pending one.
+When every answering rank has comparable completion evidence and some collective is pending,
+the round is judged on the *blocking collective* ``b`` -- the lowest pending sequence number --
+before the host coordinates (COMPLETION-1..8 in spec/observer.md): a rank that never enqueued
+``b`` is behind; a pending fingerprint that differs is a desync; a rank whose ``b`` is enqueued
+but not started while its peers' started is behind (a GPU-side hang, a kernel never launched);
+a ``b`` enqueued everywhere with nobody differing is a group stall. Every vote is
+``classify_exact``.
+
 Evidence only counts once it has *settled*: every answering rank has been idle for at least
 its stage's floor (``settle_idle_s``; the data-loading and checkpoint thresholds for those
 stages). A rank that is still progressing makes the round **unsettled** -- it is a straggler or
@@ -62,6 +76,8 @@ __all__ = [
     "Answer",
     "Assessment",
     "Attached",
+    "BlockState",
+    "Completion",
     "Decision",
     "Delegate",
     "EmitReport",
@@ -79,6 +95,7 @@ __all__ = [
     "ObserverEvent",
     "ObserverState",
     "OpenRound",
+    "PendingState",
     "Progress",
     "ProgressSeen",
     "Reply",
@@ -121,14 +138,91 @@ _CHECKPOINT_STAGES: Final = (Stage.CHECKPOINT_READ, Stage.CHECKPOINT_WRITE)
 Coordinate: TypeAlias = tuple[int, int]
 
 
+class PendingState(enum.IntEnum):
+    """What the trainer's completion source knows of its oldest pending collective (INSTR-11)."""
+
+    NONE = 0  # nothing pending
+    ENQUEUED = 1  # issued by the host; the device has not started it
+    STARTED = 2  # the device started it (the stream reached it, its kernel runs)
+    UNKNOWN = 3  # pending; the source cannot tell whether it started (gloo, Flight Recorder without timing)
+
+
+def _sequence_number(_instance: object, attribute: Any, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+        raise ValueError(f"Completion.{attribute.name} must be an int in [0, 2**63), got {value!r}")
+
+
+def _source_key(_instance: object, _attribute: Any, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 2**64:
+        raise ValueError(f"Completion.source must be an int in [1, 2**64) (0 means no tracking), got {value!r}")
+
+
+@attrs.frozen
+class Completion:
+    """A rank's completion coordinate for one tracked process group (PROGRESS-9, COMPLETION-1):
+    ``enqueued`` collectives were issued, every one numbered ``<= completed`` has completed, and
+    when ``enqueued > completed`` the oldest pending one is number ``completed + 1`` with
+    ``pending_fingerprint`` (0: not seen, so unknown) in ``pending_state``; the last completed
+    one has ``completed_fingerprint``. ``source`` names the
+    tracked group and how its collectives are numbered: two ranks' coordinates are comparable
+    only when their sources are equal."""
+
+    source: int = attrs.field(validator=_source_key)
+    enqueued: int = attrs.field(validator=_sequence_number)
+    completed: int = attrs.field(validator=_sequence_number)
+    pending_fingerprint: int = 0
+    pending_state: PendingState = PendingState.NONE
+    completed_fingerprint: int = 0  # of collective number ``completed`` (0: none or not seen)
+
+    def __attrs_post_init__(self) -> None:
+        if self.completed > self.enqueued:
+            raise ValueError(
+                f"Completion.completed ({self.completed}) exceeds enqueued ({self.enqueued}): a collective "
+                "cannot complete before it is enqueued"
+            )
+        pending = self.enqueued > self.completed
+        if pending == (self.pending_state is PendingState.NONE):
+            raise ValueError(
+                f"Completion.pending_state {self.pending_state.name} contradicts enqueued={self.enqueued}, "
+                f"completed={self.completed}: it is NONE exactly when nothing is pending"
+            )
+        if not pending and self.pending_fingerprint != 0:
+            raise ValueError("Completion.pending_fingerprint must be 0 when nothing is pending")
+
+    @property
+    def pending(self) -> bool:
+        return self.enqueued > self.completed
+
+    @property
+    def oldest_pending(self) -> int | None:
+        """The sequence number of the oldest pending collective, or None."""
+        return self.completed + 1 if self.pending else None
+
+
+class BlockState(enum.IntEnum):
+    """A rank's state of the blocking collective ``b`` of a round (COMPLETION-2)."""
+
+    NOT_ENQUEUED = 0
+    ENQUEUED = 1
+    STARTED = 2
+    UNKNOWN = 3  # pending, started or not cannot be told
+    COMPLETED = 4
+
+
 @attrs.frozen
 class Progress:
-    """The trainer's position as its observer last read it."""
+    """The trainer's position as its observer last read it. ``completion`` is None where the
+    trainer tracks no completion (an older record, an MPI program, tracking switched off);
+    ``pending_since_s`` is when its oldest pending collective was enqueued, on the driver's
+    monotonic clock (0 when nothing is pending)."""
 
     step: int
     op: int
     fingerprint: int = 0  # 0: no collective in flight
     stage: Stage = Stage.COMPUTE
+    completion: Completion | None = None
+    # Not part of equality: a re-estimate of the same enqueue time is not progress (PROGRESS-9).
+    pending_since_s: float = attrs.field(default=0.0, eq=False)
 
     @property
     def coordinate(self) -> Coordinate:
@@ -137,13 +231,16 @@ class Progress:
 
 @attrs.frozen
 class Evidence:
-    """One peer's answer to a round: its trainer's position and how long it has been idle."""
+    """One peer's answer to a round: its trainer's position and how long it has been idle, and
+    its completion coordinate with the age of its oldest pending collective (when tracked)."""
 
     step: int
     op: int
     fingerprint: int
     stage: Stage
     idle_s: float
+    completion: Completion | None = None
+    pending_age_s: float = 0.0
 
     @property
     def coordinate(self) -> Coordinate:
@@ -196,6 +293,9 @@ class Assessment:
     kind: StallKind
     scope: Scope
     reason: str  # the verdict reason code or a short phrase
+    # The blocking collective's sequence number when completion evidence decided (COMPLETION-1),
+    # 0 when the host coordinates did.
+    blocking: int = 0
 
 
 @attrs.frozen
@@ -215,6 +315,7 @@ class StallReport:
     evidence: tuple[Evidence | None, ...]
     idle_s: float  # the deciding observer's trainer idle time when the round closed
     reason: str
+    blocking: int = 0  # as Assessment.blocking
 
 
 def _positive_finite(name: str) -> Any:
@@ -512,7 +613,8 @@ class ObserverContext:
         if self.progress is None:
             return None
         p = self.progress
-        return Evidence(p.step, p.op, p.fingerprint, p.stage, max(0.0, now_s - self.last_progress_s))
+        age = max(0.0, now_s - p.pending_since_s) if p.completion is not None and p.completion.pending else 0.0
+        return Evidence(p.step, p.op, p.fingerprint, p.stage, max(0.0, now_s - self.last_progress_s), p.completion, age)
 
 
 class ObserverState(str, enum.Enum):

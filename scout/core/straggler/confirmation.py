@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
+from scout.core import invariants
 from scout.core.finite import finite_number
 from scout.core.machine import Machine, MachineState, packaged_machine
 from scout.core.straggler.machine import reaches_bound
@@ -340,4 +341,14 @@ def confirmation_step(
         after, emitted = machine.step(peer, event)
         peers.append(after)
         effects += [e for e in emitted if isinstance(e, (Confirmed, Recovered))]
-    return attrs.evolve(guarded, peers=tuple(peers)), tuple(effects)
+    new = attrs.evolve(guarded, peers=tuple(peers))
+    if invariants.ENABLED:
+        _check_confirmation(new)
+    return new, tuple(effects)
+
+
+def _check_confirmation(state: ConfirmationState) -> None:
+    """STRAG-14 at run time (scout.core.invariants); PeerContext checks each score's bounds."""
+    confirmed = state.confirmed
+    if confirmed and not 2 * len(confirmed) < state.peer_count:
+        raise invariants.violated("STRAG-14/minority", f"peers {sorted(confirmed)} of {state.peer_count} confirmed")

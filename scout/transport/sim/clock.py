@@ -21,12 +21,5 @@ class VirtualClock:
             raise ValueError(f"start_s must be finite and >= 0, got {start_s!r}")
         self.now_s = float(start_s)
 
-    def advance_to(self, time_s: float) -> None:
-        if time_s < self.now_s:
-            raise AssertionError(
-                f"virtual clock moved backwards: now_s={self.now_s!r}, asked for {time_s!r}"
-            )
-        self.now_s = time_s
-
     def __repr__(self) -> str:
         return f"VirtualClock(now_s={self.now_s!r})"

@@ -35,9 +35,6 @@ class LatencyModel:
     jitter_s: float = attrs.field(default=20e-6, validator=_finite_non_negative)
     collective_step_latency_s: float = attrs.field(default=50e-6, validator=_finite_non_negative)
 
-    def message_latency_s(self, rng: random.Random) -> float:
-        return self.base_latency_s + rng.random() * self.jitter_s
-
     def collective_latency_s(self, rng: random.Random, group_size: int) -> float:
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")

@@ -1,0 +1,170 @@
+"""What ``scout.attach`` starts on a rank, assembled from the configuration (docs/attach.md):
+scout's control group and the hosts, the progress record and its instrumentation, the
+observer side (``scout.observer.startup``), the checks (``scout.job.checks``), the gate's
+writer on rank 0 (``scout.job.gate_driver``) and the pipeline that runs them each step.
+Collective over the world; ``Job`` drives what this returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from scout.core.observer import Stage
+from scout.gate.model import GateConfig
+from scout.gate.recorder import GateWriter
+from scout.job import bench_switches
+from scout.job.checks import ReplayCheck, build_checks
+from scout.job.config import Config
+from scout.job.control import ControlGroup
+from scout.job.gate_driver import GateDriver, Reporter
+from scout.job.hooks import publish_ddp_buckets
+from scout.job.pipeline import Pipeline
+from scout.job.run_dir import RunDir
+from scout.observer import instrument
+from scout.observer.launch import ObserverHandle
+from scout.observer.progress import ProgressPublisher, RecordIdentity, reclaim_stale_records
+from scout.observer.startup import start_job_observer
+from scout.ops.launch import NodeOps, observer_rounds_path
+from scout.ops.slurm import host_name
+from scout.replay.collectives import TorchPeerGroup
+
+__all__ = ["Assembly", "assemble"]
+
+logger = logging.getLogger("scout")
+
+
+@attrs.define
+class Assembly:
+    rank: int
+    world_size: int
+    run_dir: RunDir
+    checkpoint_dir: Path | None
+    control: ControlGroup
+    hosts: tuple[str, ...]
+    identity: RecordIdentity
+    publisher: ProgressPublisher
+    observer: ObserverHandle | None
+    pipeline: Pipeline
+    ops: NodeOps | None
+
+
+def _warn_about_the_launcher(rank: int) -> None:
+    if (rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+            and int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) > 0):
+        logger.warning("scout: torchrun shares its rendezvous store with the workers, and torch 2.13's "
+                       "restarted attempts can then read the previous attempt's addresses and fail to connect "
+                       "(pytorch issue 135712); launch with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for restarts")
+
+
+def _instrument(model: nn.Module, identity: RecordIdentity) -> tuple[ProgressPublisher, Callable[..., None]]:
+    """The progress record and the instrumentation that publishes into it (docs/observer.md);
+    returns the publisher and how to listen to every collective of a step (LOOP-1: the
+    instrumented ones and DDP's gradient buckets)."""
+    reclaim_stale_records(identity)
+    publisher = ProgressPublisher(identity)
+    # Start-up is published as a checkpoint read (its long threshold): a slow start is never a hang report.
+    publisher.begin_stage(Stage.CHECKPOINT_READ)
+    # Parts a benchmark may switch off to measure them (bench_switches: not settings).
+    off = bench_switches.parts_off()
+    instrument.instrument(publisher, collectives="instrumentation" not in off, completion="completion" not in off)
+    # LOOP-5: a listener is told a collective started and returns what to call at its completion.
+    bucket_listeners: list[Callable[[], Callable[[], None]]] = []
+    buckets = "ddp_hook" not in off and publish_ddp_buckets(model, publisher, bucket_listeners)
+    if "instrumentation" not in off:
+        instrument.instrument_module(model)
+
+    def listen(listener: Callable[[], Callable[[], None]]) -> None:
+        instrument.add_collective_listener(listener)
+        if buckets:
+            bucket_listeners.append(listener)
+
+    return publisher, listen
+
+
+def _verification_impossible(peers: TorchPeerGroup, config: Config, checks: Sequence[Any]) -> list[str]:
+    """Settings under which the gate can never promote a checkpoint (GATE-1)."""
+    problems = []
+    if peers.size < 2:
+        problems.append("the replay peer group has one member, so no replay can agree with anyone")
+    if config.max_capture_bytes == 0:
+        problems.append("max_capture_bytes is 0, so no replay input can be captured")
+    for check in checks:
+        if isinstance(check, ReplayCheck):
+            if check.runner.schedule.uncovered():
+                problems.append(f"recipes {[str(r) for r in check.runner.schedule.uncovered()]} are never replayed")
+            if check.runner.disabled_reason is not None:
+                problems.append(f"{check.name} is disabled: {check.runner.disabled_reason}")
+    return problems
+
+
+def assemble(model: nn.Module, optimizer: torch.optim.Optimizer | None, *, run_dir: str | os.PathLike[str],
+             checkpoint_dir: str | os.PathLike[str] | None, peers: TorchPeerGroup | None, config: Config) -> Assembly:
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("scout.attach needs torch.distributed: call init_process_group first")
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    sink = RunDir(run_dir)
+    _warn_about_the_launcher(rank)
+    control = ControlGroup(config.collective_timeout_s)
+    hostname = host_name()  # Slurm's node name under Slurm (spec/ops.md OPS-7)
+    hosts = tuple(control.all_gather(hostname))
+    identity = RecordIdentity.from_environment(rank, job_id=config.job_id)
+    publisher, listen = _instrument(model, identity)
+    if peers is None and any(type(p).__name__ == "DTensor" for p in model.parameters()):
+        logger.warning("scout: the model's parameters are sharded (FSDP2 or tensor parallel), so the whole world "
+                       "is not one group of replicas: pass peers=scout.replay.TorchPeerGroup.from_mesh(mesh, "
+                       "('replicate',)) naming the replicas, or every replay will be Inconclusive")
+    peers = peers if peers is not None else TorchPeerGroup(timeout_s=config.collective_timeout_s)
+    group_index = next(i for i, g in enumerate(peers.partition) if rank in g)
+    observer = None
+    if config.observer:
+        group = peers.partition[group_index] if len(peers.partition) > 1 else tuple(range(world_size))
+        observer = start_job_observer(
+            publisher, group_ranks=group, group_index=group_index, control=control.group,
+            observer_config=config.observer_fields(), rendezvous_dir=config.rendezvous_dir,
+            observer_host=config.observer_host, report_path=sink.reports_path,
+            exclude_hosts_path=sink.exclude_hosts_path, hostname=hostname, on_hang=config.on_hang,
+            kill_grace_s=config.kill_grace_s, timeout_s=config.collective_timeout_s,
+            rounds_path=observer_rounds_path(config, sink.path, rank))
+    reporter = Reporter(sink if rank == 0 else None, job_id=identity.job_id, generation=identity.generation,
+                        hosts=hosts, rank=rank)
+    checks: list[Any] = []
+    cycle_steps, gate, ckpt = 0, None, None if checkpoint_dir is None else Path(checkpoint_dir)
+    if config.replay:
+        checks, cycle_steps = build_checks(model, optimizer, peers, config, rank=rank, hosts=hosts,
+                                           exchange=control.all_gather, run_dir=str(sink.path),
+                                           add_collective_listener=listen)
+        if rank == 0 and "gate" not in bench_switches.parts_off():
+            notes = [note for check in checks for note in getattr(check, "notes", ())]
+            names = tuple(dict.fromkeys(n for check in checks for n in check.layout.names))
+            gate_config = GateConfig(sink.path.resolve().name or "run",
+                                     [r for check in checks for r in check.gate_recipes()], names, notes)
+            gate = GateDriver(GateWriter.open(sink.gate_path, gate_config), reporter)
+        if ckpt is not None:
+            logger.info("scout: replay cycle %d steps; a checkpoint every %d steps, verified one cycle later",
+                        cycle_steps, cycle_steps * config.checkpoint_every_cycles)
+            for problem in _verification_impossible(peers, config, checks):
+                logger.warning("scout: no checkpoint can ever become recovery-verified: %s", problem)
+    elif ckpt is not None:
+        logger.warning("scout: replay is off, so no checkpoint can be verified; scout saves no checkpoints "
+                       "(checkpoint_dir is ignored)")
+        ckpt = None
+    pipeline = Pipeline(checks, rank=rank, world_size=world_size, hosts=hosts, groups=peers.partition,
+                        on_sdc=config.on_sdc, cycle_steps=cycle_steps,
+                        checkpoint_every_cycles=config.checkpoint_every_cycles, reporter=reporter, gate=gate,
+                        timeout_s=config.collective_timeout_s)
+    if observer is not None:
+        observer.wait_ready(config.collective_timeout_s)
+        instrument.check_at_each_step(observer.check)
+    ops = NodeOps.start(config, run_dir=sink.path, publisher=publisher, group=control.group, rank=rank,
+                        host=hostname)  # metrics and on_report (docs/metrics.md)
+    control.barrier()
+    return Assembly(rank, world_size, sink, ckpt, control, hosts, identity, publisher, observer, pipeline, ops)

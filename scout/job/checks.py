@@ -1,0 +1,219 @@
+"""The checks a job runs at the end of its steps (``scout.job.pipeline.Check``), on torch:
+dense replay and expert replay (one replay runner each, spec/replay.md REPLAY-9), loop
+stragglers (LOOP-1..LOOP-4) and the golden canary (spec/canary.md). Each gives its peer group's
+results and straggler reports as a ``CheckOutput``; the pipeline exchanges them once.
+
+A new kind of check (a live-vs-replay self-check, a failed checkpoint save) is one more class
+with ``run(step)`` returning a ``CheckOutput``, added to the list :func:`build_checks` returns.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Generator, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from scout.core.canary import CanaryOutcome
+from scout.core.recipes import Intervals
+from scout.gate.model import Recipe
+from scout.job import bench_switches
+from scout.job.config import Config
+from scout.job.pipeline import CheckOutput, Finding, GateFeed, Layout, replay_output
+from scout.replay.arrival import LoopConfig, LoopTimer
+from scout.replay.canary import CANARY_RECIPE, Canary, CanaryMonitor
+from scout.replay.collectives import TorchPeerGroup
+from scout.replay.replay import RecipeModules, ReplayConfig, Replayer
+from scout.replay.runner import ReplayRunner
+from scout.reports.kinds import ReportKind
+
+__all__ = ["CanaryCheck", "LoopStragglerCheck", "ReplayCheck", "build_checks", "group_names"]
+
+logger = logging.getLogger("scout")
+
+
+def group_names(prefix: str, count: int) -> tuple[str, ...]:
+    """The gate's names of a check's peer groups: ``dp`` for the one group of a plain
+    data-parallel job, ``dp0``, ``dp1``, ... (``ep0``, ... for experts) otherwise."""
+    return (prefix,) if count == 1 and prefix == "dp" else tuple(f"{prefix}{i}" for i in range(count))
+
+
+class _NoOps:
+    """These checks run their collectives themselves (blocking torch calls): ``run`` is a
+    generator that yields no op, so the pipeline treats them like any rank program."""
+
+    def resume_at(self, step: int) -> None:
+        pass
+
+    def step_begins(self) -> None:
+        pass
+
+    def straggler_trackers(self) -> Mapping[str, Any]:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+class ReplayCheck(_NoOps):
+    """One replay runner (dense or experts) as a check."""
+
+    def __init__(self, name: str, runner: ReplayRunner, layout: Layout, hosts: Sequence[str],
+                 notes: Sequence[str] = ()) -> None:
+        self.name = name
+        self.runner = runner
+        self.layout = layout
+        self.hosts = tuple(hosts)
+        self.notes = tuple(notes)
+
+    def gate_recipes(self) -> list[Recipe]:
+        return [Recipe(str(recipe), self.layout.names) for recipe in self.runner.catalog.recipes()]
+
+    def run(self, step: int) -> Generator[Any, Any, CheckOutput | None]:
+        if self.runner.step_count + 1 != step:
+            raise RuntimeError(f"{self.name} is at step {self.runner.step_count + 1}, the job at step {step}: "
+                               "call resume_at with the step the job restored")
+        due = bool(self.runner.schedule.due(step))
+        report = self.runner.step()
+        if not due:
+            return None
+        costs = {f"{self.name}_compute_s": sum(report.compute_ms.values()) / 1e3,
+                 f"{self.name}_collectives_s": report.collective_ms / 1e3}
+        return replay_output(self.name, self.layout, report.results, report.straggler_events,
+                             report.performance_ratios, self.hosts, costs)
+        yield  # a rank program
+
+    def resume_at(self, step: int) -> None:
+        self.runner.resume_at(step)
+
+    def straggler_trackers(self) -> Mapping[str, Any]:
+        stragglers = self.runner.stragglers
+        if stragglers is None or self.name != "replay":  # the dense replay's (experts feed none)
+            return {}
+        return {"device": stragglers.device, "communication": stragglers.communication}
+
+    def close(self) -> None:
+        self.runner.close()
+
+
+class LoopStragglerCheck(_NoOps):
+    """LOOP-1..LOOP-4: the rank its peers wait for at the step's collectives. Its check comes
+    first in a step: the loop body of the step ends when ``job.step()`` begins."""
+
+    name = "loop"
+
+    def __init__(self, timer: LoopTimer, layout: Layout, hosts: Sequence[str]) -> None:
+        self.timer = timer
+        self.layout = layout
+        self.hosts = tuple(hosts)
+
+    def gate_recipes(self) -> list[Recipe]:
+        return []
+
+    def step_begins(self) -> None:
+        self.timer.begin_step()
+
+    def straggler_trackers(self) -> Mapping[str, Any]:
+        return {"loop": self.timer.tracker}
+
+    def run(self, step: int) -> Generator[Any, Any, CheckOutput | None]:
+        check = self.timer.end_step(step)
+        if check is None:
+            return None
+        return replay_output(self.name, self.layout, (), check.events, {}, self.hosts)
+        yield  # a rank program
+
+
+class CanaryCheck(_NoOps):
+    """CANARY-3..CANARY-8 at every cycle end, before the boundary (CANARY-7): the decision is
+    job-wide already (every rank's readings are exchanged), so its feed needs no exchange."""
+
+    name = "canary"
+
+    def __init__(self, monitor: CanaryMonitor, layout: Layout, cycle_steps: int) -> None:
+        self.monitor = monitor
+        self.layout = layout
+        self.cycle_steps = cycle_steps
+
+    def gate_recipes(self) -> list[Recipe]:
+        return [Recipe(str(CANARY_RECIPE), self.layout.names)]
+
+    def run(self, step: int) -> Generator[Any, Any, CheckOutput | None]:
+        if not self.cycle_steps or step % self.cycle_steps:
+            return None
+        decision = self.monitor.check(step)
+        results = CanaryMonitor.gate_results(decision, step, self.layout.groups)
+        findings: tuple[Finding, ...] = ()
+        if decision.ranks:
+            reason = "canary-common-mode" if decision.outcome is CanaryOutcome.COMMON_MODE else "canary-changed"
+            findings = (Finding(ReportKind.SDC, reason, tuple(decision.ranks), step, {
+                "recipe": str(CANARY_RECIPE), "outcome": decision.outcome.value, "classes": list(decision.classes),
+                "detail": decision.reason}),)
+        feed = GateFeed(str(CANARY_RECIPE), step, dict(zip(self.layout.names, results, strict=True)), findings)
+        return CheckOutput(self.name, self.layout, feeds=(feed,))
+        yield  # a rank program
+
+
+def build_checks(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    peers: TorchPeerGroup,
+    config: Config,
+    *,
+    rank: int,
+    hosts: Sequence[str],
+    exchange: Callable[[Any], list[Any]],
+    run_dir: str,
+    add_collective_listener: Callable[[Callable[[], Callable[[], None]]], None],
+) -> tuple[list[Any], int]:
+    """Every check the configuration asks for, in the order they run at a step, and the
+    replay cycle's length in steps (the longest schedule's). Collective over the world."""
+    modules = RecipeModules.discover(model)
+    k = config.replay_interval_steps
+    layers = len(modules.hidden)
+    intervals = Intervals(embedding_steps=k * layers, hidden_steps=k, output_steps=k * layers,
+                          optimizer_steps=k * layers)
+    # STRAG-1: with straggler_repetitions = 0 the run that gives the SDC evidence is also the
+    # one timed (no extra replay); n > 0 times n repetitions after it.
+    repetitions = config.straggler_repetitions
+    warmup_runs, timed_runs = (1 if repetitions else 0), max(1, repetitions)
+    replayer = Replayer(model, optimizer, peers, ReplayConfig(
+        intervals=intervals, max_capture_bytes=config.max_capture_bytes, replay_rows=config.replay_rows,
+        timing_warmup_runs=warmup_runs, timing_repetitions=timed_runs), modules)
+    dense = Layout.of(peers.partition, group_names("dp", len(peers.partition)), rank)
+    cycle_steps = replayer.schedule.cycle_length_steps()
+    # Loop stragglers: arrival at the step's collectives, timed by the instrumentation and DDP's
+    # bucket hook, checked every loop_check_steps.
+    checks: list[Any] = [ReplayCheck("replay", replayer, dense, hosts)]
+    if "loop_timer" not in bench_switches.parts_off():  # a benchmark's private switch, not a setting
+        loop = LoopTimer(peers, LoopConfig(check_every_steps=config.loop_check_steps))
+        add_collective_listener(loop.collective_started)  # LOOP-5: waits timed from enqueue to completion
+        checks.insert(0, LoopStragglerCheck(loop, dense, hosts))
+    if config.moe_catalog is not None:  # spec/moe.md: experts replicated like the dense layers (EP = 1)
+        from scout.replay.moe import ExpertLayers, ExpertReplayConfig, ExpertReplayer
+        from scout.replay.moe_catalog import load_catalog
+
+        layers_of_experts = ExpertLayers.discover(model)
+        catalog = load_catalog(config.moe_catalog, layers_of_experts)
+        expert_peers = TorchPeerGroup(partition=peers.partition, timeout_s=config.collective_timeout_s)
+        experts = ExpertReplayer(layers_of_experts, expert_peers, catalog.expert_keys(),
+                                 ExpertReplayConfig(expert_steps=k, timing_warmup_runs=warmup_runs,
+                                                    timing_repetitions=timed_runs))
+        cycle_steps = max(cycle_steps, experts.schedule.cycle_length_steps())
+        checks.append(ReplayCheck("experts", experts, Layout.of(peers.partition, group_names(
+            "ep", len(peers.partition)), rank), hosts, _coverage_notes(catalog)))
+    if config.canary:
+        device = next((p.device for p in model.parameters()), torch.device("cpu"))
+        monitor = CanaryMonitor(Canary(device=device), exchange, rank=rank, golden_path=f"{run_dir}/gate/canary.json")
+        checks.append(CanaryCheck(monitor, dense, cycle_steps))
+    return checks, cycle_steps
+
+
+def _coverage_notes(catalog: Any) -> tuple[str, ...]:
+    """MOE-6: what heterogeneous routing the expert recipes cover, for certificates."""
+    qualified = catalog.qualified_templates()
+    if not qualified:
+        return ("heterogeneous MoE routing: no template qualified; only the replayed per-expert regimes are covered",)
+    return (f"heterogeneous MoE routing: covered only for the qualified templates {', '.join(qualified)}",)

@@ -1,0 +1,203 @@
+"""The gate's writer rank: it steps the checkpoint gate with the job's results and turns every
+effect the gate returns into reports (spec/gate.md GATE-9, GATE-36, GATE-37). No torch.
+
+:class:`GateDriver` is the one place where gate events are made and effects acted on: replay
+results (:meth:`GateDriver.feed`), cycle boundaries, captures, and the start of an attempt (a
+restart with its typed cause, then the first boundary). Its dispatch is over the closed union
+``GateEffect`` and ends in ``assert_never``: ``Persist`` is already committed when
+``GateWriter.apply`` returns, a ``TrustChange`` is a ``checkpoint`` report, a ``GateReport`` an
+``unchecked`` report or the ``sdc`` reports of the feed whose recipe it names.
+
+:class:`Reporter` builds every record a job writes (``scout.reports.make_record``, the kind's
+source from :class:`~scout.reports.kinds.ReportKind`) and hands it to a :class:`ReportSink`:
+``run_dir/reports.jsonl`` in a job, a list in the simulator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+import attrs
+
+from scout import reports
+from scout.core.compat import assert_never
+from scout.core.failure import FailureClass
+from scout.gate.model import (
+    CheckpointCaptured,
+    CheckpointId,
+    CycleBoundary,
+    GateEffect,
+    GateEvent,
+    GateReport,
+    GateReportKind,
+    Persist,
+    Restart,
+    TrustChange,
+)
+from scout.gate.recorder import GateWriter
+from scout.gate.recovery import Choice, recover
+from scout.gate.results import recipe_verdicts
+from scout.reports.kinds import ReportKind
+
+if TYPE_CHECKING:
+    from scout.job.pipeline import GateFeed, Stop
+
+__all__ = ["GateDriver", "ReportSink", "Reporter", "RestoreDecision"]
+
+
+class ReportSink(Protocol):
+    """Where a job's reports go."""
+
+    def write(self, record: Mapping[str, Any]) -> None: ...
+
+    def exclude_hosts(self, hosts: Sequence[str]) -> None: ...
+
+
+class Reporter:
+    """The reports of one rank. Only the reporting rank (the gate's writer) has a sink; on the
+    others every call does nothing, so every rank can run the same code."""
+
+    def __init__(self, sink: ReportSink | None, *, job_id: str, generation: int, hosts: Sequence[str],
+                 rank: int) -> None:
+        self.sink = sink
+        self.job_id = job_id
+        self.generation = generation
+        self.hosts = tuple(hosts)
+        self.rank = rank
+
+    def record(self, kind: ReportKind, reason: str, *, ranks: Sequence[int] = (), step: int | None = None,
+               evidence: Mapping[str, Any] | None = None) -> None:
+        if self.sink is None:
+            return
+        self.sink.write(reports.make_record(kind, reason=reason, job_id=self.job_id, generation=self.generation,
+                                            ranks=ranks, hosts=[self.hosts[r] for r in ranks], step=step,
+                                            evidence=evidence, reporter_rank=self.rank))
+
+    def straggler(self, arguments: Mapping[str, Any]) -> None:
+        """STRAG-21: a straggler record from ``straggler_record_arguments``."""
+        if self.sink is not None:
+            self.sink.write(reports.make_record(**arguments, job_id=self.job_id, generation=self.generation,
+                                                reporter_rank=self.rank))
+
+    def stopped(self, stop: Stop) -> None:
+        """The fault policy stopped the job: name the hosts at fault for the scheduler, then say why."""
+        if self.sink is None:
+            return
+        self.sink.exclude_hosts(stop.hosts)
+        self.record(ReportKind.RESTART, stop.kind.value, ranks=stop.ranks, step=stop.step,
+                    evidence={"policy": f"on_{stop.kind.value}=restart"})
+
+
+@attrs.frozen
+class RestoreDecision:
+    """What an attempt starts from (spec/recovery.md): the step, the checkpoint to load (None:
+    initialization), the failure class of the previous attempt and the recovery choice (None
+    on a fresh run), and the gate's timeline every later checkpoint of the attempt belongs to."""
+
+    step: int
+    checkpoint: CheckpointId | None
+    failure: FailureClass | None
+    choice: Choice | None
+    timeline: int
+
+
+def _restarted(writer: GateWriter) -> bool:
+    """The manifest holds an earlier attempt: this one begins with a restart."""
+    context = writer.state.context
+    return bool(context.checkpoints or context.cycle_start_step is not None or context.timeline)
+
+
+class GateDriver:
+    """The gate on its writer rank (module docstring)."""
+
+    def __init__(self, writer: GateWriter, reporter: Reporter) -> None:
+        self.writer = writer
+        self.reporter = reporter
+
+    def decide_restore(self, failure: FailureClass | None, *, checkpoints: bool) -> RestoreDecision:
+        """The recovery decision for an attempt whose predecessor ended with ``failure`` (None:
+        no report says an attempt ran before). ``checkpoints``: the job saves and loads
+        checkpoints at all."""
+        state = self.writer.state
+        restarted = _restarted(self.writer)
+        timeline = state.context.timeline + int(restarted)
+        cause = (failure or FailureClass.UNCERTAIN) if restarted or failure is not None else None
+        if not checkpoints or (failure is None and not state.context.checkpoints):
+            return RestoreDecision(0, None, cause, None, timeline)
+        decision = recover(state, failure or FailureClass.UNCERTAIN)
+        checkpoint = decision.checkpoint
+        return RestoreDecision(0 if checkpoint is None else checkpoint.step, checkpoint,
+                               failure or FailureClass.UNCERTAIN, decision.choice, timeline)
+
+    def begin(self, decision: RestoreDecision, *, evidence: Mapping[str, Any]) -> None:
+        """An attempt starts at ``decision.step``: after any earlier attempt the gate restarts
+        with the typed cause (GATE-36), then a cycle opens; the ``restart`` report says so,
+        with the cause the manifest now holds."""
+        restarted = _restarted(self.writer)
+        if restarted:
+            self._apply(Restart(decision.step if decision.checkpoint is not None else None,
+                                decision.failure or FailureClass.UNCERTAIN))
+        self._apply(CycleBoundary(decision.step))
+        cause = self.writer.state.context.restart_cause if restarted else None
+        details: dict[str, Any] = {
+            "failure": None if cause is None else cause.value,
+            "choice": None if decision.choice is None else decision.choice.value,
+            **evidence,
+        }
+        if self.writer.recorder.fail_closed is not None:
+            # GATE-31/32: the manifest lost its newest generation; only verified checkpoints
+            # were restorable, and the report says why.
+            details["fail_closed"] = self.writer.recorder.fail_closed
+        self.reporter.record(ReportKind.RESTART, "restored" if decision.checkpoint is not None else "started",
+                             step=decision.step, evidence=details)
+
+    def feed(self, feed: GateFeed) -> None:
+        """One recipe's job-wide result (GATE-4, GATE-5): the gate event, then its reports."""
+        context = self.writer.state.context
+        self._apply(recipe_verdicts(context.config, feed.recipe, context.cycle, feed.step, feed.results), feed)
+
+    def boundary(self, step: int) -> None:
+        self._apply(CycleBoundary(step))
+
+    def captured(self, step: int) -> None:
+        self._apply(CheckpointCaptured(step))
+
+    def close(self) -> None:
+        self.writer.close()
+
+    def _apply(self, event: GateEvent, feed: GateFeed | None = None) -> None:
+        """Step the gate (durably: GATE-9) and report what it decided."""
+        for effect in self.writer.apply(event):
+            self._act(effect, feed)
+
+    def _act(self, effect: GateEffect, feed: GateFeed | None) -> None:
+        if isinstance(effect, Persist):
+            pass  # committed by the writer before apply() returned (GATE-9)
+        elif isinstance(effect, TrustChange):
+            self.reporter.record(ReportKind.CHECKPOINT, effect.after.value.lower().replace("_", "-"),
+                                 step=effect.checkpoint.step, evidence={
+                                     "checkpoint": str(effect.checkpoint),
+                                     "before": None if effect.before is None else effect.before.value,
+                                     "after": effect.after.value, "detail": effect.reason})
+        elif isinstance(effect, GateReport):
+            self._report(effect, feed)
+        else:
+            assert_never(effect)
+
+    def _report(self, report: GateReport, feed: GateFeed | None) -> None:
+        if report.kind is GateReportKind.UNCHECKED:
+            self.reporter.record(ReportKind.UNCHECKED, "replay-inconclusive", step=report.step, evidence={
+                "cycle": report.cycle, "recipes": list(report.recipes), "groups": list(report.groups),
+                "detail": report.detail})
+        elif report.kind is GateReportKind.SDC:
+            findings = feed.findings if feed is not None else ()
+            for finding in findings:  # the ranks the replay named, for the groups the gate names
+                self.reporter.record(finding.kind, finding.reason, ranks=finding.ranks, step=finding.step,
+                                     evidence={**finding.evidence, "cycle": report.cycle})
+            if not findings:  # the gate saw SDC that no check named ranks for: still reported
+                self.reporter.record(ReportKind.SDC, "gate-sdc", step=report.step, evidence={
+                    "cycle": report.cycle, "recipes": list(report.recipes), "groups": list(report.groups),
+                    "detail": report.detail})
+        else:
+            assert_never(report.kind)

@@ -1,0 +1,317 @@
+"""One check step of a job as a pipeline (docs/design.md §7.4): checks → one exchange →
+aggregate → gate → reports → policy. ``scout.attach``'s ``Job`` drives it on every rank over
+torch.distributed; the simulator drives the same functions with simulated checks
+(``scout.scenarios.pipeline``), as it runs the observer's driver. No torch here.
+
+Theory of operation. :func:`run_step` is a rank program (``scout.transport.program``): it
+yields transport ops and receives their results, so any binding can run it.
+
+1. every :class:`Check` of the rank runs (its own replay collectives inside) and gives a
+   :class:`CheckOutput` -- its peer group's results and straggler reports -- or None when
+   nothing was due at this step (a function of the step: the same on every rank);
+2. :func:`scout.job.aggregate.exchange_outputs` exchanges every check's output once, over the
+   whole job (group leaders carry their group's; nothing when every check has one group);
+   :func:`scout.job.aggregate.merge` turns what arrived into job-wide :class:`GateFeed` values
+   and straggler reports -- alike on every rank;
+3. the gate's writer (one rank, :class:`scout.job.gate_driver.GateDriver`) steps the gate with
+   each feed and turns every effect into reports; the other reports of the step follow;
+4. :func:`decide` applies the fault policy alike on every rank: ``on_sdc = "restart"`` stops
+   the job at this step on every rank (:class:`Stop`).
+
+At a replay cycle's end the gate closes the cycle, and the job saves a checkpoint when one is
+due (:attr:`StepOutcome.checkpoint_due`), then reports the capture with :meth:`Pipeline.captured`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Mapping, Sequence
+from typing import Any, Protocol
+
+import attrs
+
+from scout.core.failure import FailureClass
+from scout.core.recipes import RecipeResult
+from scout.core.straggler.tracking import StragglerEvent, straggler_record_arguments
+from scout.gate.model import Recipe
+from scout.job import aggregate
+from scout.job.gate_driver import GateDriver, Reporter, RestoreDecision
+from scout.reports.kinds import ReportKind
+from scout.transport.program import Op
+
+__all__ = [
+    "Check",
+    "CheckOutput",
+    "FaultDetected",
+    "Finding",
+    "GateFeed",
+    "Layout",
+    "Pipeline",
+    "StepOutcome",
+    "Stop",
+    "decide",
+    "replay_output",
+    "run_step",
+]
+
+
+@attrs.frozen
+class Layout:
+    """The peer groups of one check: their names (as the gate knows them) and global ranks,
+    and where this rank sits."""
+
+    names: tuple[str, ...]
+    groups: tuple[tuple[int, ...], ...]
+    index: int  # this rank's group
+    position: int  # this rank's position in it
+
+    @classmethod
+    def of(cls, groups: Sequence[Sequence[int]], names: Sequence[str], rank: int) -> Layout:
+        members = tuple(tuple(int(r) for r in g) for g in groups)
+        index = next((i for i, g in enumerate(members) if rank in g), None)
+        if index is None or len(names) != len(members):
+            raise ValueError(f"rank {rank} is in none of the groups {[list(g) for g in members]}, or the "
+                             f"{len(names)} names {list(names)} do not name them")
+        return cls(tuple(names), members, index, members[index].index(rank))
+
+    @property
+    def leader(self) -> bool:
+        """Every member of a group decides alike; its first member speaks for it."""
+        return self.position == 0
+
+
+@attrs.frozen
+class Finding:
+    """A fault a check found, as the report names it: global ranks, a stable reason code."""
+
+    kind: ReportKind
+    reason: str
+    ranks: tuple[int, ...]
+    step: int
+    evidence: Mapping[str, Any]
+
+
+@attrs.frozen
+class GateFeed:
+    """One recipe's job-wide result: one RecipeResult per peer group that answered (the gate
+    makes the others MISSING) and the findings its attributed groups name."""
+
+    recipe: str
+    step: int
+    results: Mapping[str, RecipeResult]  # group name -> result
+    findings: tuple[Finding, ...] = ()
+
+
+@attrs.frozen
+class CheckOutput:
+    """What one check gave on this rank at one step. ``results`` and ``stragglers`` are its
+    group's (every member holds the same; the exchange carries the leader's); ``feeds`` are
+    job-wide already (the canary decides over the whole job)."""
+
+    check: str
+    layout: Layout
+    results: tuple[RecipeResult, ...] = ()
+    stragglers: tuple[Mapping[str, Any], ...] = ()  # ``scout.reports.make_record`` arguments
+    feeds: tuple[GateFeed, ...] = ()
+    costs_s: Mapping[str, float] = attrs.Factory(dict)
+
+
+class Check(Protocol):
+    """One kind of check a job runs at the end of its steps."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def layout(self) -> Layout: ...
+
+    def gate_recipes(self) -> Sequence[Recipe]:
+        """The recipes it feeds to the gate, with the groups they apply to (GATE config)."""
+        ...
+
+    def run(self, step: int) -> Generator[Any, Any, CheckOutput | None]:
+        """Check ``step`` (may yield transport ops); None when nothing was due."""
+        ...
+
+    def resume_at(self, step: int) -> None: ...
+
+    def step_begins(self) -> None:
+        """The training loop's next step begins now (LOOP-1: scout's own work is not loop work)."""
+        ...
+
+    def straggler_trackers(self) -> Mapping[str, Any]:
+        """Its straggler trackers by kind (``device``, ``communication``, ``loop``), for the
+        per-rank stats the ops sidecar exports (docs/metrics.md); empty if it has none."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@attrs.frozen
+class Stop:
+    """The fault policy stops the job at ``step`` on every rank."""
+
+    kind: ReportKind
+    step: int
+    ranks: tuple[int, ...]
+    hosts: tuple[str, ...]
+    reason: str
+
+
+class FaultDetected(RuntimeError):
+    """Raised by ``job.step()`` on every rank at the same step when a fault's policy is
+    ``restart``: let it end the process, and the launcher (``torchrun --max-restarts``)
+    restarts the job; ``job.restore()`` then resumes from the checkpoint the recovery table
+    picks."""
+
+    def __init__(self, kind: str, step: int, ranks: Sequence[int], hosts: Sequence[str], reason: str) -> None:
+        self.kind, self.step, self.ranks, self.hosts, self.reason = kind, step, tuple(ranks), tuple(hosts), reason
+        where = f" on {', '.join(hosts)}" if hosts else ""
+        super().__init__(f"scout: {kind} at step {step}: rank(s) {list(ranks)}{where} ({reason}); the job stops so "
+                         "that the launcher restarts it from a trusted checkpoint")
+
+    @classmethod
+    def of(cls, stop: Stop) -> FaultDetected:
+        return cls(stop.kind.value, stop.step, stop.ranks, stop.hosts, stop.reason)
+
+
+@attrs.frozen
+class StepOutcome:
+    step: int
+    stop: Stop | None = None
+    checkpoint_due: bool = False
+
+
+def replay_output(name: str, layout: Layout, results: Sequence[RecipeResult], events: Sequence[StragglerEvent],
+                  ratios: Mapping[str, Sequence[float | None]], hosts: Sequence[str],
+                  costs_s: Mapping[str, float] | None = None) -> CheckOutput:
+    """A replay check's output (dense or experts, on torch or simulated): its group's results
+    and a report for every confirmation or recovery of its straggler tests (STRAG-21)."""
+    by_rank = dict(enumerate(hosts))
+    stragglers = tuple(straggler_record_arguments(event, hosts=by_rank, group_ratios=ratios.get(event.kind.value))
+                       for event in events)
+    return CheckOutput(name, layout, tuple(results), stragglers, costs_s=dict(costs_s or {}))
+
+
+def decide(findings: Sequence[Finding], *, on_sdc: str, hosts: Sequence[str]) -> Stop | None:
+    """The fault policy, alike on every rank from the same findings: with ``on_sdc =
+    "restart"`` an SDC stops the job at the step it was found, naming every rank it found."""
+    sdc = [f for f in findings if f.kind is ReportKind.SDC]
+    if on_sdc != "restart" or not sdc:
+        return None
+    ranks = tuple(sorted({rank for finding in sdc for rank in finding.ranks}))
+    return Stop(ReportKind.SDC, sdc[0].step, ranks, tuple(sorted({hosts[r] for r in ranks})), sdc[0].reason)
+
+
+class Pipeline:
+    """One rank's checks, exchange, gate (on the writer rank), reports and policy."""
+
+    def __init__(
+        self,
+        checks: Sequence[Check],
+        *,
+        rank: int,
+        world_size: int,
+        hosts: Sequence[str],
+        groups: Sequence[Sequence[int]],
+        on_sdc: str,
+        cycle_steps: int,
+        checkpoint_every_cycles: int,
+        reporter: Reporter,
+        gate: GateDriver | None,
+        timeout_s: float,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.checks = tuple(checks)
+        self.rank = rank
+        self.world_size = world_size
+        self.hosts = tuple(hosts)
+        self.groups = tuple(tuple(g) for g in groups)  # the replica groups, for the restart report
+        self.on_sdc = on_sdc
+        self.cycle_steps = cycle_steps
+        self.checkpoint_every_steps = cycle_steps * checkpoint_every_cycles
+        self.reporter = reporter
+        self.gate = gate
+        self.timeout_s = timeout_s
+        self.clock = clock
+        #: Seconds spent per part of the pipeline (``replay_s``, ``gate_and_reports_s``, ...).
+        self.costs: dict[str, float] = {}
+
+    def straggler_trackers(self) -> dict[str, Any]:
+        """Every check's straggler trackers by kind (``scout.ops.launch.NodeOps.after_step``)."""
+        return {kind: tracker for check in self.checks for kind, tracker in check.straggler_trackers().items()}
+
+    def _cost(self, name: str, seconds: float) -> None:
+        self.costs[name] = self.costs.get(name, 0.0) + seconds
+
+    def decide_restore(self, failure: FailureClass | None, *, checkpoints: bool) -> RestoreDecision:
+        """Where an attempt starts (the gate's writer decides; ``scout.job.gate_driver``)."""
+        if self.gate is None:
+            return RestoreDecision(0, None, failure, None, 0)
+        return self.gate.decide_restore(failure, checkpoints=checkpoints)
+
+    def begin(self, decision: RestoreDecision) -> None:
+        """The attempt starts at ``decision.step`` on every rank: the checks resume there, the
+        gate restarts and opens a cycle, the ``restart`` report says where and why."""
+        for check in self.checks:
+            check.resume_at(decision.step)
+        evidence = {"cycle_steps": self.cycle_steps, "checkpoint_every_steps": self.checkpoint_every_steps,
+                    "world_size": self.world_size, "hosts": list(self.hosts), "groups": [list(g) for g in self.groups]}
+        if self.gate is not None:
+            self.gate.begin(decision, evidence=evidence)
+        else:
+            self.reporter.record(ReportKind.RESTART, "started", step=decision.step,
+                                 evidence={"failure": None, "choice": None, **evidence})
+        self.step_begins()
+
+    def step_begins(self) -> None:
+        for check in self.checks:
+            check.step_begins()
+
+    def captured(self, step: int) -> None:
+        """The checkpoint of ``step`` is complete on stable storage (every rank)."""
+        if self.gate is not None:
+            self.gate.captured(step)
+
+    def close(self) -> None:
+        for check in self.checks:
+            check.close()
+        if self.gate is not None:
+            self.gate.close()
+
+
+def run_step(pipeline: Pipeline, step: int) -> Generator[Op, Any, StepOutcome]:
+    """One step through the pipeline (module docstring); alike on every rank."""
+    clock = pipeline.clock
+    outputs: list[CheckOutput] = []
+    for check in pipeline.checks:
+        started = clock() if clock else 0.0
+        output = yield from check.run(step)
+        if output is not None:
+            outputs.append(output)
+            if clock:
+                pipeline._cost(f"{check.name}_s", clock() - started)
+                for name, seconds in output.costs_s.items():
+                    pipeline._cost(name, seconds)
+    started = clock() if clock else 0.0
+    stop: Stop | None = None
+    if outputs:
+        gathered = yield from aggregate.exchange_outputs(outputs, world_size=pipeline.world_size,
+                                                         timeout_s=pipeline.timeout_s)
+        merged = aggregate.merge(outputs, gathered, for_gate=pipeline.gate is not None)
+        if pipeline.gate is not None:
+            for feed in merged.feeds:
+                pipeline.gate.feed(feed)
+        for arguments in merged.stragglers:
+            pipeline.reporter.straggler(arguments)
+        stop = decide([f for feed in merged.feeds for f in feed.findings], on_sdc=pipeline.on_sdc,
+                      hosts=pipeline.hosts)
+        if stop is not None:
+            pipeline.reporter.stopped(stop)
+    cycle_end = pipeline.cycle_steps > 0 and step % pipeline.cycle_steps == 0
+    if cycle_end and pipeline.gate is not None:
+        pipeline.gate.boundary(step)
+    if clock:
+        pipeline._cost("gate_and_reports_s", clock() - started)
+    due = (cycle_end and pipeline.checkpoint_every_steps > 0 and step % pipeline.checkpoint_every_steps == 0
+           and stop is None)
+    return StepOutcome(step, stop, due)

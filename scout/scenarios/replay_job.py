@@ -1,0 +1,265 @@
+"""A simulated training job that runs the product's check pipeline (docs/design.md §7.4): the
+same replay round, straggler tests, exchange, merge, gate driver, reports and fault policy that
+``scout.attach`` runs on every rank, with simulated executors giving the evidence -- as the
+observer scenarios run the observer's production driver (DRIVER-1).
+
+What is simulated and nothing else:
+
+* the recipe executor (:class:`SimExecutor`): each replay computes for a jittered while of
+  virtual time and signs its output with a value every healthy replica computes alike; a rank
+  with an SDC fault flips one bit of its OUTPUT signature from a step on, a straggler computes
+  ``factor`` times longer;
+* the collectives: the round's gathers and the step's exchange are the simulator's
+  ``AllGather`` (``scout.transport.sim``);
+* the manifest's storage (``scout.gate.recorder.MemoryRecorder``): the gate's writer commits
+  every state it is asked to persist (GATE-9) into memory instead of files -- as the simulator
+  replaces the network, it replaces the disk;
+* the run directory: rank 0's reports go to a list.
+
+:func:`run_replay_job` runs a job and returns every rank's outcome and rank 0's reports;
+``scout.scenarios.localization`` builds the ``sdc-in-evidence`` and ``straggler-timing``
+scenarios on it.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Generator, Mapping, Sequence
+from typing import Any, Final
+
+import attrs
+
+from scout.core.compat import assert_never
+from scout.core.recipes import (
+    Catalog,
+    DueRecipe,
+    EvidenceKind,
+    Intervals,
+    ReplayStatus,
+    Schedule,
+)
+from scout.core.replay_round import (
+    EVIDENCE_OF,
+    Execute,
+    Executed,
+    GatherEvidence,
+    GatherReadiness,
+    Prepared,
+    RoundOutcome,
+    communication_slot,
+    replay_round,
+)
+from scout.core.straggler import DEFAULT_SEQUENTIAL_CONFIG
+from scout.core.straggler.tracking import ReplayStragglers
+from scout.core.verdict import DEFAULT_TIMING_CONFIG
+from scout.gate.model import GateConfig, Recipe
+from scout.gate.recorder import GateWriter, MemoryRecorder
+from scout.gate.step import initial_state
+from scout.job.gate_driver import GateDriver, Reporter, RestoreDecision
+from scout.job.pipeline import CheckOutput, Layout, Pipeline, StepOutcome, replay_output, run_step
+from scout.transport.base import Group
+from scout.transport.program import AllGather, Now, Sleep
+from scout.transport.sim.cluster import SimCluster, SimulationResult
+from scout.transport.sim.process import ProgramState, SimContext
+
+__all__ = ["Faults", "JobRun", "SimExecutor", "SimReplayCheck", "run_replay_job"]
+
+TIMEOUT_S: Final = 5.0  # every gather's and exchange's deadline (virtual seconds)
+STEP_S: Final = 1.0  # the training part of a step, before its checks
+DEVICE_FLOOR_MS: Final = 0.1  # the replay's default (ReplayConfig.device_floor_ms)
+
+
+@attrs.frozen
+class Faults:
+    """What goes wrong in the simulated job (None: nothing)."""
+
+    sdc_rank: int | None = None
+    sdc_step: int = 0
+    sdc_bit: int = 0
+    straggler_rank: int | None = None
+    straggler_step: int = 0
+    straggler_factor: float = 1.0
+
+
+class SimExecutor:
+    """A recipe executor in virtual time: computes for ``compute_ms`` (1 % Gaussian jitter from
+    the run's seed), times itself on the virtual clock, signs alike on every healthy replica."""
+
+    def __init__(self, rank: int, group_index: int, faults: Faults, compute_ms: float, jitter: float) -> None:
+        self.rank = rank
+        self.group_index = group_index
+        self.faults = faults
+        self.compute_ms = compute_ms
+        self.jitter = jitter
+
+    def execute(self, ctx: SimContext, due: DueRecipe) -> Generator[Any, Any, Executed]:
+        faults = self.faults
+        scale = faults.straggler_factor if self.rank == faults.straggler_rank and due.step >= faults.straggler_step \
+            else 1.0
+        duration_ms = self.compute_ms * scale * max(0.5, 1.0 + ctx.random.gauss(0.0, self.jitter))
+        began = yield Now()
+        yield Sleep(duration_ms / 1e3)
+        ended = yield Now()
+        evidence = {kind: _signature(self.group_index, str(due.recipe), due.step, kind)
+                    for kind in EVIDENCE_OF[due.recipe.recipe_class]}
+        if self.rank == faults.sdc_rank and due.step >= faults.sdc_step:
+            evidence[EvidenceKind.OUTPUT] ^= 1 << faults.sdc_bit
+        compute_s = round(ended - began, 9)
+        return Executed(ReplayStatus.OK, compute_s, (compute_s,), evidence)
+
+
+def _signature(group_index: int, recipe: str, step: int, kind: EvidenceKind) -> int:
+    """Evidence every healthy replica of a group computes alike (a stand-in for a signature)."""
+    return random.Random(f"{group_index}:{recipe}:{step}:{kind.value}").getrandbits(62)
+
+
+class SimReplayCheck:
+    """Dense replay on the simulator: the one replay round, driven by simulated collectives and
+    a :class:`SimExecutor`, then the device straggler test -- what ``ReplayCheck`` does on torch."""
+
+    name = "replay"
+
+    def __init__(self, ctx: SimContext, layout: Layout, schedule: Schedule, executor: SimExecutor,
+                 hosts: Sequence[str]) -> None:
+        self.ctx = ctx
+        self.layout = layout
+        self.group = Group(layout.groups[layout.index], layout.names[layout.index])
+        self.schedule = schedule
+        self.executor = executor
+        self.hosts = tuple(hosts)
+        self.stragglers = ReplayStragglers(self.group.ranks, DEFAULT_SEQUENTIAL_CONFIG, 16,
+                                           device_floor_ms=DEVICE_FLOOR_MS, communication_timing=DEFAULT_TIMING_CONFIG)
+        self.schedule_digest = random.Random(f"schedule:{schedule.describe()}").getrandbits(62)
+
+    def gate_recipes(self) -> list[Recipe]:
+        return [Recipe(str(recipe), self.layout.names) for recipe in self.schedule.catalog.recipes()]
+
+    def run(self, step: int) -> Generator[Any, Any, CheckOutput | None]:
+        due = self.schedule.due(step)
+        if not due:
+            return None
+        prepared = [Prepared(d, ReplayStatus.OK, random.Random(f"describe:{d.recipe}:{step}").getrandbits(62))
+                    for d in due]
+        outcome = yield from self._drive(replay_round(step, prepared, schedule_digest=self.schedule_digest,
+                                                      group_size=len(self.group.ranks),
+                                                      timing=DEFAULT_TIMING_CONFIG))
+        timing = self.stragglers.observe(step, outcome.peer_compute_ms, outcome.timing, outcome.communication_ms)
+        return replay_output(self.name, self.layout, outcome.results, timing.events,
+                             self.stragglers.performance_ratios(), self.hosts)
+
+    def _drive(self, round_: Generator[Any, Any, RoundOutcome]) -> Generator[Any, Any, RoundOutcome]:
+        answer: Any = None
+        while True:
+            try:
+                op = round_.send(answer)
+            except StopIteration as done:
+                outcome: RoundOutcome = done.value
+                return outcome
+            if isinstance(op, GatherReadiness):
+                answer = yield AllGather(op.row, timeout_s=TIMEOUT_S, group=self.group)
+            elif isinstance(op, Execute):
+                answer = yield from self.executor.execute(self.ctx, op.due)
+            elif isinstance(op, GatherEvidence):  # no communication timing on the simulator
+                answer = yield AllGather((*op.row, *communication_slot(())), timeout_s=TIMEOUT_S, group=self.group)
+            else:
+                assert_never(op)
+
+    def resume_at(self, step: int) -> None:
+        pass
+
+    def step_begins(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class _Reports:
+    """Rank 0's run directory: the reports and the hosts to exclude, in memory."""
+
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+        self.excluded: list[str] = []
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        self.records.append(dict(record))
+
+    def exclude_hosts(self, hosts: Sequence[str]) -> None:
+        self.excluded += [host for host in hosts if host not in self.excluded]
+
+
+@attrs.frozen
+class JobRun:
+    """What a simulated job did: every rank's last step and stop (None: it did not finish),
+    rank 0's reports and excluded hosts, and the gate's committed states."""
+
+    outcomes: tuple[StepOutcome | None, ...]
+    records: tuple[dict[str, Any], ...]
+    excluded_hosts: tuple[str, ...]
+    storage: MemoryRecorder
+    groups: tuple[Group, ...]
+    simulation: SimulationResult
+    pipelines: int  # how many pipelines ran (one per rank that started)
+
+
+def run_replay_job(
+    *,
+    ranks: int,
+    group_size: int,
+    seed: int,
+    steps: int,
+    faults: Faults,
+    scenario: str,
+    hidden_layers: int = 2,
+    compute_ms: float = 40.0,
+    jitter: float = 0.01,
+    on_sdc: str = "restart",
+    make_check: Callable[..., Any] = SimReplayCheck,
+) -> JobRun:
+    """Run the job: every rank replays one hidden layer per step (a cycle is ``hidden_layers``
+    steps, a checkpoint at every cycle end) through the product's pipeline."""
+    from scout.scenarios.exchange import replica_groups
+
+    cluster = SimCluster(ranks, seed=seed, scenario=scenario)
+    groups = replica_groups(ranks, group_size)
+    partition = tuple(group.ranks for group in groups)
+    names = tuple(f"dp{i}" for i in range(len(groups)))
+    hosts = tuple(f"host{r // 4}" for r in range(ranks))  # four ranks per host
+    schedule = Schedule(Catalog(hidden_layer_count=hidden_layers, has_embedding=False, has_output=False,
+                                optimizer_slice_count=0), Intervals(hidden_steps=1))
+    reports = _Reports()
+    storage = MemoryRecorder()
+    started: list[int] = []
+
+    def program(ctx: SimContext) -> Generator[Any, Any, StepOutcome | None]:
+        layout = Layout.of(partition, names, ctx.rank)
+        executor = SimExecutor(ctx.rank, layout.index, faults, compute_ms, jitter)
+        check = make_check(ctx, layout, schedule, executor, hosts)
+        reporter = Reporter(reports if ctx.rank == 0 else None, job_id=scenario, generation=0, hosts=hosts,
+                            rank=ctx.rank)
+        gate = None
+        if ctx.rank == 0:
+            config = GateConfig(scenario, check.gate_recipes(), names)
+            gate = GateDriver(GateWriter(storage, initial_state(config)), reporter)
+        pipeline = Pipeline([check], rank=ctx.rank, world_size=ranks, hosts=hosts, groups=partition, on_sdc=on_sdc,
+                            cycle_steps=schedule.cycle_length_steps(), checkpoint_every_cycles=1, reporter=reporter,
+                            gate=gate, timeout_s=TIMEOUT_S)
+        started.append(ctx.rank)
+        pipeline.begin(RestoreDecision(0, None, None, None, 0))
+        outcome: StepOutcome | None = None
+        for step in range(1, steps + 1):
+            yield Sleep(STEP_S)  # the training step
+            outcome = yield from run_step(pipeline, step)
+            if outcome.checkpoint_due:
+                pipeline.captured(step)  # the bytes are simulated: complete at once
+            if outcome.stop is not None:
+                break  # FaultDetected: the rank's process ends here
+        pipeline.close()
+        return outcome
+
+    cluster.spawn(program)
+    result = cluster.run()
+    outcomes = tuple(result.outcomes[(rank, "main")].value if result.outcomes[(rank, "main")].state is ProgramState.DONE
+                     else None for rank in range(ranks))
+    return JobRun(outcomes, tuple(reports.records), tuple(reports.excluded), storage, tuple(groups), result,
+                  len(started))

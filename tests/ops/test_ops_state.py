@@ -1,0 +1,100 @@
+"""The sidecar's model and its metrics (spec/ops.md OPS-3, OPS-5): which node counts a report,
+straggler state from reports, and the exposition Prometheus scrapes -- names and labels by
+Prometheus conventions. No processes: plain data through prometheus_client's own text format."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+from scout import reports
+
+prometheus_client = pytest.importorskip("prometheus_client", reason="the metrics extra (prometheus_client) is not installed")
+from prometheus_client.exposition import generate_latest  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from scout.ops.metrics import METRIC_NAMES, NodeCollector, registry_for  # noqa: E402
+from scout.ops.state import NodeState, RankProgress  # noqa: E402
+
+
+def _record(kind: str, reason: str, reporter: int | None, ranks: list[int] = (), **evidence: Any) -> dict[str, Any]:
+    return reports.make_record(kind, source="observer" if kind == "hang" else "job", reason=reason, job_id="j",
+                               generation=0, ranks=list(ranks), hosts=["h1"] if ranks else [], step=5,
+                               evidence=evidence, reporter_rank=reporter)
+
+
+def test_OPS_3_each_report_is_counted_by_exactly_one_node() -> None:
+    first = NodeState("j", 0, "h0", frozenset({0, 1}), True)
+    second = NodeState("j", 0, "h1", frozenset({2, 3}), False)
+    records = [_record("hang", "behind-majority", 3, [2]), _record("hang", "behind-majority", 0, [1]),
+               _record("finished", "closed", None)]
+    for record in records:  # a shared run directory: both nodes read every record
+        assert first.add_record(record) != second.add_record(record)
+    assert first.reports == {("hang", "behind-majority"): 1, ("finished", "closed"): 1}
+    assert second.reports == {("hang", "behind-majority"): 1}
+    assert second.rank_faults == {(2, "h1", "hang"): 1}
+
+
+def test_OPS_3_straggler_reports_confirm_and_clear_and_restarts_are_counted() -> None:
+    state = NodeState("j", 1, "h0", frozenset({0, 1, 2, 3}), True)
+    state.add_record(_record("straggler", "device-slow", 0, [3], straggler="device", change="confirmed"))
+    assert state.straggler_confirmed == {(3, "device"): True}
+    state.add_record(_record("straggler", "recovered-device-slow", 0, [3], straggler="device", change="recovered"))
+    assert state.straggler_confirmed == {(3, "device"): False}
+    state.add_record(_record("restart", "started", 0))
+    state.add_record(_record("restart", "restored", 0))
+    assert state.restarts == {"restored": 1}
+
+
+def _families(state: NodeState, refreshed: list[int] | None = None) -> dict[str, Any]:
+    lock = threading.Lock()
+    calls = refreshed if refreshed is not None else []
+    collector = NodeCollector(state, lock, lambda: calls.append(1), lambda: {"succeeded": 2, "failed": 1})
+    text = generate_latest(registry_for(collector)).decode()
+    return {family.name: family for family in text_string_to_metric_families(text)}, text
+
+
+def test_OPS_5_a_scrape_reads_first_and_exposes_every_metric_by_convention() -> None:
+    state = NodeState("job-7", 2, "h0", frozenset({0, 1}), True)
+    state.add_record(_record("hang", "behind-majority", 0, [1]), unix_s=1000.0)
+    state.progress[0] = RankProgress(12, 0.05, True, False)
+    state.progress[1] = RankProgress(11, 7.5, True, False)
+    state.set_stats(1, {"step": 11, "wall_s": 20.0, "costs": {"replay_s": 0.5},
+                        "stragglers": {"device": {"ratio": 1.5, "score": 4}, "bogus": {"ratio": 9}}})
+    state.set_checkpoints([(0, 40, "RECOVERY_VERIFIED"), (0, 80, "CANDIDATE"), (0, 120, "CAPTURED")])
+    for latency_s in (0.004, 0.2, 1.0):
+        state.rounds.observe(latency_s)
+    refreshed: list[int] = []
+    families, text = _families(state, refreshed)
+    assert refreshed == [1], "a scrape reads what changed before it answers (OPS-5)"
+    # prometheus_client's parser strips _total from counter family names; the text keeps it.
+    exported = {name for name in families} | {f"{name}_total" for name, f in families.items() if f.type == "counter"}
+    assert set(METRIC_NAMES) <= exported, sorted(set(METRIC_NAMES) - exported)
+    for name, family in families.items():
+        assert name.startswith("scout_"), name
+        if family.type == "counter":
+            assert f"{name}_total" in text
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples}
+    assert samples[("scout_reports_total", (("kind", "hang"), ("reason", "behind-majority")))] == 1
+    assert samples[("scout_rank_reports_total", (("host", "h1"), ("kind", "hang"), ("rank", "1")))] == 1
+    assert samples[("scout_progress_age_seconds", (("rank", "1"),))] == 7.5
+    assert samples[("scout_straggler_ratio", (("kind", "device"), ("rank", "1")))] == 1.5
+    assert samples[("scout_straggler_score", (("kind", "device"), ("rank", "1")))] == 4
+    assert ("scout_straggler_ratio", (("kind", "bogus"), ("rank", "1"))) not in samples
+    assert samples[("scout_replay_cost_ratio", (("rank", "1"),))] == pytest.approx(0.025)
+    assert samples[("scout_checkpoints", (("trust", "RECOVERY_VERIFIED"),))] == 1
+    assert samples[("scout_checkpoints", (("trust", "QUARANTINED"),))] == 0
+    assert samples[("scout_recovery_verified_step", ())] == 40
+    assert samples[("scout_restart_generation", ())] == 2
+    assert samples[("scout_observer_round_duration_seconds_bucket", (("le", "0.005"),))] == 1
+    assert samples[("scout_observer_round_duration_seconds_bucket", (("le", "1"),))] == 3
+    assert samples[("scout_observer_round_duration_seconds_count", ())] == 3
+    assert samples[("scout_on_report_total", (("outcome", "failed"),))] == 1
+    assert samples[("scout_last_report_timestamp_seconds", (("kind", "hang"),))] == 1000.0
+
+
+def test_OPS_5_a_node_without_the_manifest_exports_no_checkpoint_series() -> None:
+    families, _ = _families(NodeState("j", 0, "h1", frozenset({2}), False))
+    assert "scout_checkpoints" not in families and "scout_recovery_verified_step" not in families
