@@ -147,6 +147,7 @@ def worker(args: argparse.Namespace) -> None:
         dist.init_process_group("gloo")
     rank = dist.get_rank()
     example = _example()
+    example.SEQUENCE = SEQUENCE  # the attention mask's size (examples/train_gpt.py builds it from this global)
     torch.manual_seed(0)
     model = example.GPT(**size).to(device)
     parameters = sum(p.numel() for p in model.parameters())

@@ -233,9 +233,11 @@ def run_overhead(section: dict[str, Any], quick: bool, rounds: int, log: Callabl
         section["sizes"][size] = entry
 
 
-def run_parts(section: dict[str, Any], quick: bool, rounds: int, log: Callable[[str], None]) -> None:
+def run_parts(section: dict[str, Any], quick: bool, rounds: int, log: Callable[[str], None],
+              only: Sequence[str] = ()) -> None:
     size, steps = ("tiny", 8) if quick else ("large", 24)
-    chosen = ("ddp_hook",) if quick else PARTS  # quick: one bench switch, to exercise the path
+    # quick: one bench switch, to exercise the path; ``only``: the parts asked for (--parts)
+    chosen = tuple(only) or (("ddp_hook",) if quick else PARTS)
     arms = [attach_overhead.OFF, attach_overhead.DEFAULTS] + [attach_overhead.Arm(f"no-{p}", off=(p,)) for p in chosen]
     log(f"== parts: {size} model, {len(arms)} arms, {rounds} rounds of {steps} steps")
     results = attach_overhead.interleaved(arms, rounds=rounds, size=size, steps=steps, batch=2 if quick else 8,
@@ -653,6 +655,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated, of {', '.join(SECTIONS)}")
     parser.add_argument("--seeds", type=int, default=None, help="seeds per latency/recovery/campaign (default 5; quick 1)")
     parser.add_argument("--rounds", type=int, default=None, help="interleaved A/B rounds (default 5; quick 1)")
+    parser.add_argument("--parts", default="", help=f"the parts section's parts off, comma-separated, of "
+                        f"{', '.join(PARTS)} (default: all; quick: ddp_hook)")
     parser.add_argument("--output", type=Path, default=RESULTS, help="the JSON (default bench/results/evaluation.json)")
     parser.add_argument("--doc", type=Path, default=None, help="the document (default docs/evaluation.md; "
                         "not written by --quick unless given)")
@@ -671,6 +675,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = sorted(set(chosen) - set(SECTIONS))
     if unknown:
         parser.error(f"unknown section(s) {unknown}; the sections are {', '.join(SECTIONS)}")
+    only = [part.strip() for part in args.parts.split(",") if part.strip()]
+    if sorted(set(only) - set(PARTS)):
+        parser.error(f"unknown part(s) {sorted(set(only) - set(PARTS))}; the parts are {', '.join(PARTS)}")
     seeds = list(range(args.seeds if args.seeds is not None else (1 if args.quick else 5)))
     rounds = args.rounds if args.rounds is not None else (1 if args.quick else 5)
     if not seeds or rounds < 1:
@@ -698,7 +705,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if name == "overhead":
                     run_overhead(section, args.quick, rounds, log)
                 elif name == "parts":
-                    run_parts(section, args.quick, rounds, log)
+                    run_parts(section, args.quick, rounds, log, only)
                 elif name == "latency":
                     run_latency(section, args.quick, seeds, work, log)
                 elif name == "recovery":

@@ -35,6 +35,7 @@ def _doc_module():  # type: ignore[no-untyped-def]
     return _evaluation_doc
 
 
+@pytest.mark.slow  # about 4 min on 2 cores; test_quick_evaluation_of_one_section is CI's bounded version
 @pytest.mark.timeout(900)
 def test_quick_evaluation_writes_every_section_and_its_document(tmp_path: Path) -> None:
     output, doc, plots = tmp_path / "evaluation.json", tmp_path / "evaluation.md", tmp_path / "plots"
@@ -70,6 +71,29 @@ def test_quick_evaluation_writes_every_section_and_its_document(tmp_path: Path) 
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert {p.name for p in plots.glob("*.png")} == {"overhead-cadence.png", "overhead-parts.png", "latency.png",
                                                      "recovery.png"}
+
+
+@pytest.mark.timeout(120)
+def test_quick_evaluation_of_one_section(tmp_path: Path) -> None:
+    """The bounded version of the test above: one cheap section (the campaign at toy sizes, about
+    10 s) through the same command, its JSON's shape, its goals and the document of a partial run."""
+    output, doc, plots = tmp_path / "evaluation.json", tmp_path / "evaluation.md", tmp_path / "plots"
+    completed = subprocess.run(
+        [sys.executable, str(BENCH / "evaluate.py"), "--quick", "--sections", "campaign", "--output", str(output),
+         "--doc", str(doc), "--plots", str(plots)],
+        capture_output=True, text=True, timeout=110, check=False, cwd=REPO)
+    assert completed.returncode in (0, 1), completed.stdout[-3000:] + completed.stderr[-3000:]
+    document = json.loads(output.read_text())
+    assert document["schema"] == "scout.evaluation/1" and document["quick"] is True
+    assert set(document["sections"]) == {"campaign"}
+    section = document["sections"]["campaign"]
+    assert SECTION_KEYS["campaign"] <= set(section) and len(section["load_before"]) == 3
+    assert len(section["per_seed"]) >= 5 and all("totals" in entry for entry in section["per_seed"])
+    assert {goal["name"] for goal in document["goals"]} == {"campaign: faults not localized, all seeds",
+                                                            "campaign: false attributions, all seeds"}
+    text = doc.read_text()
+    assert text == _doc_module().render(document, "plots")
+    assert "## 6. The fault campaign" in text and "## 1. Overhead" not in text
 
 
 def test_committed_document_is_generated_from_the_committed_results() -> None:
