@@ -27,7 +27,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     args, _unknown = parser.parse_known_args()  # ./dev bench passes its arguments to every benchmark
 
-    from scout.scenarios import campaign, real_campaign
+    from scout.scenarios import campaign
 
     result = campaign.CampaignResult(quick=args.quick, seed=args.seed)
     started = time.monotonic()
@@ -35,9 +35,7 @@ def main() -> int:
     def log(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    plan = campaign.campaign_plan(quick=args.quick, seed=args.seed)
-    campaign.run_sim_part(plan, result, log)
-    result.cases += real_campaign.run_real_part(real_campaign.real_cases(quick=args.quick, seed=args.seed), log)
+    campaign.run_campaign(result, campaign.PARTS, log)  # as scout campaign runs it: every part
     result.wall_s = time.monotonic() - started
     document = result.to_json()
     totals = document["totals"]

@@ -41,8 +41,17 @@ BENCHMARKS: dict[str, tuple[list[str], list[str], float]] = {
     "gate_model_check": ([], [], 1800),
     "observer_process": ([], [], 300),
     "completion_watcher": ([], [], 600),
-    "attach_overhead": ([], ["--rounds", "1", "--steps", "6", "--batch", "2"], 3600),
+    # The overhead at the defaults (bench/attach_overhead.py's goal) is measured by evaluate's
+    # A/B table of parts, with everything else the evaluation measures (docs/evaluation.md).
+    "evaluate": ([], ["--quick"], 8 * 3600),
 }
+#: Benchmarks whose JSON is not bench/results/<name>.json: (the full run's, the quick run's).
+RESULT_FILES: dict[str, tuple[str, str]] = {"evaluate": ("evaluation.json", "evaluation-quick.json")}
+
+
+def result_file(name: str, quick: bool = False) -> str:
+    full, fast = RESULT_FILES.get(name, (f"{name}.json", f"{name}.json"))
+    return fast if quick else full
 
 
 def _row(benchmark: str, goal: dict, load: list) -> list[str]:
@@ -58,7 +67,7 @@ def _row(benchmark: str, goal: dict, load: list) -> list[str]:
     ]
 
 
-def table(names: list[str], failures: dict[str, str], results: Path = RESULTS) -> int:
+def table(names: list[str], failures: dict[str, str], results: Path = RESULTS, quick: bool = False) -> int:
     rows: list[list[str]] = []
     missed = 0
     for name in names:
@@ -66,7 +75,7 @@ def table(names: list[str], failures: dict[str, str], results: Path = RESULTS) -
             rows.append([name, "(benchmark)", "-", "-", "-", f"FAILED: {failures[name]}", "-"])
             missed += 1
             continue
-        path = results / f"{name}.json"
+        path = results / result_file(name, quick)
         if not path.exists():
             rows.append([name, "(benchmark)", "-", "-", "-", "no results (not run)", "-"])
             continue
@@ -115,7 +124,10 @@ def main(argv: list[str]) -> int:
         for name in names:
             full, quick, bound_s = BENCHMARKS[name]
             extra = quick if arguments.quick else full
-            (RESULTS / f"{name}.json").unlink(missing_ok=True)
+            path = RESULTS / result_file(name, arguments.quick)
+            if name in RESULT_FILES:
+                extra = [*extra, "--output", str(path)]
+            path.unlink(missing_ok=True)
             print(f"== bench/{name}.py {' '.join(extra)}  (load {os.getloadavg()[0]:.2f})", flush=True)
             started = time.monotonic()
             try:
@@ -128,12 +140,12 @@ def main(argv: list[str]) -> int:
                 failures[name] = f"ran past {bound_s:.0f} s"
                 continue
             print(f"   ({time.monotonic() - started:.0f} s, exit {completed.returncode})", flush=True)
-            if not (RESULTS / f"{name}.json").exists():
-                failures[name] = f"exit {completed.returncode}, wrote no bench/results/{name}.json"
+            if not path.exists():
+                failures[name] = f"exit {completed.returncode}, wrote no bench/results/{path.name}"
             elif completed.returncode not in (0, 1, 3):
                 # 1 and 3: a benchmark that measured but missed a goal; the table shows which.
                 failures[name] = f"exit {completed.returncode}"
-    return table(names, failures, arguments.results)
+    return table(names, failures, arguments.results, arguments.quick)
 
 
 if __name__ == "__main__":

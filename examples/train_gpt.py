@@ -31,6 +31,11 @@ neither a torchrun restart nor a Slurm requeue -- so a restart runs clean):
 - ``gpu-hang:RANK:STEP:SECONDS``  RANK's GPU runs a kernel that spins for SECONDS before the
                                 forward of STEP (a kernel that does not end); its CPU goes on
                                 until it has to wait for the GPU (CUDA only).
+
+And one that is not a fault, for healthy runs (bench/evaluate.py counts false alarms with it):
+
+- ``jitter:SECONDS:SEED``       every rank's step starts up to SECONDS late, at random (drawn from
+                                SEED, the rank and the step): the noise of a shared machine.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import random
 import sys
 import time
 
@@ -128,10 +134,15 @@ class Faults:
         self.optimizer = optimizer
         self.active = (bool(spec) and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0
                        and int(os.environ.get("SLURM_RESTART_COUNT", "0")) == 0)
-        self.target = int(fields[0]) if fields else -1
-        self.values = [float(f) for f in fields[1:]]
         self.exit_slowed = False
-        self.mine = self.active and (rank == self.target or (self.kind in ("raise", "slow-exit") and self.target == -1))
+        if self.kind == "jitter":  # every rank, and not a fault: no target
+            self.target, self.values = -1, [float(f) for f in fields]
+            self.mine = self.active
+        else:
+            self.target = int(fields[0]) if fields else -1
+            self.values = [float(f) for f in fields[1:]]
+            self.mine = self.active and (rank == self.target
+                                         or (self.kind in ("raise", "slow-exit") and self.target == -1))
         if self.mine and self.kind == "slow":
             self._slow_device(self.values[0])
 
@@ -151,6 +162,9 @@ class Faults:
         Slow().__enter__()  # for the life of the process: every op of this rank
 
     def before_forward(self, step: int) -> None:
+        if self.mine and self.kind == "jitter":
+            seconds, seed = self.values
+            time.sleep(random.Random(f"{seed:g}:{self.rank}:{step}").uniform(0.0, seconds))
         if self.mine and self.kind == "gpu-hang" and step == int(self.values[0]):
             self.announce(step)
             torch.cuda._sleep(self._cycles(self.values[1]))

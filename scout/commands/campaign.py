@@ -16,7 +16,6 @@ was falsely attributed, 1 otherwise, 2 for bad arguments.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 import time
@@ -87,25 +86,7 @@ def main(args: argparse.Namespace) -> int:
         case = real_campaign.RealCase(args.real_case, args.rank, args.step, args.seed)
         result.cases += real_campaign.run_real_part([case], log)
     else:
-        plan = campaign.campaign_plan(quick=args.quick, seed=args.seed)
-        if args.part in ("all", "sim"):
-            campaign.run_sim_part(plan, result, log)
-        if args.part in ("all", "real"):
-            # Found, not imported: torch is imported once, in the forkserver the jobs fork from.
-            if importlib.util.find_spec("torch") is None:
-                result.problems.append("the real-process part needs torch (pip install 'scout-localize[torch]'); "
-                                       "run --part sim without it")
-            else:
-                result.cases += real_campaign.run_real_part(real_campaign.real_cases(quick=args.quick, seed=args.seed),
-                                                            log)
-        if args.part in ("all", "device"):
-            if importlib.util.find_spec("torch") is None:
-                result.problems.append("the device-semantics part needs torch (pip install 'scout-localize[torch]')")
-            else:
-                cases = device_campaign.device_cases(quick=args.quick, seed=args.seed)
-                result.cases += device_campaign.run_device_part(cases, log, seed=args.seed)
-                if not args.quick:
-                    result.cases += device_campaign.run_healthy_job(args.seed, log)
+        campaign.run_campaign(result, campaign.PARTS if args.part == "all" else (args.part,), log)
     result.wall_s = time.monotonic() - started
     print(campaign.render(result))
     if args.json is not None:

@@ -21,6 +21,7 @@ from torch import nn
 from scout.core.observer import Stage
 from scout.gate.model import GateConfig
 from scout.gate.recorder import GateWriter
+from scout.job import bench_switches
 from scout.job.checks import ReplayCheck, build_checks
 from scout.job.config import Config
 from scout.job.control import ControlGroup
@@ -103,11 +104,14 @@ def _instrument(model: nn.Module, identity: RecordIdentity) -> tuple[ProgressPub
     publisher = ProgressPublisher(identity)
     # Start-up is published as a checkpoint read (its long threshold): a slow start is never a hang report.
     publisher.begin_stage(Stage.CHECKPOINT_READ)
-    instrument.instrument(publisher)
+    # Parts a benchmark may switch off to measure them (bench_switches: not settings).
+    off = bench_switches.parts_off()
+    instrument.instrument(publisher, collectives="instrumentation" not in off, completion="completion" not in off)
     # LOOP-5: a listener is told a collective started and returns what to call at its completion.
     bucket_listeners: list[Callable[[], Callable[[], None]]] = []
-    buckets = publish_ddp_buckets(model, publisher, bucket_listeners)
-    instrument.instrument_module(model)
+    buckets = "ddp_hook" not in off and publish_ddp_buckets(model, publisher, bucket_listeners)
+    if "instrumentation" not in off:
+        instrument.instrument_module(model)
 
     def listen(listener: Callable[[], Callable[[], None]]) -> None:
         instrument.add_collective_listener(listener)
@@ -169,7 +173,7 @@ def assemble(model: nn.Module, optimizer: torch.optim.Optimizer | None, *, run_d
         checks, cycle_steps = build_checks(model, optimizer, peers, config, rank=rank, hosts=hosts,
                                            exchange=control.all_gather, run_dir=str(sink.path),
                                            add_collective_listener=listen)
-        if rank == 0:
+        if rank == 0 and "gate" not in bench_switches.parts_off():
             notes = [note for check in checks for note in getattr(check, "notes", ())]
             names = tuple(dict.fromkeys(n for check in checks for n in check.layout.names))
             gate_config = GateConfig(sink.path.resolve().name or "run",

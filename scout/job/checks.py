@@ -21,6 +21,7 @@ from torch import nn
 from scout.core.canary import CanaryOutcome
 from scout.core.recipes import Intervals
 from scout.gate.model import Recipe
+from scout.job import bench_switches
 from scout.job.config import Config
 from scout.job.pipeline import CheckOutput, Finding, GateFeed, Layout, replay_output
 from scout.replay.arrival import LoopConfig, LoopTimer
@@ -187,9 +188,11 @@ def build_checks(
     cycle_steps = replayer.schedule.cycle_length_steps()
     # Loop stragglers: arrival at the step's collectives, timed by the instrumentation and DDP's
     # bucket hook, checked every loop_check_steps.
-    loop = LoopTimer(peers, LoopConfig(check_every_steps=config.loop_check_steps))
-    add_collective_listener(loop.collective_started)  # LOOP-5: waits timed from enqueue to completion
-    checks: list[Any] = [LoopStragglerCheck(loop, dense, hosts), ReplayCheck("replay", replayer, dense, hosts)]
+    checks: list[Any] = [ReplayCheck("replay", replayer, dense, hosts)]
+    if "loop_timer" not in bench_switches.parts_off():  # a benchmark's private switch, not a setting
+        loop = LoopTimer(peers, LoopConfig(check_every_steps=config.loop_check_steps))
+        add_collective_listener(loop.collective_started)  # LOOP-5: waits timed from enqueue to completion
+        checks.insert(0, LoopStragglerCheck(loop, dense, hosts))
     if config.moe_catalog is not None:  # spec/moe.md: experts replicated like the dense layers (EP = 1)
         from scout.replay.moe import ExpertLayers, ExpertReplayConfig, ExpertReplayer
         from scout.replay.moe_catalog import load_catalog

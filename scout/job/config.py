@@ -39,11 +39,12 @@ CONFIG_BYTES_MAX: Final = 1 << 20
 ENV_PREFIX: Final = "SCOUT_"
 #: ``SCOUT_*`` variables that are not settings: the job's identity (RecordIdentity), adopting a
 #: run directory, the signature path (scout/replay/_native.py), the simulator's memory budget,
-#: and the variables of scout's own test and GPU scripts (prefixes ending in ``_``).
+#: and the variables of scout's own test, benchmark (scout/job/bench_switches.py) and GPU scripts
+#: (prefixes ending in ``_``).
 OTHER_VARIABLES: Final = (
     "SCOUT_JOB_ID", "SCOUT_GENERATION", "SCOUT_ADOPT_RUN_DIR", "SCOUT_SIGNATURE_PATH", "SCOUT_SIM_MEMORY_MIB",
     "SCOUT_REPORT_AUDIT_FILE", "SCOUT_TORCHRUN_DEVICE", "SCOUT_GPUS", "SCOUT_CASES", "SCOUT_GPU_GOALS",
-    "SCOUT_CRASH_SEED", "SCOUT_TEST_",
+    "SCOUT_CRASH_SEED", "SCOUT_TEST_", "SCOUT_BENCH_",
 )
 #: How alike an unknown variable's name must be to a setting's (difflib's ratio) to be taken
 #: for a misspelling of it: ``SCOUT_ONSDC`` -> ``SCOUT_ON_SDC`` is 0.95, two unrelated names of

@@ -8,6 +8,11 @@ dtype) -- and then runs the default all-reduce. Launches are published, completi
 (they come from a communication thread in an order that differs between ranks; see
 ``ProgressPublisher.enter_async_collective``), so every rank waiting on a late peer shows the
 same coordinate, and the late peer is behind it.
+
+The hook averages with one ``ReduceOp.AVG`` all-reduce where the backend has it (INSTR-15): DDP
+copies gradients into a hooked bucket without the scaling it fuses into that copy when no hook is
+registered, so dividing the bucket before a sum (as DDP's default hook does) would add a pass
+over every gradient on the training thread.
 """
 
 from __future__ import annotations
@@ -42,6 +47,20 @@ def publish_ddp_buckets(
         return False
     group = model.process_group if model.process_group is not None else dist.group.WORLD
     ranks = tuple(dist.get_process_group_ranks(group))
+    average = [True]  # INSTR-15: ReduceOp.AVG until the backend refuses it (alike on every rank)
+
+    def all_reduce_mean(buffer: Any) -> Any:
+        """The bucket's average, asynchronously: one AVG all-reduce where the backend has it,
+        else a division and a sum (DDP's default hook)."""
+        if average[0]:
+            try:
+                return dist.all_reduce(buffer, op=dist.ReduceOp.AVG, group=group, async_op=True)
+            except (RuntimeError, ValueError) as error:
+                # Refused before any byte moved (the backend checks the op first), on every rank.
+                average[0] = False
+                logger.debug("scout: the DDP hook falls back to a division and a sum: %s", error)
+        buffer.div_(group.size())
+        return dist.all_reduce(buffer, group=group, async_op=True)
 
     def hook(state: Any, bucket: Any) -> Any:
         buffer = bucket.buffer()
@@ -62,12 +81,12 @@ def publish_ddp_buckets(
             except Exception:
                 logger.debug("scout: could not track a DDP bucket", exc_info=True)
         # DDP's default hook, spelled out so that the bucket's Work is at hand for completion
-        # tracking (INSTR-11): average, then an asynchronous all-reduce.
-        buffer.div_(group.size())
+        # tracking (INSTR-11): the bucket's average by an asynchronous all-reduce (INSTR-15).
         with instrument.already_published():
-            work = dist.all_reduce(buffer, group=group, async_op=True)
+            work = all_reduce_mean(buffer)
         if tracker is not None:
             tracker.end(entry, work)
+
         def completed(done: Any) -> Any:
             for finish in finishers:
                 if finish is not None:

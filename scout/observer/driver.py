@@ -122,6 +122,10 @@ class ObserverWorld(Protocol):
     def read_progress(self) -> Progress | None:
         """The trainer's position, or None when there is no consistent snapshot (yet)."""
 
+    def published_s(self) -> float | None:
+        """When the trainer published the position :meth:`read_progress` last returned, on the
+        clock of :meth:`now`; None when the world cannot tell (it is then dated when read)."""
+
     def join(self) -> bool | str:
         """One non-blocking rendezvous attempt: True once every peer is known, False while
         still waiting, a string saying why when the rendezvous failed for good."""
@@ -161,17 +165,28 @@ def drive(
     world: ObserverWorld,
     *,
     poll_interval_s: float,
+    watch_interval_s: float | None = None,
     machine: Machine[ObserverContext] | None = None,
     on_round_closed: Callable[[float], None] | None = None,
 ) -> Generator[DriverOp, Any, ObserverRun]:
-    """Run one observer from its start until its trainer exits (or it fails).
-    ``on_round_closed``: told each round this observer opened and closed, with its latency in
-    seconds from request to decision (the ops metrics; spec/ops.md OPS-5)."""
+    """Run one observer from its start until its trainer exits (or it fails). ``poll_interval_s``
+    paces joining and attaching; ``watch_interval_s`` (default: the same) bounds each wait while
+    watching (DRIVER-4: progress is dated by its publish, so a longer bound delays no report as
+    long as it is at most the shortest stage threshold). ``on_round_closed``: told each round
+    this observer opened and closed, with its latency in seconds from request to decision (the
+    ops metrics; spec/ops.md OPS-5)."""
     if not 0 < poll_interval_s <= 1.0:
         raise ValueError(f"poll_interval_s must be in (0, 1] seconds, got {poll_interval_s!r}")
+    watch_s = poll_interval_s if watch_interval_s is None else watch_interval_s
+    shortest_threshold_s = min(config.stall_threshold_s, config.data_stall_threshold_s,
+                               config.checkpoint_stall_threshold_s)
+    if not 0 < watch_s <= min(1.0, shortest_threshold_s):
+        raise ValueError(f"watch_interval_s must be in (0, {min(1.0, shortest_threshold_s):g}] seconds (at most 1 s "
+                         f"and the shortest stage threshold, DRIVER-4), got {watch_interval_s!r}")
     machine = machine or load_observer_machine()
     run = ObserverRun(config.position)
     wakes: list[float] = []
+    last: Progress | None = None  # the trainer's position last stepped
     state: ObserverMachineState = machine.initial_state(initial_context(config, world.now()))
 
     def step(event: Any) -> Generator[DriverOp, Any, None]:
@@ -213,6 +228,16 @@ def drive(
         status = world.trainer_exit()
         return None if status is None else TrainerExit(world.now(), clean=status)
 
+    def progressed() -> Generator[DriverOp, Any, None]:
+        """Step new progress, dated by its publish (DRIVER-4)."""
+        nonlocal last
+        progress = world.read_progress()
+        if progress is not None and progress != last:
+            last = progress
+            now = world.now()
+            published = world.published_s()
+            yield from step(ProgressSeen(now if published is None else min(now, published), progress))
+
     # JOINING: the rendezvous with the group's other observers (OBS-4).
     while state.control is ObserverState.JOINING:
         exit_event = exited()
@@ -230,7 +255,6 @@ def drive(
                 yield Pause(poll_interval_s)
 
     # ATTACHING: the trainer's progress record appears.
-    last: Progress | None = None
     while state.control is ObserverState.ATTACHING:
         exit_event = exited()
         if exit_event is not None:
@@ -250,15 +274,14 @@ def drive(
         if exit_event is not None:
             yield from step(exit_event)
             break
-        progress = world.read_progress()
-        if progress is not None and progress != last:
-            last = progress
-            yield from step(ProgressSeen(world.now(), progress))
+        yield from progressed()
         now = world.now()
         while wakes and wakes[0] <= now:
             wakes.pop(0)
-        timeout_s = min(poll_interval_s, wakes[0] - now) if wakes else poll_interval_s
+        timeout_s = min(watch_s, wakes[0] - now) if wakes else watch_s
         deliveries = yield Receive(max(0.0, timeout_s))
+        if deliveries:  # DRIVER-5: answer with the trainer's position now, not at the last poll
+            yield from progressed()
         for sender, body in deliveries:
             run.messages_received += 1
             if len(body) > MESSAGE_BYTES_MAX:

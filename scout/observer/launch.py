@@ -40,6 +40,9 @@ from scout.observer.rendezvous import Rendezvous, RendezvousFailed, group_id, gr
 __all__ = ["ObserverFailed", "ObserverHandle", "start_observer"]
 
 CLOSE_TIMEOUT_S: Final = 5.0
+#: DRIVER-6: how often a watching observer reads its trainer's record (at most; the observer
+#: process lowers it to the shortest stage threshold).
+WATCH_INTERVAL_S: Final = 0.5
 START_TIMEOUT_S: Final = 30.0
 ON_HANG: Final = ("report", "restart")
 
@@ -196,6 +199,7 @@ def start_observer(
     bind_host: str = "127.0.0.1",
     hostname: str | None = None,
     poll_interval_s: float = 0.05,
+    watch_interval_s: float = WATCH_INTERVAL_S,
     kill_grace_s: float = 5.0,
     timeout_s: float = 120.0,
     restarts_left: int | None = None,
@@ -209,6 +213,8 @@ def start_observer(
         raise ValueError(f"on_hang must be one of {ON_HANG}, got {on_hang!r}")
     if not 0 < poll_interval_s <= 1.0:
         raise ValueError(f"poll_interval_s must be in (0, 1] seconds, got {poll_interval_s!r}")
+    if not 0 < watch_interval_s <= 1.0:
+        raise ValueError(f"watch_interval_s must be in (0, 1] seconds, got {watch_interval_s!r}")
     identity = publisher.identity
     group = tuple(int(r) for r in group_ranks)
     if identity.rank not in group:
@@ -235,6 +241,7 @@ def start_observer(
         "rounds_path": None if rounds_path is None else os.fspath(rounds_path),
         "exclude_hosts_path": None if exclude_hosts_path is None else os.fspath(exclude_hosts_path),
         "poll_interval_s": poll_interval_s,
+        "watch_interval_s": watch_interval_s,
         "bind_host": bind_host,
         "hostname": host_name,
         "on_hang": on_hang,

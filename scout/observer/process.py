@@ -62,6 +62,11 @@ SPEC_BYTES_MAX: Final = 1 << 20
 #: interval; this only fires when it is blocked (a report file on a hung mount, a wedged lock).
 EXIT_DEADLINE_S: Final = 3.0
 WATCHDOG_INTERVAL_S: Final = 0.1
+#: DRIVER-6: while the trainer lives, the watchdog sleeps on a pidfd of the trainer (readable when
+#: it exits) and the signal wake-up pipe, and checks /proc only this often: polling every
+#: WATCHDOG_INTERVAL_S cost a healthy observer more CPU than its loop. Where pidfds do not
+#: exist, it polls every WATCHDOG_INTERVAL_S.
+WATCHDOG_RECHECK_S: Final = 1.0
 _PR_SET_PDEATHSIG: Final = 1
 #: Round latencies kept in the rounds file (the ops sidecar reads it about once a second).
 ROUNDS_KEPT: Final = 64
@@ -160,24 +165,50 @@ class _Watchdog:
     gone or a stop signal came, if the main loop has not finished by then (OBS-8). Before it
     ends the process it prints every thread's stack, so a blocked loop is named, not hidden."""
 
-    def __init__(self, rank: int, trainer_pid: int, trainer_start_ticks: int, signalled: _Flag) -> None:
+    def __init__(self, rank: int, trainer_pid: int, trainer_start_ticks: int, signalled: _Flag,
+                 signal_fd: int | None = None) -> None:
         self.rank = rank
         self.trainer_pid = trainer_pid
         self.trainer_start_ticks = trainer_start_ticks
         self.signalled = signalled
+        self.signal_fd = signal_fd  # readable once a stop signal came (the _Waker's pipe)
         self.finished = threading.Event()
+        self._finish_read, self._finish_write = os.pipe()
         self._thread = threading.Thread(target=self._run, name=f"scout-observer-watchdog-{rank}", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
-    def _run(self) -> None:
-        gone_since: float | None = None
-        while not self.finished.wait(WATCHDOG_INTERVAL_S):
-            if gone_since is None:
+    def finish(self) -> None:
+        self.finished.set()
+        with contextlib.suppress(OSError):
+            os.write(self._finish_write, b"x")
+        self._thread.join(WATCHDOG_RECHECK_S)
+
+    def _until_gone(self) -> bool:
+        """Sleep until the trainer is gone or a stop signal came (True), or finish() (False)."""
+        pidfd: int | None = None
+        with contextlib.suppress(OSError, AttributeError):
+            pidfd = os.pidfd_open(self.trainer_pid)  # Linux >= 5.3
+        try:
+            while not self.finished.is_set():
                 if _trainer_gone(self.trainer_pid, self.trainer_start_ticks, self.signalled):
-                    gone_since = time.monotonic()
-                continue
+                    return True
+                watched = [fd for fd in (self._finish_read, pidfd, self.signal_fd) if fd is not None]
+                ready, _, _ = select.select(watched, [], [], WATCHDOG_RECHECK_S if pidfd is not None
+                                            else WATCHDOG_INTERVAL_S)
+                if (pidfd is not None and pidfd in ready) or (self.signal_fd is not None and self.signal_fd in ready):
+                    return True
+            return False
+        finally:
+            if pidfd is not None:
+                os.close(pidfd)
+
+    def _run(self) -> None:
+        if not self._until_gone():
+            return
+        gone_since = time.monotonic()
+        while not self.finished.wait(WATCHDOG_INTERVAL_S):
             if time.monotonic() - gone_since >= EXIT_DEADLINE_S:
                 with contextlib.suppress(Exception):
                     print(f"scout: observer of rank {self.rank}: its trainer (pid {self.trainer_pid}) is gone or it "
@@ -201,6 +232,9 @@ class _World:
         self.signalled = _Flag()
         self.reader: ProgressReader | None = None
         self.leaving = False  # the record says closed or exiting (PROGRESS-11)
+        self._published_s: float | None = None
+        self._last_host: tuple[Any, ...] | None = None
+        self._last_completion: Any = None
 
     def now(self) -> float:
         return time.monotonic()
@@ -232,7 +266,26 @@ class _World:
             return None
         if snapshot.leaving:  # PROGRESS-11: closed, or leaving by an exception; never judged again
             self.leaving = True
-        return snapshot.progress(time.monotonic_ns())
+        progress = snapshot.progress(time.monotonic_ns())
+        self._published_s = self._changed_at(snapshot, progress)
+        return progress
+
+    def _changed_at(self, snapshot: Any, progress: Progress) -> float | None:
+        """DRIVER-4: when what changed since the last read was published, in seconds of
+        CLOCK_MONOTONIC (the clock of now()): the host fields at the record's publish, the
+        completion coordinate at its section's last publish (a heartbeat after the change, so
+        never early); None when neither publish time is known."""
+        host = (progress.step, progress.op, progress.fingerprint, progress.stage)
+        times = []
+        if host != self._last_host and snapshot.publish_ns > 0:
+            times.append(snapshot.publish_ns)
+        if progress.completion != self._last_completion and snapshot.completion is not None:
+            times.append(snapshot.completion.publish_ns)
+        self._last_host, self._last_completion = host, progress.completion
+        return max(times) / 1e9 if times else None
+
+    def published_s(self) -> float | None:
+        return self._published_s
 
     def join(self) -> bool | str:
         try:
@@ -319,7 +372,37 @@ class _World:
                 os.kill(pid, signal.SIGKILL)
 
 
-def _execute(ops: Generator[DriverOp, Any, ObserverRun], channel: UdpChannel) -> ObserverRun:
+class _Waker:
+    """DRIVER-6: a wait for datagrams that also ends when the trainer's control pipe becomes
+    readable (its end of file: the trainer is gone) or a signal arrives (``signal.set_wakeup_fd``
+    writes a byte to a pipe of ours), so the driver's next poll comes at once, not after
+    ``watch_interval_s``."""
+
+    def __init__(self, channel: UdpChannel, control: _Control) -> None:
+        self.channel = channel
+        self.control = control
+        self.signals_read, self.signals_write = os.pipe()
+        os.set_blocking(self.signals_read, False)
+        os.set_blocking(self.signals_write, False)
+        signal.set_wakeup_fd(self.signals_write, warn_on_full_buffer=False)
+
+    def receive(self, timeout_s: float) -> list[tuple[int, bytes]]:
+        watched: list[Any] = [self.channel.socket, self.signals_read]
+        if not self.control.eof:
+            watched.append(self.control.fd)
+        ready, _, _ = select.select(watched, [], [], max(0.0, timeout_s))
+        if self.signals_read in ready:
+            with contextlib.suppress(BlockingIOError):
+                os.read(self.signals_read, 4096)
+        return self.channel.receive(0.0) if self.channel.socket in ready else []
+
+    def close(self) -> None:
+        signal.set_wakeup_fd(-1)
+        os.close(self.signals_read)
+        os.close(self.signals_write)
+
+
+def _execute(ops: Generator[DriverOp, Any, ObserverRun], channel: UdpChannel, waker: _Waker) -> ObserverRun:
     """Answer the driver's ops with the UDP channel and the real clock."""
     answer: Any = None
     while True:
@@ -329,7 +412,7 @@ def _execute(ops: Generator[DriverOp, Any, ObserverRun], channel: UdpChannel) ->
             run: ObserverRun = stop.value
             return run
         if isinstance(op, Receive):
-            answer = channel.receive(op.timeout_s)
+            answer = waker.receive(op.timeout_s)
         elif isinstance(op, Transmit):
             channel.send(op.to, op.body)
             answer = None
@@ -392,16 +475,23 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    watchdog = _Watchdog(world.rank, spec["trainer_pid"], spec["trainer_start_ticks"], world.signalled)
+    waker = _Waker(channel, control)
+    watchdog = _Watchdog(world.rank, spec["trainer_pid"], spec["trainer_start_ticks"], world.signalled,
+                         waker.signals_read)
     watchdog.start()
     out.send({"address": list(channel.address), "nonce": channel.nonce.hex(), "pid": os.getpid()})
     run = ObserverRun(-1)
     code = 0
     try:
+        config = _config(spec)
+        poll_s = float(spec.get("poll_interval_s", 0.05))
+        # DRIVER-4: a watch interval longer than the shortest stage threshold would delay reports.
+        watch_s = min(float(spec.get("watch_interval_s", poll_s)), config.stall_threshold_s,
+                      config.data_stall_threshold_s, config.checkpoint_stall_threshold_s)
         rounds_path = spec.get("rounds_path")
         on_round = _RoundLog(rounds_path, world.rank).closed if rounds_path else None
-        run = _execute(driver.drive(_config(spec), world, poll_interval_s=float(spec.get("poll_interval_s", 0.05)),
-                                    on_round_closed=on_round), channel)
+        run = _execute(driver.drive(config, world, poll_interval_s=poll_s, watch_interval_s=watch_s,
+                                    on_round_closed=on_round), channel, waker)
         run.rank = world.rank
         code = EXIT_FAILED if run.failed else 0
     except Exception as error:  # the observer must never die silently
@@ -417,7 +507,8 @@ def main() -> int:
         stats.update(rank=world.rank, exit_code=code, refused=dict(channel.refused),
                      refused_total=sum(channel.refused.values()), sent=channel.sent, received=channel.received)
         Path(stats_path).write_text(json.dumps(stats, sort_keys=True, default=str) + "\n", encoding="utf-8")
-    watchdog.finished.set()
+    watchdog.finish()
+    waker.close()  # after the watchdog: it may be waiting on the waker's signal pipe
     return code
 
 

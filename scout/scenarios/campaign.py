@@ -375,3 +375,42 @@ def run_sim_part(plan: CampaignPlan, result: CampaignResult, log: Callable[[str]
         result.cases.append(run_sim_case(kind, params, healthy=True))
     say(f"  simulated part: {len(plan.sim)} faulty and {len(plan.sim_healthy)} healthy scenarios in "
         f"{time.perf_counter() - started:.0f} s")
+
+
+PARTS: Final = ("sim", "real", "device")
+
+
+def run_campaign(result: CampaignResult, parts: Sequence[str] = PARTS,
+                 log: Callable[[str], None] | None = None) -> None:
+    """Every part of the campaign asked for, at ``result``'s seed and size, into ``result``:
+    ``scout campaign``, bench/campaign.py and bench/evaluate.py run this one function. The real
+    and device parts import torch in the processes they fork; without torch they are a problem
+    of the result, not an error."""
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown:
+        raise ValueError(f"unknown campaign part(s) {unknown}; the parts are {', '.join(PARTS)}")
+    import importlib.util
+
+    plan = campaign_plan(quick=result.quick, seed=result.seed)
+    if "sim" in parts:
+        run_sim_part(plan, result, log)
+    has_torch = importlib.util.find_spec("torch") is not None  # found, not imported (the forkserver imports it)
+    if "real" in parts:
+        if not has_torch:
+            result.problems.append("the real-process part needs torch (pip install 'scout-localize[torch]'); "
+                                   "run --part sim without it")
+        else:
+            from scout.scenarios import real_campaign
+
+            result.cases += real_campaign.run_real_part(real_campaign.real_cases(quick=result.quick, seed=result.seed),
+                                                        log)
+    if "device" in parts:
+        if not has_torch:
+            result.problems.append("the device-semantics part needs torch (pip install 'scout-localize[torch]')")
+        else:
+            from scout.scenarios import device_campaign
+
+            result.cases += device_campaign.run_device_part(
+                device_campaign.device_cases(quick=result.quick, seed=result.seed), log, seed=result.seed)
+            if not result.quick:
+                result.cases += device_campaign.run_healthy_job(result.seed, log)

@@ -173,6 +173,21 @@ def straggler_timing(params: ScenarioParams) -> ScenarioOutcome:
                             straggler_factor(params))
 
 
+def straggler_confirmation_round(params: ScenarioParams, factor: float) -> tuple[int, int | None]:
+    """The straggler-timing job with a chosen slowdown ``factor`` (bench/evaluate.py: the checks
+    the sequential test needs at 1.2x, 1.5x, 2x): the straggler's rank and the step of the first
+    report confirming it device-slow (None if none came within ``params.rounds`` steps). The
+    straggler is slow from step ``STRAGGLER_ROUND`` on, and every step is a check."""
+    if not factor >= 1.0:
+        raise ValueError(f"factor must be >= 1.0 (a slowdown), got {factor!r}")
+    straggler = faulty_rank(params, "straggler-timing")
+    run, _log = _job(params, "straggler-timing", Faults(straggler_rank=straggler, straggler_step=STRAGGLER_ROUND,
+                                                        straggler_factor=factor))
+    steps = [r["step"] for r in run.records if r["kind"] == ReportKind.STRAGGLER and r["ranks"] == [straggler]
+             and r["evidence"].get("change") == "confirmed" and r["reason"] == "device-slow"]
+    return straggler, min(steps, default=None)
+
+
 @scenario("straggler-healthy", summary=f"every rank's replay compute has {JITTER:.0%} jitter and no straggler: "
           "the product's pipeline reports nobody", min_ranks=2)
 def straggler_healthy(params: ScenarioParams) -> ScenarioOutcome:

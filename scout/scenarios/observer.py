@@ -46,7 +46,8 @@ OBSERVER_CONFIG: Final[dict[str, Any]] = dict(
     stall_threshold_s=1.0, settle_idle_s=0.5, round_deadline_s=0.5, recheck_interval_s=1.0,
     join_deadline_s=30.0, attach_deadline_s=30.0,
 )
-POLL_INTERVAL_S: Final = 0.05  # as the observer process polls its record
+POLL_INTERVAL_S: Final = 0.05  # as the observer process polls while it joins and attaches
+WATCH_INTERVAL_S: Final = 0.5  # as it reads its record while it watches (DRIVER-6, launch.WATCH_INTERVAL_S)
 STEPS: Final = 6
 HEALTHY_STEPS: Final = 40  # the healthy job runs several thresholds long
 LAYERS: Final = 3  # forward publishes per step
@@ -67,6 +68,7 @@ FP_BARRIER: Final = fingerprint(CollectiveCall("barrier"))
 _NOW: Final = Now()
 _RECORD: Final = "scout.progress"  # ctx.shared keys: the record, its closed flag, the stall start
 _CLOSED: Final = "scout.progress.closed"
+_PUBLISHED: Final = "scout.progress.published_s"
 _STALLED_AT: Final = "scout.stall_started_s"
 
 
@@ -83,8 +85,10 @@ class SimJob:
     trainer_ended_s: dict[int, float] = attrs.field(factory=dict)
 
 
-def _publish(shared: dict[str, Any], step: int, op: int, fp: int = 0, stage: Stage = Stage.COMPUTE) -> None:
+def _publish(shared: dict[str, Any], step: int, op: int, fp: int = 0, stage: Stage = Stage.COMPUTE,
+             *, at_s: float) -> None:
     shared[_RECORD] = Progress(step, op, fp, stage)
+    shared[_PUBLISHED] = at_s  # DRIVER-4: the record carries its publish time
 
 
 def _trainer(job: SimJob, behaviour: Callable[[int, int], str], steps: int) -> Callable[[SimContext], Generator[Any, Any, None]]:
@@ -98,17 +102,17 @@ def _trainer(job: SimJob, behaviour: Callable[[int, int], str], steps: int) -> C
         group = job.groups[job.group_of[ctx.rank]]
         try:
             for step in range(1, steps + 1):
-                _publish(shared, step, 0)
+                _publish(shared, step, 0, at_s=job.cluster.now_s)
                 for layer in range(1, LAYERS + 1):
                     yield Sleep(LAYER_S + ctx.random.random() * LAYER_JITTER_S)
-                    _publish(shared, step, layer)
+                    _publish(shared, step, layer, at_s=job.cluster.now_s)
                 what = behaviour(ctx.rank, step)
                 if what in ("hold", "slow"):
                     if what == "hold":
                         shared[_STALLED_AT] = yield _NOW
                     yield Sleep(HOLD_S if what == "hold" else SLOW_STEP_S)
                 fp = FP_BARRIER if what == "other" else FP_ALL_REDUCE
-                _publish(shared, step, LAYERS + 1, fp, Stage.COLLECTIVE)
+                _publish(shared, step, LAYERS + 1, fp, Stage.COLLECTIVE, at_s=job.cluster.now_s)
                 if what in ("other", "fabric"):
                     shared[_STALLED_AT] = yield _NOW
                 if what == "fabric":
@@ -121,7 +125,7 @@ def _trainer(job: SimJob, behaviour: Callable[[int, int], str], steps: int) -> C
                 except DeadlineExceeded:
                     yield Sleep(STUCK_S)  # stuck, as a rank waiting on a dead peer would be
                     return
-                _publish(shared, step, LAYERS + 2)
+                _publish(shared, step, LAYERS + 2, at_s=job.cluster.now_s)
         finally:
             shared[_CLOSED] = True
             job.trainer_ended_s[ctx.rank] = job.cluster.now_s
@@ -149,6 +153,10 @@ class _SimWorld:
     def read_progress(self) -> Progress | None:
         progress: Progress | None = self.ctx.shared.get(_RECORD)
         return progress
+
+    def published_s(self) -> float | None:
+        published: float | None = self.ctx.shared.get(_PUBLISHED)
+        return published
 
     def join(self) -> bool | str:
         return True  # the simulator has no rendezvous to wait for: the group is known at spawn
@@ -192,7 +200,9 @@ def _observer(job: SimJob, config_fields: dict[str, Any]) -> Callable[[SimContex
         config = ObserverConfig(group.index(ctx.rank), len(group), **config_fields)
         world = _SimWorld(job, ctx, group)
         # The production driver, looked up at run time (a test replaces it to prove it runs here).
-        run = yield from _execute(driver.drive(config, world, poll_interval_s=POLL_INTERVAL_S, machine=machine),
+        watch_s = min(WATCH_INTERVAL_S, config.stall_threshold_s)
+        run = yield from _execute(driver.drive(config, world, poll_interval_s=POLL_INTERVAL_S,
+                                               watch_interval_s=watch_s, machine=machine),
                                   group)
         run.rank = ctx.rank
         return run

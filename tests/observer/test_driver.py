@@ -1,4 +1,4 @@
-"""The one observer driver (spec/observer.md DRIVER-2, DRIVER-3), driven op by op with a
+"""The one observer driver (spec/observer.md DRIVER-2..DRIVER-5), driven op by op with a
 hand-held world: no processes, no simulator, so every delivery is exactly the one the test makes."""
 
 from __future__ import annotations
@@ -6,6 +6,8 @@ from __future__ import annotations
 import inspect
 import typing
 from typing import Any
+
+import pytest
 
 from scout.core.observer import (
     ObserverConfig,
@@ -35,6 +37,9 @@ class HeldWorld:
 
     def read_progress(self) -> Progress | None:
         return Progress(step=3, op=7)
+
+    def published_s(self) -> float | None:
+        return None
 
     def join(self) -> bool | str:
         return True
@@ -94,3 +99,80 @@ def test_DRIVER_2_every_effect_of_the_closed_union_has_a_branch_in_the_driver() 
     missing = [m.__name__ for m in members if f"isinstance(effect, {m.__name__})" not in source]
     assert missing == [], f"effects without a branch in scout.observer.driver.drive: {missing}"
     assert "assert_never(effect)" in source
+
+
+class PublishingWorld(HeldWorld):
+    """A HeldWorld whose trainer's position and its publish time the test sets."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.progress = Progress(step=1, op=0)
+        self.published: float | None = 0.0
+
+    def read_progress(self) -> Progress | None:
+        return self.progress
+
+    def published_s(self) -> float | None:
+        return self.published
+
+
+def _wait_until_request(ops: Any, world: PublishingWorld, receive: Receive, horizon_s: float) -> float | None:
+    """Let time pass as the driver asks (each Receive's whole timeout, nothing delivered) until
+    it sends a round's request; the time it did, or None if not before ``horizon_s``."""
+    while world.now_s < horizon_s:
+        world.now_s += receive.timeout_s
+        sent: list[Transmit] = []
+        receive = _until_receive(ops, [], sent)
+        if sent:
+            return world.now_s
+    return None
+
+
+def test_DRIVER_4_progress_is_dated_by_its_publish_so_a_long_watch_interval_delays_no_report() -> None:
+    world = PublishingWorld()
+    config = ObserverConfig(position=0, group_size=3, stall_threshold_s=2.0)
+    ops = drive(config, world, poll_interval_s=0.05, watch_interval_s=1.0)
+    receive = _until_receive(ops, None, [])  # attached at t = 0 and watching
+    assert receive.timeout_s == 1.0  # healthy: one read of the record a second
+    # The trainer moves at t = 0.1 and then hangs; the driver reads it only at t = 1.0.
+    world.progress, world.published = Progress(step=1, op=1), 0.1
+    world.now_s = 1.0
+    receive = _until_receive(ops, [], [])
+    # The round opens 2 s after the publish (t = 2.1), not 2 s after the read (t = 3.0).
+    opened = _wait_until_request(ops, world, receive, horizon_s=5.0)
+    assert opened is not None and abs(opened - 2.1) < 1e-9, opened
+
+
+def test_DRIVER_4_without_a_publish_time_progress_is_dated_when_read() -> None:
+    world = PublishingWorld()
+    config = ObserverConfig(position=0, group_size=3, stall_threshold_s=2.0)
+    ops = drive(config, world, poll_interval_s=0.05, watch_interval_s=1.0)
+    receive = _until_receive(ops, None, [])
+    world.progress, world.published = Progress(step=1, op=1), None
+    world.now_s = 1.0
+    receive = _until_receive(ops, [], [])
+    opened = _wait_until_request(ops, world, receive, horizon_s=5.0)
+    assert opened is not None and abs(opened - 3.0) < 1e-9, opened
+
+
+def test_DRIVER_4_a_watch_interval_longer_than_a_threshold_is_refused() -> None:
+    config = ObserverConfig(position=0, group_size=3, stall_threshold_s=0.5, settle_idle_s=0.25)
+    with pytest.raises(ValueError, match="watch_interval_s must be in"):
+        next(drive(config, PublishingWorld(), poll_interval_s=0.05, watch_interval_s=0.8))
+
+
+def test_DRIVER_5_an_answer_carries_the_position_at_the_request_not_at_the_last_poll() -> None:
+    world = PublishingWorld()
+    config = ObserverConfig(position=0, group_size=3, stall_threshold_s=10.0)
+    ops = drive(config, world, poll_interval_s=0.05, watch_interval_s=1.0)
+    _until_receive(ops, None, [])  # read at t = 0: step 1, op 0
+    # Between two reads the trainer moves on; a peer's request arrives before the next read.
+    world.progress, world.published = Progress(step=4, op=9), 0.3
+    world.now_s = 0.4
+    sent: list[Transmit] = []
+    _until_receive(ops, [(1, wire.encode_message(Request(RoundId(initiator=1, number=1))))], sent)
+    assert [t.to for t in sent] == [1]
+    answer = wire.decode_message(sent[0].body, 3)
+    evidence = answer.evidence  # type: ignore[union-attr]
+    assert (evidence.step, evidence.op) == (4, 9)
+    assert abs(evidence.idle_s - 0.1) < 1e-9  # idle since its publish at t = 0.3

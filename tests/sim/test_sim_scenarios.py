@@ -92,3 +92,40 @@ def test_scenario_arguments_are_checked() -> None:
         get_scenario("no-such-thing")
     with pytest.raises(ValueError, match="registered twice"):
         scenario("exchange-healthy", summary="again")(lambda params: None)  # type: ignore[arg-type,return-value]
+
+
+def test_straggler_confirmation_round_confirms_a_2x_straggler_in_confirm_rounds_checks() -> None:
+    """bench/evaluate.py's simulated straggler power, bounded: a 2x straggler is confirmed in
+    CONFIRM_ROUNDS checks (STRAG-4); the whole table is the slow test below."""
+    from scout.scenarios.localization import (
+        CONFIRM_ROUNDS,
+        STRAGGLER_ROUND,
+        straggler_confirmation_round,
+    )
+    from scout.scenarios.registry import ScenarioParams
+
+    params = ScenarioParams(ranks=8, seed=4, group_size=8, rounds=STRAGGLER_ROUND + CONFIRM_ROUNDS + 1)
+    _rank, round_id = straggler_confirmation_round(params, 2.0)
+    assert round_id is not None and round_id - STRAGGLER_ROUND + 1 == CONFIRM_ROUNDS
+
+
+@pytest.mark.slow  # four straggler jobs of 26 steps: about 20 s on a loaded 2-core box
+def test_straggler_confirmation_round_counts_the_checks_each_slowdown_needs() -> None:
+    """bench/evaluate.py's simulated straggler power: at 1.5x and 2x the sequential test at its
+    defaults confirms in CONFIRM_ROUNDS checks (STRAG-4); at 1.2x it needs more, and a factor of 1
+    (no straggler) is never confirmed."""
+    from scout.scenarios.localization import (
+        CONFIRM_ROUNDS,
+        STRAGGLER_ROUND,
+        straggler_confirmation_round,
+    )
+    from scout.scenarios.registry import ScenarioParams
+
+    params = ScenarioParams(ranks=8, seed=4, group_size=8, rounds=STRAGGLER_ROUND + 24)
+    checks = {}
+    for factor in (1.0, 1.2, 1.5, 2.0):
+        _rank, round_id = straggler_confirmation_round(params, factor)
+        checks[factor] = None if round_id is None else round_id - STRAGGLER_ROUND + 1
+    assert checks[1.5] == checks[2.0] == CONFIRM_ROUNDS
+    assert checks[1.2] is not None and CONFIRM_ROUNDS < checks[1.2] <= 20
+    assert checks[1.0] is None

@@ -1,0 +1,735 @@
+"""The evaluation the SCOUT paper lacks (issue 23), measured on this machine and written to
+bench/results/evaluation.json, then rendered into docs/evaluation.md with its plots
+(bench/_evaluation_doc.py):
+
+1. ``overhead``: scout's overhead against the replay cadence (``replay_interval_steps`` 1, 2,
+   5, 10, 20) for two model sizes, interleaved A/B rounds (bench/attach_overhead.py);
+2. ``parts``: at the defaults on the >= 50M GPT, the A/B table of parts -- one part of scout off
+   at a time (observer, instrumentation, DDP hook, loop timer, replay, gate) -- and the goal:
+   overhead <= 1.0 %, and replay's share within 1.5x of its formula;
+3. ``latency``: detection latency -- hang (seconds past the stall threshold) and SDC (steps
+   after onset) in real 4-rank jobs of examples/train_gpt.py, straggler (checks to confirm at
+   1.2x, 1.5x, 2x) on the simulator and in real jobs -- over seeds;
+4. ``recovery``: time from fault to training resumed and steps lost, against
+   ``checkpoint_every_cycles``, for SDC and hang, under ``torchrun --max-restarts 1``;
+5. ``false_alarms``: healthy runs with jitter, simulated at scale and real 4-rank jobs, counted
+   per fault kind, with the 95 % upper bound on the per-round false-attribution rate;
+6. ``campaign``: the fault campaign (``scout campaign``) over seeds, exact counts per seed.
+
+Every section records the machine (CPU model, cores) and the load average before and after;
+timings are ratios measured side by side. ``--quick`` runs every path at toy sizes (CI: a test
+runs it and checks the JSON's shape and the document generator, not the figures); the full run
+takes hours on 2 cores and should run on a quiet machine.
+
+    ./dev bench evaluate                          # full run: JSON, plots, docs/evaluation.md
+    ./dev py bench/evaluate.py --sections latency # one section again; the others are kept
+    ./dev py bench/evaluate.py --render           # the document again, from the JSON
+    ./dev py bench/evaluate.py --quick --output /tmp/e.json --doc /tmp/e.md --plots /tmp/plots
+
+Exit status: 0 when every goal is met, 1 when one is missed (bench/run.py prints the table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import platform
+import random
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+sys.path.insert(0, str(BENCH))
+sys.path.insert(0, str(REPO))
+
+import attach_overhead  # noqa: E402
+from _goals import Goal, at_most, load_average  # noqa: E402
+
+RESULTS = BENCH / "results" / "evaluation.json"
+DOC = REPO / "docs" / "evaluation.md"
+PLOTS = REPO / "docs" / "evaluation"
+SCHEMA = "scout.evaluation/1"
+SECTIONS = ("overhead", "parts", "latency", "recovery", "false_alarms", "campaign")
+TRAIN_GPT = REPO / "examples" / "train_gpt.py"
+WORLD = 4  # ranks of the real jobs (examples/train_gpt.py)
+GPT_LAYERS = 4  # examples/train_gpt.py's GPT
+CADENCES = (1, 2, 5, 10, 20)
+FACTORS = (1.2, 1.5, 2.0)
+CHECKPOINT_EVERY = (1, 2, 5)
+#: The parts of the A/B table: attach settings (observer, replay) or bench switches
+#: (scout/job/bench_switches.py).
+PARTS = ("observer", "instrumentation", "completion", "ddp_hook", "loop_timer", "replay", "gate")
+OVERHEAD_GOAL = attach_overhead.GOAL_CPU
+REPLAY_FORMULA_FACTOR = 1.5  # the replay share must match its formula within this factor
+HANG_PAST_THRESHOLD_GOAL_S = 1.0  # TARGETS.md: report <= threshold + 1 s
+STRAGGLER_CHECKS_GOAL = {1.5: 5, 1.2: 20}  # TARGETS.md
+EXAMPLE_FAULT = re.compile(r"EXAMPLE-FAULT (\S+) rank (\d+) step (\d+) at ([0-9.]+)")
+JOB_TIMEOUT_S = 900.0
+
+
+
+# --------------------------------------------------------------------------------------------
+# The machine, the load, and real jobs of examples/train_gpt.py
+# --------------------------------------------------------------------------------------------
+
+
+def host() -> dict[str, Any]:
+    """What every figure needs beside it: the CPU, the cores, the software."""
+    model = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    import torch
+
+    return {"cpu_model": model or platform.processor() or platform.machine(), "cores": os.cpu_count(),
+            "machine": platform.machine(), "system": platform.system(), "python": platform.python_version(),
+            "torch": torch.__version__.split("+")[0]}
+
+
+@contextlib.contextmanager
+def measured(section: dict[str, Any]) -> Iterator[None]:
+    """Record the load average before and after a section, and its duration."""
+    section["load_before"] = load_average()
+    started = time.monotonic()
+    section["started"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    try:
+        yield
+    finally:
+        section["duration_s"] = round(time.monotonic() - started, 1)
+        section["load_after"] = load_average()
+
+
+def _report_time_s(record: dict[str, Any]) -> float:
+    return datetime.datetime.fromisoformat(record["time"].replace("Z", "+00:00")).timestamp()
+
+
+def _read_reports(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "reports.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def train_gpt(work: Path, name: str, *, steps: int, fault: str = "", settings: dict[str, Any] | None = None,
+              checkpoint: bool = False, max_restarts: int = 0, timeout_s: float = JOB_TIMEOUT_S) -> dict[str, Any]:
+    """One ``torchrun --nproc-per-node 4`` job of examples/train_gpt.py (gloo on CPU), scout's
+    settings as ``SCOUT_*`` variables: its exit code, wall time, reports and injected faults.
+    The job runs in its own session; past ``timeout_s`` the whole session is killed."""
+    directory = work / name
+    run_dir, checkpoint_dir = directory / "run", directory / "ckpt"
+    directory.mkdir(parents=True)
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD), "--standalone",
+               "--max-restarts", str(max_restarts), str(TRAIN_GPT), "--steps", str(steps), "--run-dir", str(run_dir),
+               "--device", "cpu"]
+    if checkpoint:
+        command += ["--checkpoint-dir", str(checkpoint_dir)]
+    if fault:
+        command += ["--fault", fault]
+    # The job gets only the settings given here (the report audit of a test session passes on).
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith(("SCOUT_", "EXAMPLE_FAULT")) or key == "SCOUT_REPORT_AUDIT_FILE"}
+    env.update({"OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+                "SCOUT_JOB_ID": f"evaluate-{name}-{os.getpid()}"})
+    env.update({f"SCOUT_{key.upper()}": str(value) for key, value in (settings or {}).items()})
+    started = time.time()
+    log = directory / "job.log"
+    with log.open("w", encoding="utf-8") as sink:
+        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=directory,
+                                   start_new_session=True)
+        try:
+            code = process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            code = process.wait(timeout=60)
+    text = log.read_text(encoding="utf-8", errors="replace")
+    faults = [{"kind": m[1], "rank": int(m[2]), "step": int(m[3]), "time_s": float(m[4])}
+              for m in EXAMPLE_FAULT.finditer(text)]
+    return {"name": name, "exit_code": code, "wall_s": round(time.time() - started, 2), "started_s": started,
+            "reports": _read_reports(run_dir), "faults": faults, "log_tail": text[-2000:]}
+
+
+def _named(record: dict[str, Any]) -> list[int]:
+    return list(record.get("ranks") or [])
+
+
+def _median_range(values: Sequence[float]) -> dict[str, Any]:
+    if not values:
+        return {"n": 0, "median": None, "min": None, "max": None}
+    return {"n": len(values), "median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+# --------------------------------------------------------------------------------------------
+# 1, 2: overhead against cadence, and the A/B table of parts
+# --------------------------------------------------------------------------------------------
+
+
+def _replay_formula(run: dict[str, Any]) -> float:
+    """The replay's expected share of a step (issue 23): 1 / (interval x layers x batch / rows)."""
+    rows = run["replay_rows"] or run["batch"]
+    return 1.0 / (run["replay_interval_steps"] * run["layers"] * run["batch"] / rows)
+
+
+def _arm_row(results: list[dict[str, Any]], arm: str) -> dict[str, Any]:
+    """An arm over rounds: its overhead (median, range), and from inside its runs the shares of a
+    step (of the round's ``off`` mean step time) of scout's own parts and processes."""
+    row: dict[str, Any] = {"overhead": attach_overhead.summary(results, arm)}
+    shares: dict[str, list[float]] = {}
+    cpu: list[float] = []
+    for result in results:
+        run, reference = result["runs"][arm], attach_overhead.mean_step_s(result["runs"]["off"])
+        # The CPU the job spends per step, against the round's run without scout: rank 0's
+        # trainer (every thread) and its observer. Load moves it far less than wall time.
+        off = result["runs"]["off"]
+        cpu.append((run["trainer_cpu_s"] + run.get("observer_cpu_s", 0.0)) / len(run["step_s"])
+                   / (off["trainer_cpu_s"] / len(off["step_s"])) - 1)
+        window_s = reference * len(run["step_s"])
+        parts = dict(run.get("costs_s", {}))
+        if "observer_cpu_s" in run:
+            parts["observer_cpu_s"] = run["observer_cpu_s"]
+        parts["trainer_cpu_s"] = run["trainer_cpu_s"] - result["runs"]["off"]["trainer_cpu_s"]
+        for name, seconds in parts.items():
+            shares.setdefault(name, []).append(seconds / window_s)
+        if "replay_interval_steps" in run:
+            row["replay_formula"] = _replay_formula(run)
+    row["shares"] = {name: _median_range(values) for name, values in shares.items()}
+    row["cpu_overhead"] = _median_range(cpu)
+    return row
+
+
+def run_overhead(section: dict[str, Any], quick: bool, rounds: int, log: Callable[[str], None]) -> None:
+    sizes = {"tiny": 8} if quick else {"small": 80, "large": 24}  # measured steps: whole cycles where it can
+    cadences = (2,) if quick else CADENCES
+    section.update({"cadences": list(cadences), "rounds": rounds, "sizes": {}})
+    for size, steps in sizes.items():
+        arms = [attach_overhead.OFF] + [attach_overhead.Arm(f"k{k}", cadence=k) for k in cadences]
+        log(f"== overhead: {size} model, arms {[a.name for a in arms]}, {rounds} rounds of {steps} steps")
+        results = attach_overhead.interleaved(arms, rounds=rounds, size=size, steps=steps, batch=2 if quick else 8,
+                                              log=log)
+        first = results[0]["runs"]
+        entry: dict[str, Any] = {
+            "parameters": first["off"]["parameters"], "layers": first["off"]["layers"],
+            "batch": first["off"]["batch"], "steps": steps, "off_step_s": _median_range(
+                [attach_overhead.mean_step_s(r["runs"]["off"]) for r in results]),
+            "arms": {f"k{k}": {"cadence": k, **_arm_row(results, f"k{k}")} for k in cadences},
+            "rounds": [{key: r[key] for key in ("round", "order", "overhead", "load_before", "load_after")}
+                       for r in results],
+        }
+        section["sizes"][size] = entry
+
+
+def run_parts(section: dict[str, Any], quick: bool, rounds: int, log: Callable[[str], None],
+              only: Sequence[str] = ()) -> None:
+    size, steps = ("tiny", 8) if quick else ("large", 24)
+    # quick: one bench switch, to exercise the path; ``only``: the parts asked for (--parts)
+    chosen = tuple(only) or (("ddp_hook",) if quick else PARTS)
+    arms = [attach_overhead.OFF, attach_overhead.DEFAULTS] + [attach_overhead.Arm(f"no-{p}", off=(p,)) for p in chosen]
+    log(f"== parts: {size} model, {len(arms)} arms, {rounds} rounds of {steps} steps")
+    results = attach_overhead.interleaved(arms, rounds=rounds, size=size, steps=steps, batch=2 if quick else 8,
+                                          log=log)
+    first = results[0]["runs"]
+    defaults = _arm_row(results, "defaults")
+    parts: dict[str, Any] = {}
+    for part in chosen:
+        # What the part costs: the defaults' overhead minus the overhead without it, per round.
+        saved = [r["overhead"]["defaults"] - r["overhead"][f"no-{part}"] for r in results]
+        without = _arm_row(results, f"no-{part}")
+        parts[part] = {"cost": _median_range(saved), "without": without["overhead"], "without_cpu": without["cpu_overhead"]}
+    section.update({
+        "size": size, "parameters": first["off"]["parameters"], "layers": first["off"]["layers"],
+        "batch": first["off"]["batch"], "steps": steps, "rounds": rounds, "ranks": 2,
+        "off_step_s": _median_range([attach_overhead.mean_step_s(r["runs"]["off"]) for r in results]),
+        "defaults": defaults, "parts": parts,
+        "round_detail": [{key: r[key] for key in ("round", "order", "overhead", "load_before", "load_after")}
+                         for r in results],
+    })
+
+
+# --------------------------------------------------------------------------------------------
+# 3: detection latency
+# --------------------------------------------------------------------------------------------
+
+
+def _hang_case(work: Path, seed: int, threshold_s: float) -> dict[str, Any]:
+    rng = random.Random(f"hang:{seed}")
+    rank, step = rng.randrange(WORLD), rng.randrange(5, 15)
+    hold_s = threshold_s + 8.0
+    job = train_gpt(work, f"hang-{seed}", steps=step + 4, fault=f"hang-before-backward:{rank}:{step}:{hold_s:g}",
+                    settings={"stall_threshold_s": threshold_s})
+    case: dict[str, Any] = {"seed": seed, "rank": rank, "step": step, "exit_code": job["exit_code"],
+                            "wall_s": job["wall_s"], "threshold_s": threshold_s}
+    stalls = sorted((r for r in job["reports"] if r["source"] == "observer"), key=_report_time_s)
+    if not job["faults"] or not stalls:
+        case.update(detected=False, reports=[r["kind"] for r in job["reports"]], log_tail=job["log_tail"][-600:])
+        return case
+    first = stalls[0]
+    case.update(detected=True, kind=first["kind"], named=_named(first), right=first["kind"] == "hang"
+                and _named(first) == [rank], past_threshold_s=round(
+                    _report_time_s(first) - job["faults"][0]["time_s"] - threshold_s, 3))
+    return case
+
+
+def _sdc_case(work: Path, seed: int) -> dict[str, Any]:
+    rng = random.Random(f"sdc:{seed}")
+    rank, step = rng.randrange(WORLD), rng.randrange(4, 12)
+    cycle = 2 * GPT_LAYERS  # replay_interval_steps 2 (the default) x hidden layers
+    job = train_gpt(work, f"sdc-{seed}", steps=step + cycle + 4, fault=f"sdc:{rank}:{step}")
+    case: dict[str, Any] = {"seed": seed, "rank": rank, "onset_step": step, "exit_code": job["exit_code"],
+                            "wall_s": job["wall_s"], "cycle_steps": cycle}
+    found = sorted((r for r in job["reports"] if r["kind"] == "sdc"), key=lambda r: r["step"])
+    if not found:
+        case.update(detected=False, log_tail=job["log_tail"][-600:])
+        return case
+    case.update(detected=True, step=found[0]["step"], named=_named(found[0]), right=_named(found[0]) == [rank],
+                steps_after_onset=found[0]["step"] - step)
+    return case
+
+
+def _straggler_real_case(work: Path, seed: int, factor: float, checks_max: int) -> dict[str, Any]:
+    rng = random.Random(f"straggler:{seed}:{factor}")
+    rank = rng.randrange(WORLD)
+    interval = 2  # the default replay_interval_steps: one replay check every 2 steps
+    job = train_gpt(work, f"straggler-{factor:g}-{seed}", steps=interval * checks_max, fault=f"slow:{rank}:{factor:g}")
+    confirmed = [r for r in job["reports"] if r["kind"] == "straggler" and r["evidence"].get("change") == "confirmed"]
+    first: dict[str, int] = {}
+    for record in sorted(confirmed, key=lambda r: r["step"]):
+        if _named(record) == [rank]:
+            first.setdefault(record["evidence"]["straggler"], record["step"] // interval)
+    others = sorted({r for record in confirmed for r in _named(record) if r != rank})
+    device = first.get("device")  # StragglerKind.DEVICE: the replay's compute timing (STRAG-1)
+    return {"seed": seed, "factor": factor, "rank": rank, "exit_code": job["exit_code"], "wall_s": job["wall_s"],
+            "checks_max": checks_max, "first_check_by_kind": first, "checks_to_confirm": device,
+            "others_confirmed": others}
+
+
+def _straggler_sim(seeds: Sequence[int], rounds: int) -> list[dict[str, Any]]:
+    from scout.scenarios.localization import STRAGGLER_ROUND, straggler_confirmation_round
+    from scout.scenarios.registry import ScenarioParams
+
+    rows = []
+    for factor in FACTORS:
+        for seed in seeds:
+            params = ScenarioParams(ranks=8, seed=seed, group_size=8, rounds=rounds)
+            rank, round_id = straggler_confirmation_round(params, factor)
+            rows.append({"factor": factor, "seed": seed, "rank": rank, "rounds": rounds,
+                         "checks_to_confirm": None if round_id is None else round_id - STRAGGLER_ROUND + 1})
+    return rows
+
+
+def run_latency(section: dict[str, Any], quick: bool, seeds: Sequence[int], work: Path,
+                log: Callable[[str], None]) -> None:
+    threshold_s = 2.0 if quick else 10.0  # quick: a short threshold to keep CI short; full: the default
+    hang, sdc, real = [], [], []
+    for seed in seeds:
+        hang.append(_hang_case(work, seed, threshold_s))
+        log(f"  hang seed {seed}: {hang[-1].get('past_threshold_s')} s past the threshold, "
+            f"named {hang[-1].get('named')} (injected {hang[-1]['rank']})")
+        sdc.append(_sdc_case(work, seed))
+        log(f"  sdc seed {seed}: {sdc[-1].get('steps_after_onset')} steps after onset, named {sdc[-1].get('named')}")
+    checks_max = 30
+    for factor in (() if quick else FACTORS):  # quick: the simulator only (CI time)
+        for seed in seeds:
+            real.append(_straggler_real_case(work, seed, factor, checks_max))
+            log(f"  straggler {factor}x seed {seed}: confirmed at check {real[-1]['checks_to_confirm']} "
+                f"(kinds {real[-1]['first_check_by_kind']}), others {real[-1]['others_confirmed']}")
+    sim_seeds = list(range(10)) if not quick else list(seeds)
+    simulated = _straggler_sim(sim_seeds, rounds=12 if quick else 40)
+
+    def summary(rows: list[dict[str, Any]], key: str) -> dict[str, Any]:
+        values = [row[key] for row in rows if row.get(key) is not None]
+        return {**_median_range(values), "missed": sum(1 for row in rows if row.get(key) is None)}
+
+    section.update({
+        "hang": {"threshold_s": threshold_s, "cases": hang, "summary": summary(hang, "past_threshold_s"),
+                 "wrong": sum(1 for c in hang if c.get("detected") and not c.get("right"))},
+        "sdc": {"cycle_steps": 2 * GPT_LAYERS, "cases": sdc, "summary": summary(sdc, "steps_after_onset"),
+                "wrong": sum(1 for c in sdc if c.get("detected") and not c.get("right"))},
+        "straggler": {
+            "simulated": {"cases": simulated, "by_factor": {
+                f"{f:g}": summary([r for r in simulated if r["factor"] == f], "checks_to_confirm") for f in FACTORS},
+                "note": "the simulator (the straggler-timing job of scout simulate at a chosen factor: the "
+                        "product's replay pipeline, 8 ranks, 1 % jitter, a check every step)"},
+            "real": {"cases": real, "by_factor": {
+                f"{f:g}": summary([r for r in real if r["factor"] == f], "checks_to_confirm")
+                for f in sorted({r["factor"] for r in real})},
+                "note": "examples/train_gpt.py --fault slow:RANK:FACTOR, 4 ranks on this machine, a replay check every "
+                        "2 steps; the check at which the slowed rank was confirmed device-slow"},
+        },
+    })
+
+
+# --------------------------------------------------------------------------------------------
+# 4: recovery
+# --------------------------------------------------------------------------------------------
+
+
+def _recovery_case(work: Path, kind: str, every: int, seed: int, threshold_s: float) -> dict[str, Any]:
+    rng = random.Random(f"recovery:{kind}:{every}:{seed}")
+    cycle = 2 * GPT_LAYERS
+    # A verified checkpoint exists once the one saved at the first checkpoint boundary had a
+    # clean cycle after it; the fault comes some steps after that.
+    first_verified = cycle * every + cycle
+    rank, onset = rng.randrange(WORLD), first_verified + 2 + rng.randrange(cycle)
+    settings: dict[str, Any] = {"checkpoint_every_cycles": every}
+    if kind == "sdc":
+        fault, settings["on_sdc"] = f"sdc:{rank}:{onset}", "restart"
+    else:
+        fault, settings["on_hang"] = f"hang-before-backward:{rank}:{onset}:{threshold_s + 120:g}", "restart"
+        settings["stall_threshold_s"] = threshold_s
+    steps = onset + 2 * cycle
+    job = train_gpt(work, f"recovery-{kind}-{every}-{seed}", steps=steps, fault=fault, settings=settings,
+                    checkpoint=True, max_restarts=1)
+    case: dict[str, Any] = {"kind": kind, "checkpoint_every_cycles": every, "seed": seed, "rank": rank,
+                            "onset_step": onset, "steps": steps, "exit_code": job["exit_code"], "wall_s": job["wall_s"]}
+    reports = job["reports"]
+    detections = sorted((r for r in reports if r["generation"] == 0 and (
+        r["kind"] == "sdc" if kind == "sdc" else r["source"] == "observer")), key=_report_time_s)
+    restored = [r for r in reports if r["kind"] == "restart" and r["generation"] >= 1
+                and r["reason"] in ("restored", "started")]
+    if not job["faults"] or not detections or not restored:
+        case.update(recovered=False, reports=[(r["kind"], r["reason"], r["generation"]) for r in reports],
+                    log_tail=job["log_tail"][-800:])
+        return case
+    fault_s, detected, resumed = job["faults"][0]["time_s"], detections[0], restored[0]
+    # The last step trained before the fault was acted on: an SDC stops every rank at the step
+    # that detected it; a hang stops at the hung step, which never completed.
+    last = detected["step"] if kind == "sdc" else onset - 1
+    case.update(
+        recovered=True, named=_named(detected), right=_named(detected) == [rank],
+        detected_step=detected["step"], restored_step=resumed["step"], choice=resumed["evidence"].get("choice"),
+        restored_from_checkpoint=resumed["reason"] == "restored",
+        detect_s=round(_report_time_s(detected) - fault_s, 2), resume_s=round(_report_time_s(resumed) - fault_s, 2),
+        restart_s=round(_report_time_s(resumed) - _report_time_s(detected), 2),
+        steps_lost=max(0, last - resumed["step"]), rollback_steps=onset - resumed["step"],
+        finished=any(r["kind"] == "finished" and r["generation"] >= 1 for r in reports))
+    return case
+
+
+def run_recovery(section: dict[str, Any], quick: bool, seeds: Sequence[int], work: Path,
+                 log: Callable[[str], None]) -> None:
+    threshold_s = 2.0 if quick else 10.0
+    everies = (1,) if quick else CHECKPOINT_EVERY
+    kinds = ("sdc",) if quick else ("sdc", "hang")  # quick: CI time
+    cases = []
+    for kind in kinds:
+        for every in everies:
+            for seed in seeds:
+                cases.append(_recovery_case(work, kind, every, seed, threshold_s))
+                case = cases[-1]
+                log(f"  recovery {kind} every {every} seed {seed}: resumed {case.get('resume_s')} s after the fault, "
+                    f"from step {case.get('restored_step')} (onset {case['onset_step']}), "
+                    f"{case.get('steps_lost')} steps lost")
+    table = []
+    for kind in kinds:
+        for every in everies:
+            mine = [c for c in cases if c["kind"] == kind and c["checkpoint_every_cycles"] == every]
+            done = [c for c in mine if c.get("recovered")]
+            table.append({"kind": kind, "checkpoint_every_cycles": every, "checkpoint_every_steps": 2 * GPT_LAYERS * every,
+                          "cases": len(mine), "recovered": len(done),
+                          "resume_s": _median_range([c["resume_s"] for c in done]),
+                          "detect_s": _median_range([c["detect_s"] for c in done]),
+                          "restart_s": _median_range([c["restart_s"] for c in done]),
+                          "steps_lost": _median_range([c["steps_lost"] for c in done]),
+                          "rollback_steps": _median_range([c["rollback_steps"] for c in done])})
+    section.update({"threshold_s": threshold_s, "cycle_steps": 2 * GPT_LAYERS, "cases": cases, "table": table})
+
+
+# --------------------------------------------------------------------------------------------
+# 5: false alarms
+# --------------------------------------------------------------------------------------------
+
+
+def _bound(events: int, trials: int) -> dict[str, Any]:
+    from scout.core.rates import rule_of_three, upper_bound
+
+    if trials == 0:
+        return {"events": events, "rounds": 0, "upper_95": None, "rule_of_three": None}
+    return {"events": events, "rounds": trials, "upper_95": upper_bound(events, trials),
+            "rule_of_three": rule_of_three(trials) if events == 0 else None}
+
+
+OBSERVER_KINDS = ("hang", "desync", "group_stall", "unresponsive", "inconclusive", "data_stall", "checkpoint_stall")
+
+
+def _count_real(job: dict[str, Any], steps: int, threshold_s: float) -> dict[str, dict[str, int]]:
+    """Per fault kind of one healthy job: the rounds in which it could have named someone, its
+    false attributions (a rank named) and its false alarms (a report naming no one). Rounds come
+    from the schedule at the defaults: a replay vote every 2 steps (plus embedding, output head
+    and optimizer once per cycle), two timing comparisons (compute, communication) per replay
+    check plus a loop check every 50 steps, and for the observers one window of the stall
+    threshold per rank over the training time (from the job's start report to its finished one)."""
+    interval, cycle = 2, 2 * GPT_LAYERS
+    votes = steps // interval + 3 * (steps // cycle)
+    times = {r["kind"]: _report_time_s(r) for r in job["reports"] if r["kind"] in ("restart", "finished")}
+    training_s = times["finished"] - times["restart"] if len(times) == 2 else 0.0
+    rounds = {"sdc": votes, "straggler": 2 * (steps // interval) + steps // 50,
+              "hang": int(WORLD * training_s / threshold_s)}
+    counts = {kind: {"rounds": n, "false_attributions": 0, "false_alarms": 0} for kind, n in rounds.items()}
+    for record in job["reports"]:
+        kind = {"sdc": "sdc", "straggler": "straggler"}.get(record["kind"], "hang" if record["kind"] in OBSERVER_KINDS
+                                                                   else None)
+        if kind is None or (kind == "straggler" and record["evidence"].get("change") != "confirmed"):
+            continue
+        counts[kind]["false_attributions" if _named(record) else "false_alarms"] += 1
+    return counts
+
+
+def run_false_alarms(section: dict[str, Any], quick: bool, seeds: Sequence[int], work: Path,
+                     log: Callable[[str], None]) -> None:
+    from scout.scenarios.registry import ScenarioParams, run_scenario
+
+    # Simulated at scale: the product's replay pipeline and observer driver on the simulator.
+    # (ranks, seeds); the straggler job runs `straggler_steps` checks.
+    straggler_sizes = ((64, 2),) if quick else ((256, 5),)
+    observer_sizes = ((64, 2),) if quick else ((1024, 3), (4096, 1))
+    straggler_steps = 6 if quick else 24
+    sim: dict[str, dict[str, Any]] = {"straggler": {"rounds": 0, "false_attributions": 0, "false_alarms": 0, "runs": 0},
+                                      "hang": {"rounds": 0, "false_attributions": 0, "false_alarms": 0, "runs": 0}}
+    for ranks, count in straggler_sizes:
+        for index in range(count):
+            params = ScenarioParams(ranks=ranks, seed=1000 + index, group_size=8, rounds=straggler_steps)
+            report = run_scenario("straggler-healthy", params)
+            # Rows: (step, "STATUS=groups ...", SDC named, stragglers confirmed); one vote per group per step.
+            named = {r for row in report.rows for r in (*row[2], *row[3])}
+            entry = sim["straggler"]
+            entry["runs"] += 1
+            entry["rounds"] += sum(int(count) for row in report.rows for count in re.findall(r"=(\d+)", row[1]))
+            entry["false_attributions"] += len(named)
+            entry["false_alarms"] += sum(1 for row in report.rows if "INCONCLUSIVE" in row[1])
+            log(f"  simulated healthy timing, {ranks} ranks seed {params.seed}: {entry}")
+    for ranks, count in observer_sizes:
+        for index in range(count):
+            report = run_scenario("observer-healthy", ScenarioParams(ranks=ranks, seed=1000 + index, group_size=8))
+            entry = sim["hang"]
+            entry["runs"] += 1
+            threshold_s = 1.0  # the observer scenarios' threshold (scout/scenarios/observer.py)
+            entry["rounds"] += int(ranks * report.result.virtual_time_s / threshold_s)
+            entry["false_attributions"] += sum(1 for row in report.rows if row[4])
+            entry["false_alarms"] += sum(1 for row in report.rows if not row[4])
+            log(f"  simulated healthy observers, {ranks} ranks seed {1000 + index}: {entry}")
+    # Real 4-rank jobs: examples/train_gpt.py at the defaults with every rank's step up to
+    # jitter_s slower at random (seeded), far below the stall threshold.
+    jitter_s = 0.3
+    steps = 40 if quick else 200
+    real_seeds = seeds[:1] if quick else seeds
+    real: dict[str, dict[str, int]] = {}
+    jobs = []
+    for seed in real_seeds:
+        job = train_gpt(work, f"healthy-{seed}", steps=steps, fault=f"jitter:{jitter_s:g}:{seed}")
+        counts = _count_real(job, steps, 10.0)
+        jobs.append({"seed": seed, "exit_code": job["exit_code"], "wall_s": job["wall_s"], "counts": counts,
+                     "reports": [(r["kind"], r["reason"], _named(r)) for r in job["reports"]
+                                 if r["kind"] not in ("restart", "finished", "checkpoint")]})
+        for kind, values in counts.items():
+            total = real.setdefault(kind, {"rounds": 0, "false_attributions": 0, "false_alarms": 0})
+            for key, value in values.items():
+                total[key] += value
+        log(f"  real healthy seed {seed}: {counts}")
+    section.update({
+        "simulated": {kind: {**values, "bound": _bound(values["false_attributions"], values["rounds"])}
+                      for kind, values in sim.items()},
+        "real": {kind: {**values, "bound": _bound(values["false_attributions"], values["rounds"])}
+                 for kind, values in real.items()},
+        "real_jobs": jobs, "jitter_s": jitter_s, "steps": steps,
+        "units": {"sdc": "one replay vote (a recipe, a replica group, a check)",
+                  "straggler": "one timing comparison (a kind, a replica group, a check)",
+                  "hang": "one observer watching one stall threshold of healthy training"},
+    })
+
+
+# --------------------------------------------------------------------------------------------
+# 6: the campaign over seeds
+# --------------------------------------------------------------------------------------------
+
+
+def run_campaign(section: dict[str, Any], quick: bool, seeds: Sequence[int], log: Callable[[str], None]) -> None:
+    from scout.scenarios import campaign
+
+    per_seed = []
+    if quick:
+        seeds = range(max(5, len(seeds)))  # a quick seed costs about a second: the >= 5 of the issue
+    for seed in seeds:
+        result = campaign.CampaignResult(quick=quick, seed=seed)
+        started = time.monotonic()
+        if quick:  # one case per simulated kind at 8 ranks; no real jobs (CI-sized plumbing)
+            plan = campaign.CampaignPlan(True, seed, tuple(campaign.sim_cases(campaign.SIM_KINDS, ((8, 1),), seed)),
+                                         tuple(campaign.sim_cases(campaign.SIM_HEALTHY, ((8, 1),), seed)))
+            campaign.run_sim_part(plan, result)
+        else:  # the full campaign, as scout campaign runs it: simulated, real processes, device semantics
+            campaign.run_campaign(result, campaign.PARTS, log)
+        result.wall_s = time.monotonic() - started
+        document = result.to_json()
+        per_seed.append({"seed": seed, "wall_s": round(result.wall_s, 1), "totals": document["totals"],
+                         "table": document["table"], "failures": document["failures"], "ok": document["ok"]})
+        log(f"  campaign seed {seed}: {document['totals']}")
+    totals: dict[str, int] = {}
+    for entry in per_seed:
+        for key, value in entry["totals"].items():
+            if isinstance(value, int):
+                totals[key] = totals.get(key, 0) + value
+    section.update({"seeds": list(seeds), "per_seed": per_seed, "totals": totals,
+                    "real_part": not quick})
+
+
+# --------------------------------------------------------------------------------------------
+# Goals, the document, the command line
+# --------------------------------------------------------------------------------------------
+
+
+def goals(document: dict[str, Any]) -> list[Goal]:
+    """The goals the sections present in ``document`` check (bench/run.py's table)."""
+    sections = document["sections"]
+    found: list[Goal] = []
+    parts = sections.get("parts")
+    if parts:
+        overhead = parts["defaults"]["overhead"]
+        found.append(at_most(f"attach overhead at defaults ({parts['parameters'] / 1e6:.1f}M GPT, 2 ranks)",
+                             100 * overhead["median"], 100 * OVERHEAD_GOAL, "%",
+                             f"median of {overhead['n']} interleaved rounds, range {100 * overhead['min']:.2f} to "
+                             f"{100 * overhead['max']:.2f} %"))
+        replay = parts["defaults"]["shares"].get("replay_cpu_s")
+        formula = parts["defaults"].get("replay_formula")
+        if replay and formula:
+            ratio = replay["median"] / formula
+            found.append(at_most("replay share within 1.5x of its formula", max(ratio, 1 / ratio),
+                                 REPLAY_FORMULA_FACTOR, "x", f"replay's CPU time {100 * replay['median']:.3f} % of a "
+                                 f"step, formula {100 * formula:.3f} %"))
+    latency = sections.get("latency")
+    if latency:
+        hang = latency["hang"]
+        worst = hang["summary"]["max"]
+        found.append(at_most("hang reported past the threshold (worst seed)", float("inf") if worst is None
+                             or hang["summary"]["missed"] or hang["wrong"] else worst,
+                             HANG_PAST_THRESHOLD_GOAL_S, "s", f"{hang['summary']['n']} seeds, {hang['wrong']} wrong"))
+        sdc = latency["sdc"]
+        worst = sdc["summary"]["max"]
+        found.append(at_most("SDC detected after onset (worst seed)", float("inf") if worst is None
+                             or sdc["summary"]["missed"] or sdc["wrong"] else worst, sdc["cycle_steps"], "steps",
+                             "goal: within one cycle"))
+        for factor, limit in STRAGGLER_CHECKS_GOAL.items():
+            row = latency["straggler"]["simulated"]["by_factor"].get(f"{factor:g}")
+            if row and row["n"]:
+                found.append(at_most(f"straggler {factor:g}x confirmed (simulated, median checks)", row["median"]
+                                     if not row["missed"] else float("inf"), limit, "checks", f"{row['n']} seeds"))
+    alarms = sections.get("false_alarms")
+    if alarms:
+        events = sum(v["false_attributions"] for part in ("simulated", "real") for v in alarms[part].values())
+        found.append(at_most("false attributions in healthy runs", events, 0, "",
+                             "simulated at scale and real 4-rank jobs, every kind"))
+    campaign_section = sections.get("campaign")
+    if campaign_section:
+        totals = campaign_section["totals"]
+        found.append(at_most("campaign: faults not localized, all seeds",
+                             totals.get("injected", 0) - totals.get("localized", 0), 0, "",
+                             f"{len(campaign_section['seeds'])} seeds"))
+        found.append(at_most("campaign: false attributions, all seeds", totals.get("false_attributions", 0), 0, ""))
+    return found
+
+
+def _write(document: dict[str, Any], output: Path) -> None:
+    document["goals"] = [goal.to_json() for goal in goals(document)]
+    document["all_goals_met"] = all(goal["met"] for goal in document["goals"])
+    document["load_average_1_5_15_min"] = load_average()
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(document, indent=1, default=str) + "\n", encoding="utf-8")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="every path at toy sizes (CI); figures not the goal's")
+    parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated, of {', '.join(SECTIONS)}")
+    parser.add_argument("--seeds", type=int, default=None, help="seeds per latency/recovery/campaign (default 5; quick 1)")
+    parser.add_argument("--rounds", type=int, default=None, help="interleaved A/B rounds (default 5; quick 1)")
+    parser.add_argument("--parts", default="", help=f"the parts section's parts off, comma-separated, of "
+                        f"{', '.join(PARTS)} (default: all; quick: ddp_hook)")
+    parser.add_argument("--output", type=Path, default=RESULTS, help="the JSON (default bench/results/evaluation.json)")
+    parser.add_argument("--doc", type=Path, default=None, help="the document (default docs/evaluation.md; "
+                        "not written by --quick unless given)")
+    parser.add_argument("--plots", type=Path, default=None, help="the plots' directory (default docs/evaluation/)")
+    parser.add_argument("--render", action="store_true", help="only render the document from the JSON")
+    args = parser.parse_args(argv)
+    import _evaluation_doc
+
+    doc = args.doc if args.doc is not None else (None if args.quick else DOC)
+    plots = args.plots if args.plots is not None else (doc.parent / "evaluation" if doc is not None else PLOTS)
+    if args.render:
+        document = json.loads(args.output.read_text(encoding="utf-8"))
+        _evaluation_doc.write(document, doc or DOC, plots)
+        return 0
+    chosen = [name.strip() for name in args.sections.split(",") if name.strip()]
+    unknown = sorted(set(chosen) - set(SECTIONS))
+    if unknown:
+        parser.error(f"unknown section(s) {unknown}; the sections are {', '.join(SECTIONS)}")
+    only = [part.strip() for part in args.parts.split(",") if part.strip()]
+    if sorted(set(only) - set(PARTS)):
+        parser.error(f"unknown part(s) {sorted(set(only) - set(PARTS))}; the parts are {', '.join(PARTS)}")
+    seeds = list(range(args.seeds if args.seeds is not None else (1 if args.quick else 5)))
+    rounds = args.rounds if args.rounds is not None else (1 if args.quick else 5)
+    if not seeds or rounds < 1:
+        parser.error(f"--seeds and --rounds must be >= 1, got {args.seeds} and {args.rounds}")
+    document: dict[str, Any] = {}
+    if args.output.exists():
+        with contextlib.suppress(ValueError):
+            document = json.loads(args.output.read_text(encoding="utf-8"))
+    if document.get("schema") != SCHEMA or document.get("quick") != args.quick:
+        document = {"schema": SCHEMA, "quick": args.quick, "sections": {}}
+    document["host"] = host()
+    work = Path(tempfile.mkdtemp(prefix="scout-evaluate-"))
+
+    def log(line: str) -> None:
+        print(line, flush=True)
+
+    started = time.monotonic()
+    try:
+        for name in SECTIONS:
+            if name not in chosen:
+                continue
+            section: dict[str, Any] = {"quick": args.quick}
+            log(f"== {name} (load {load_average()})")
+            with measured(section):
+                if name == "overhead":
+                    run_overhead(section, args.quick, rounds, log)
+                elif name == "parts":
+                    run_parts(section, args.quick, rounds, log, only)
+                elif name == "latency":
+                    run_latency(section, args.quick, seeds, work, log)
+                elif name == "recovery":
+                    run_recovery(section, args.quick, seeds, work, log)
+                elif name == "false_alarms":
+                    run_false_alarms(section, args.quick, seeds, work, log)
+                else:
+                    run_campaign(section, args.quick, seeds, log)
+            section["host"] = document["host"]
+            document["sections"][name] = section
+            document["duration_s"] = round(sum(s.get("duration_s", 0.0) for s in document["sections"].values()), 1)
+            _write(document, args.output)  # after every section: a long run keeps what it measured
+            log(f"   {name}: {section['duration_s']} s")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    log(f"evaluation: {time.monotonic() - started:.0f} s; {args.output}")
+    if doc is not None:  # from the JSON as written: the document is render(JSON), nothing else
+        _evaluation_doc.write(json.loads(args.output.read_text(encoding="utf-8")), doc, plots)
+        log(f"wrote {doc} and the plots in {plots}")
+    for goal in document["goals"]:
+        log(f"goal {goal['name']}: {goal['measured']:.4g} {goal['unit']} ({goal['comparison']} {goal['target']:g}) "
+            f"{'met' if goal['met'] else 'NOT MET'}")
+    return 0 if document["all_goals_met"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""Child of tests/job/test_ddp_hook.py under torchrun: the gradients DDP averages with scout's
+publishing hook (scout/job/hooks.py) against DDP's own path, and the reduce ops the hook used."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from scout.job.hooks import publish_ddp_buckets
+from scout.observer import instrument
+from scout.observer.progress import ProgressPublisher, RecordIdentity
+
+
+def gradients(model: nn.Module, rank: int) -> list[torch.Tensor]:
+    """The second backward's gradients: DDP rebuilds its buckets after the first (to bucket_cap_mb)."""
+    for iteration in range(2):
+        model.zero_grad(set_to_none=True)
+        inputs = torch.randn(16, 256, generator=torch.Generator().manual_seed(10 * rank + iteration))
+        model(inputs).square().sum().backward()
+    return [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+
+    def net() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 8))
+
+    reference = gradients(DistributedDataParallel(net(), bucket_cap_mb=0.25), rank)
+    ops: list[str] = []
+    original = dist.all_reduce
+
+    def recording(tensor: torch.Tensor, op: object = dist.ReduceOp.SUM, *args: object, **kwargs: object) -> object:
+        ops.append(str(op))
+        return original(tensor, op, *args, **kwargs)  # type: ignore[arg-type]
+
+    dist.all_reduce = recording  # type: ignore[assignment]
+    publisher = ProgressPublisher(RecordIdentity(f"ddp-hook-{sys.argv[1]}", 0, rank))
+    instrument.instrument(publisher, collectives=False)
+    hooked = DistributedDataParallel(net(), bucket_cap_mb=0.25)
+    assert publish_ddp_buckets(hooked, publisher)
+    mine = gradients(hooked, rank)
+    instrument.uninstrument()
+    publisher.close()
+    if rank == 0:
+        print(json.dumps({"equal": all(torch.equal(a, b) for a, b in zip(reference, mine, strict=True)),
+                          "gradients": len(mine), "ops": sorted(set(ops)), "calls": len(ops)}), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
