@@ -91,3 +91,17 @@ def test_SELF_6_a_flipped_parameter_or_optimizer_state_is_named_within_a_cycle(
     assert set(verified) <= {"t0/s8"}, verified
     quarantined = {r["evidence"]["checkpoint"] for r in records if r["reason"] == "quarantined"}
     assert {"t0/s16", "t0/s24"} <= quarantined, records
+
+
+@pytest.mark.slow
+def test_GATE_41_a_persistent_sdc_in_report_mode_is_written_at_its_1st_2nd_and_4th_finding(tmp_path: Path) -> None:
+    """A faulty unit from step 13 (the example's ``sdc``: a hook that stays) in the default
+    ``report`` mode is attributed at every check of hidden.1 (steps 20, 28, 36, 44): 4 findings,
+    written at the 1st, 2nd and 4th with the counts, not at every check (issue 24: 18 reports in
+    90 steps). Its own hook also makes its live output differ from its self-replay (SELF-2)."""
+    run, records, _ = torchrun(tmp_path, steps=45, fault="sdc:1:13")
+    assert run.returncode == 0, run.stderr[-3000:]
+    written = [(r["step"], r["ranks"], r["evidence"]["recipe"], r["evidence"]["counts"], r["evidence"]["first_steps"],
+                r["evidence"]["sources"]) for r in records if r["kind"] == "sdc"]
+    assert written == [(step, [1], "hidden.1", [count], [20], ["output", "live"])
+                       for step, count in ((20, 1), (28, 2), (44, 4))], written
