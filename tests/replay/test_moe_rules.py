@@ -213,8 +213,6 @@ def test_MOE_5_the_catalogs_recipes_labels_and_layers() -> None:
     catalog = _catalog((Template(0, (2, 0), True, "ok"), Template(1, (4, 8), False, "no")))
     assert catalog.expert_keys() == ((0, 4), (1, 4), (2, 4), (2, 8), (2, 16))
     assert catalog.exact_keys() == ((0, 2), (0, 4), (1, 2), (1, 4), (2, 4), (2, 8), (2, 16))
-    assert catalog.regime_labels() == (("expert.0@4", (2, 4)), ("expert.1@4", (2, 4)), ("expert.2@4", (4,)),
-                                       ("expert.2@8", (8,)), ("expert.2@16", (16,)))
     assert catalog.qualified_templates() == ("layer0:[2, 0]",)
     assert catalog.layer_of(2) is catalog.layers[1] and catalog.layer_of(0) is catalog.layers[0]
     with pytest.raises(KeyError) as error:
