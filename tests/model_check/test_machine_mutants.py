@@ -879,3 +879,14 @@ def test_packaged_tables_are_the_spec_tables_and_an_unknown_or_unreadable_one_is
     assert str(_error(SpecError, loader_module.packaged_table_text, "gate")) == (
         "the packaged machine table scout.core.tables/gate.toml cannot be read ([Errno 5] Input/output error); "
         "reinstall scout (the wheel ships it as package data)")
+
+
+def test_the_oracles_entry_points_are_imported_on_first_use_and_an_unknown_name_is_named() -> None:
+    import scout.core.machine as package
+    from scout.core.machine import conformance, reference
+
+    assert package.conformance_problems is conformance.conformance_problems
+    assert package.reference_step is reference.reference_step
+    with pytest.raises(AttributeError) as error:
+        package.no_such_name  # noqa: B018
+    assert str(error.value) == "module 'scout.core.machine' has no attribute 'no_such_name'"

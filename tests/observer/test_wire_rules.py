@@ -263,3 +263,32 @@ def test_OBS_wire_a_completion_coordinate_keeps_its_own_checks() -> None:
     with pytest.raises(ValueError) as direct:
         Completion(0x77, 3, 5, 0, PendingState.NONE, 0)
     assert message == str(direct.value)
+
+
+def test_OBS_wire_each_field_of_each_message_kind_is_checked_by_name() -> None:
+    fields = tuple(delegate_fields(report(Finding.BEHIND)))
+    cases = [
+        (("q", "0", 1), "initiator must be an int, got str"),
+        (("q", 0, 1.0), "number must be an int, got float"),
+        (("r", None, 1, 2, None), "initiator must be an int, got NoneType"),
+        (("r", 0, True, 2, None), "number must be an int, got bool"),
+        (("r", 0, 1, "2", None), "sender must be an int, got str"),
+        (("d", b"", 7, 1, fields), "initiator must be an int, got bytes"),
+        (("d", 2, 7.5, 1, fields), "number must be an int, got float"),
+        (("d", 2, 7, (1,), fields), "sender must be an int, got tuple"),
+        (("q", 0, 0), "round number 0 must be >= 1"),
+        (("r", 0, -3, 1, None), "round number -3 must be >= 1"),
+        (("d", 2, 0, 1, fields), "round number 0 must be >= 1"),
+        ((), "not an observer message"),
+        (("z", 1, 2), "not an observer message"),
+        (["q", 0, 1], "not an observer message"),
+    ]
+    for payload, message in cases:
+        assert refused(payload) == message, payload
+
+
+def test_OBS_wire_a_message_with_the_field_count_of_another_kind_is_refused() -> None:
+    fields = tuple(delegate_fields(report(Finding.BEHIND)))
+    for payload in (("q", 0, 1, 2, None), ("q", 0, 1, 2, fields), ("r", 0, 1), ("r", 0, 1, 2, None, None),
+                    ("d", 2, 7, 1), ("d", 2, 7, 1, fields, 0), ("d", 2, 7)):
+        assert refused(payload) == f"message {payload[0]!r} has {len(payload)} fields", payload

@@ -26,6 +26,7 @@ from scout.gate.manifest import (
     HEAD_NAME,
     LOG_NAME,
     MAX_FILE_BYTES,
+    NESTING_MAX,
     WRITE_STAGES,
     ManifestBusy,
     ManifestDamaged,
@@ -37,7 +38,9 @@ from scout.gate.manifest import (
     ManifestUnreadable,
     ManifestWriter,
     _Damaged,
+    _json_document,
     _parse_log,
+    _Undecodable,
     decode_manifest,
     encode_manifest,
     load_manifest,
@@ -799,3 +802,26 @@ def test_GATE_33_a_head_that_cannot_even_be_started_is_a_warning_too(tmp_path: P
         f"{tmp_path / HEAD_NAME}: writing the head failed (Is a directory); the generation is committed; the head is "
         "rewritten at the next commit"]
     assert read_manifest_set(tmp_path, JOB).newest is not None
+
+
+def test_GATE_38_nesting_is_counted_over_both_bracket_kinds_outside_strings_up_to_the_bound() -> None:
+    # GATE-38's bound at its edge: NESTING_MAX levels are read, one more is damage, whatever mix
+    # of arrays and objects makes them; brackets inside strings are not nesting.
+    def nested(levels: int) -> bytes:
+        pairs = [(b"[", b"]") if level % 2 else (b'{"k":', b"}") for level in range(levels)]
+        return b"".join(o for o, _ in pairs) + b'"[{]}"' + b"".join(c for _, c in reversed(pairs))
+
+    assert NESTING_MAX == 64
+    document = _json_document(nested(64))
+    for level in range(64):
+        document = document["k"] if level % 2 == 0 else document[0]
+    assert document == "[{]}"
+    with pytest.raises(_Undecodable) as error:
+        _json_document(nested(65))
+    assert str(error.value) == "nested 65 levels deep, more than 64"
+    assert _json_document(b'"' + b"[" * 100 + b'"') == "[" * 100
+    assert _json_document(b"7") == 7
+    assert _damage(_frame("scout-gate-manifest", b"\xff\xfe")) == (
+        "verified body is not JSON scout can read: not ASCII (ordinal not in range(128) at byte 0)")
+    assert _damage(_frame("scout-gate-manifest", b"")) == (
+        "verified body is not JSON scout can read: Expecting value: line 1 column 1 (char 0)")
