@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scout.core.recipes import EvidenceKind, RecipeId, RecipeResult, ReplayStatus, combine_evidence
-from scout.core.verdict import MISSING, classify_exact
+from scout.core.verdict import MISSING, Status, classify_exact
 from scout.gate.codec import CodecError, state_from_json, state_to_json
 from scout.gate.model import (
     CheckpointCaptured,
@@ -124,6 +124,10 @@ def test_replay_results_map_onto_group_verdicts_through_one_conversion() -> None
         return combine_evidence(recipe, 5, statuses[: len(signatures)], {EvidenceKind.OUTPUT: signatures})
 
     assert group_verdict("g", result([7, 7, 7])).outcome is Outcome.AGREE
+    # SELF-7, GATE-4: whether every peer's live output was reproduced reaches the gate's verdict.
+    for checked in (True, False):
+        agreed = RecipeResult(recipe, 5, Status.AGREE, self_checked=checked)
+        assert group_verdict("g", agreed) == GroupVerdict("g", Outcome.AGREE, self_checked=checked)
     attributed = group_verdict("g", result([7, 7, 9]))
     assert (attributed.outcome, attributed.outliers) == (Outcome.ATTRIBUTED, (2,))
     silent = group_verdict("g", result([7, 7, MISSING]))
