@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from scout.core.canary import CanaryOutcome
-from scout.core.recipes import Intervals, Schedule
+from scout.core.recipes import Intervals, RecipeClass, Schedule
 from scout.gate.model import Recipe
 from scout.job.config import Config
 from scout.job.pipeline import CheckOutput, Finding, GateFeed, Layout, replay_output
@@ -176,8 +176,11 @@ class Cycle:
 
     @classmethod
     def of(cls, schedule: Schedule) -> Cycle:
-        longest = max(schedule.active_classes(), default=None,
-                      key=lambda c: schedule.catalog.class_size(c) * schedule.intervals.for_class(c))
+        def length(c: RecipeClass) -> tuple[int, int]:  # a tie goes to the class with more recipes
+            size = schedule.catalog.class_size(c)
+            return size * schedule.intervals.for_class(c), size
+
+        longest = max(schedule.active_classes(), default=None, key=length)
         if longest is None:
             return cls(0, "no recipe class is active")
         size, interval = schedule.catalog.class_size(longest), schedule.intervals.for_class(longest)

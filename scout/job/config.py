@@ -152,7 +152,7 @@ class Config:
     replay_rows: int = attrs.field(default=1, validator=_count("replay_rows", 0, 1_000_000))
     #: Steps between two checks of loop stragglers (LOOP-3): each compares the ranks' time in
     #: the training loop outside collectives over the steps since the last check.
-    loop_check_steps: int = attrs.field(default=50, validator=_count("loop_check_steps", 1, 1_000_000))
+    loop_check_steps: int = attrs.field(default=10, validator=_count("loop_check_steps", 1, 1_000_000))
     #: Timed repetitions of each replay for straggler timing (STRAG-1), after the run that gives
     #: the SDC evidence; 0 times that run itself. Each repetition costs one more replay.
     straggler_repetitions: int = attrs.field(default=0, validator=_count("straggler_repetitions", 0, 16))

@@ -196,7 +196,7 @@ def test_MOE_10_expert_recipes_share_the_dense_cycle_when_they_fit() -> None:
                                          optimizer_slice_count=0, expert_keys=keys), Intervals(expert_steps=interval)))
 
     dense = Cycle.of(Schedule(Catalog(hidden_layer_count=3, has_embedding=True, has_output=True,
-                                      optimizer_slice_count=1), Intervals(2, 2, 6, 6)))
+                                      optimizer_slice_count=1), Intervals(6, 2, 6, 6)))
     assert dense == Cycle(6, "3 hidden recipe(s), one every 2 step(s)")
     for experts, expected in ((2, 6), (4, 4), (6, 6), (7, 7), (12, 12), (36, 36)):
         assert cycle(experts, expert_interval_steps(dense.steps, experts)).steps == expected
