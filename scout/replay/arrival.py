@@ -8,10 +8,10 @@ after step. Step wall time cannot show it (data-parallel collectives equalise it
 docs/prior-art.md lesson 7), and the ranks' clocks are not synchronised; what every rank can
 measure on its own monotonic clock is
 
-* ``period``: how long its loop body took in wall time (from :meth:`LoopTimer.begin_step` to
-  :meth:`LoopTimer.end_step`), the same on every rank once the step's collectives equalise it.
-  Time the host kept the training thread off a CPU (run-queue delay: a noisy neighbour,
-  throttling) is not subtracted: it is time the job loses (LOOP-1);
+* ``period``: how long its loop body took (from :meth:`LoopTimer.begin_step` to
+  :meth:`LoopTimer.end_step`), the same on every rank once the step's collectives equalise it,
+  less the time the host kept the training thread waiting for a CPU (Linux run-queue delay,
+  as COMM-1: host contention is not loop work, and on a shared host it is the largest noise);
 * ``wait``: the longest time it spent waiting in one of the step's collectives -- from its
   entry to its exit (:meth:`LoopTimer.collective`), or, where a collective returns at enqueue
   (NCCL, the emulated backend), from its enqueue to its completion, timed by marks of the
@@ -59,7 +59,7 @@ from scout.core.verdict import (
     Verdict,
     classify_timing,
 )
-from scout.replay.collectives import PeerGroup
+from scout.replay.collectives import PeerGroup, RunQueueDelay
 from scout.replay.stragglers import StragglerEvent, StragglerKind, StragglerTracker
 from scout.transport.base import DeadlineExceeded, TransportError
 from scout.transport.nccl.timing import Mark, Timer, WallTimer, timer_for
@@ -126,7 +126,6 @@ class LoopConfig:
     #: timings scatter more than replay's, and a verdict that names two of four peers is no
     #: evidence at all; the evidence itself is the log ratio, whatever the floor.
     timing: TimingConfig = TimingConfig(relative_floor=0.25)
-    #: LOOP-3: the default test, noise guard 0.05 included (measured in bench/loop_wall.py).
     straggler: SequentialConfig = DEFAULT_SEQUENTIAL_CONFIG
     trail_checks: int = 16
 
@@ -186,6 +185,7 @@ class LoopTimer:
         config: LoopConfig | None = None,
         *,
         clock_ns: Callable[[], int] = time.monotonic_ns,
+        run_queue_delay_s: Callable[[], float] | None = None,
         timer: Timer | None = None,
     ) -> None:
         self.peers = peers
@@ -196,6 +196,11 @@ class LoopTimer:
             StragglerKind.LOOP, peers.ranks, self.config.straggler, self.config.trail_checks
         )
         self._lock = threading.Lock()
+        # LOOP-1: the training thread's run-queue delay (seconds, cumulative).
+        self._run_queue_delay = (
+            run_queue_delay_s if run_queue_delay_s is not None else RunQueueDelay()
+        )
+        self._delay_at_start_s = 0.0
         self._body_started_ns: int | None = None
         self._wait_ns = 0  # the longest collective of the current body
         self._collectives = 0
@@ -212,7 +217,9 @@ class LoopTimer:
 
     def begin_step(self) -> None:
         """The loop body of the next step starts now."""
+        delay_s = self._run_queue_delay()
         with self._lock:
+            self._delay_at_start_s = delay_s
             self._body_started_ns = self._clock_ns()
             self._wait_ns = 0
             self._collectives = 0
@@ -257,12 +264,14 @@ class LoopTimer:
             )
         self.last_step = step
         now_ns = self._clock_ns()
+        delay_s = self._run_queue_delay()
         with self._lock:
             started, wait_ns, pending = self._body_started_ns, self._wait_ns, self._pending
+            delayed_ns = round((delay_s - self._delay_at_start_s) * 1e9)
             self._body_started_ns = None
             self._pending = []
         if started is not None and step > self.config.warmup_steps:
-            self._unresolved.append((max(0, now_ns - started), wait_ns, pending))  # LOOP-1: wall time
+            self._unresolved.append((max(0, now_ns - started - delayed_ns), wait_ns, pending))
             if len(self._unresolved) > self.config.window_steps_max:
                 self._unresolved.popleft()
                 self.dropped_steps += 1

@@ -48,8 +48,8 @@ class LoopPeers:
 
 
 def _timer(peers: LoopPeers, clock: Clock, **config: int) -> LoopTimer:
-    """A loop timer on the scripted clock: periods in its wall time (LOOP-1)."""
-    return LoopTimer(peers, LoopConfig(**config), clock_ns=clock)
+    """A loop timer on the scripted clock, with no run-queue delay (LOOP-1)."""
+    return LoopTimer(peers, LoopConfig(**config), clock_ns=clock, run_queue_delay_s=lambda: 0.0)
 
 
 def _step(timer: LoopTimer, clock: Clock, step: int, body_ms: float, wait_ms: float) -> object:
@@ -218,7 +218,7 @@ def test_LOOP_5_on_nccl_the_wait_is_timed_at_completion_though_the_hooks_callbac
     clock, peers = Clock(), LoopPeers()
     stream = StreamTimer(clock)
     timer = LoopTimer(peers, LoopConfig(check_every_steps=2, warmup_steps=0), clock_ns=clock,
-                      timer=stream)  # type: ignore[arg-type]
+                      run_queue_delay_s=lambda: 0.0, timer=stream)  # type: ignore[arg-type]
     wall_waits = []
     for step in (1, 2):
         timer.begin_step()
@@ -241,7 +241,7 @@ def test_LOOP_5_a_step_joins_the_window_when_its_waits_resolve_in_step_order_and
     clock, peers = Clock(), LoopPeers()
     stream = StreamTimer(clock)
     timer = LoopTimer(peers, LoopConfig(check_every_steps=3, warmup_steps=0, window_steps_max=4), clock_ns=clock,
-                      timer=stream)  # type: ignore[arg-type]
+                      run_queue_delay_s=lambda: 0.0, timer=stream)  # type: ignore[arg-type]
     timer.begin_step()
     stream.waiting = True
     late = timer.collective_started()
