@@ -28,6 +28,12 @@ neither a torchrun restart nor a Slurm requeue -- so a restart runs clean):
                                 before backward;
 - ``slow-exit:RANK:SECONDS``    RANK's (-1: every rank's) exit takes SECONDS, however it leaves
                                 (an exit handler of the user's that tears down slowly);
+- ``slow-forward:RANK:FACTOR:HOW``  every block's forward on RANK takes FACTOR times as long: a
+                                forward hook waits FACTOR - 1 times the block's own forward time,
+                                by sleeping (HOW ``sleep``: a descheduled or waiting rank, a noisy
+                                neighbour) or by spinning (HOW ``spin``: a slow or throttled core);
+- ``slow-loop:RANK:FACTOR:HOW``  after its forward, RANK's loop waits FACTOR - 1 times the
+                                forward's time, outside any module (sleeping or spinning, as above);
 - ``gpu-hang:RANK:STEP:SECONDS``  RANK's GPU runs a kernel that spins for SECONDS before the
                                 forward of STEP (a kernel that does not end); its CPU goes on
                                 until it has to wait for the GPU (CUDA only).
@@ -123,6 +129,10 @@ class FaultSet:
         for fault in self.faults:
             fault.loop(step_s)
 
+    def after_forward(self, forward_s: float) -> None:
+        for fault in self.faults:
+            fault.after_forward(forward_s)
+
 
 class Faults:
     """The injected fault (see the module docstring)."""
@@ -135,6 +145,10 @@ class Faults:
         self.active = (bool(spec) and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0
                        and int(os.environ.get("SLURM_RESTART_COUNT", "0")) == 0)
         self.exit_slowed = False
+        self.forward_s = 0.0
+        self.how = fields.pop() if self.kind in ("slow-forward", "slow-loop") and len(fields) == 3 else "sleep"
+        if self.how not in ("sleep", "spin"):
+            raise SystemExit(f"--fault {spec}: HOW must be sleep or spin, got {self.how!r}")
         if self.kind == "jitter":  # every rank, and not a fault: no target
             self.target, self.values = -1, [float(f) for f in fields]
             self.mine = self.active
@@ -145,6 +159,31 @@ class Faults:
                                          or (self.kind in ("raise", "slow-exit") and self.target == -1))
         if self.mine and self.kind == "slow":
             self._slow_device(self.values[0])
+        if self.mine and self.kind == "slow-forward":
+            for block in model.layers:
+                self._slow_forward(block, self.values[0])
+
+    def wait(self, seconds: float) -> None:
+        """Lose ``seconds`` of wall time: asleep, or busy on this core."""
+        if self.how == "sleep":
+            time.sleep(seconds)
+            return
+        until = time.perf_counter() + seconds
+        while time.perf_counter() < until:
+            pass
+
+    def _slow_forward(self, block: nn.Module, factor: float) -> None:
+        started: list[float] = []
+
+        def before(_module: nn.Module, _inputs: object) -> None:
+            started.append(time.perf_counter())
+
+        def after(_module: nn.Module, _inputs: object, _output: object) -> None:
+            if started:
+                self.wait((factor - 1.0) * (time.perf_counter() - started.pop()))
+
+        block.register_forward_pre_hook(before)
+        block.register_forward_hook(after)
 
     def _slow_device(self, factor: float) -> None:
         from torch.overrides import TorchFunctionMode
@@ -252,6 +291,10 @@ class Faults:
         if self.mine and self.kind == "loop-slow":
             time.sleep((self.values[0] - 1.0) * step_s)
 
+    def after_forward(self, forward_s: float) -> None:
+        if self.mine and self.kind == "slow-loop":
+            self.wait((self.values[0] - 1.0) * forward_s)
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -284,8 +327,10 @@ def main() -> None:
         began = time.perf_counter()
         tokens = batch(step, rank).to(device)
         faults.before_forward(step)
+        forward_began = time.perf_counter()
         logits = ddp(tokens[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+        faults.after_forward(time.perf_counter() - forward_began)
         faults.before_backward(step)
         loss.backward()
         optimizer.step()

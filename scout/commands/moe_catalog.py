@@ -1,8 +1,9 @@
 """``scout moe-catalog --model MODULE:FACTORY --n-exec 1,2,4,... --out CATALOG.json``: build an
 MoE regime catalog by profiling (spec/moe.md MOE-4..MOE-7).
 
-FACTORY is called (with ``--kwargs`` as JSON keyword arguments) to build the model; its
-grouped-experts modules (``GroupedExperts``) are profiled at every ``n_exec`` on ``--device`` in
+MODULE is imported with the current directory first on the import path. FACTORY is called
+(with ``--kwargs`` as JSON keyword arguments) to build the model; its grouped-experts modules
+(``--experts``, else found as spec/moe.md MOE-9 says) are profiled at every ``n_exec`` on ``--device`` in
 ``--dtype``. The catalog lists each MoE layer's regimes, the replayed representatives, the
 heterogeneous templates it qualifies, and the environment it is bound to; `scout.attach`'s
 expert replay and the TorchTitan integration load it and refuse one built elsewhere.
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 from typing import Any
 
@@ -28,6 +30,10 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--model", required=True, help="MODULE:FACTORY that returns the model (an nn.Module)")
     parser.add_argument("--kwargs", default="{}", help="JSON keyword arguments for FACTORY")
+    parser.add_argument("--experts", default=None,
+                        help="the grouped-experts modules, comma-separated names from model.named_modules() "
+                             "(default: modules named GroupedExperts or subclasses, else found by structure; "
+                             "spec/moe.md MOE-9)")
     parser.add_argument("--n-exec", required=True, help="comma-separated per-expert row counts, e.g. 1,2,4,8,16")
     parser.add_argument("--template", action="append", default=None,
                         help="a heterogeneous per-expert count vector to qualify, comma-separated (repeatable; "
@@ -58,11 +64,14 @@ def run(args: argparse.Namespace) -> int:
     if not module_name or not factory_name:
         print(f"scout moe-catalog: --model must be MODULE:FACTORY, got {args.model!r}", file=sys.stderr)
         return 2
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # MOE-9: the user's module from the current directory, as `python -c`
+    names = () if args.experts is None else tuple(n.strip() for n in args.experts.split(",") if n.strip())
     try:
         factory = getattr(importlib.import_module(module_name), factory_name)
         model = factory(**json.loads(args.kwargs))
         model = model.to(device=args.device, dtype=getattr(torch, args.dtype) if args.dtype else None)
-        experts = ExpertLayers.discover(model)
+        experts = ExpertLayers.discover(model, names)
         templates = None if args.template is None else [_ints(t, "--template") for t in args.template]
         catalog = profile_catalog(experts, _ints(args.n_exec, "--n-exec"), templates=templates)
     except (ImportError, AttributeError, ValueError, TypeError) as error:

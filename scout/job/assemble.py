@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from scout.core.observer import Stage
 from scout.gate.model import GateConfig
 from scout.gate.recorder import GateWriter
 from scout.job import bench_switches
-from scout.job.checks import ReplayCheck, build_checks
+from scout.job.checks import Cycle, ReplayCheck, build_checks
 from scout.job.config import Config
 from scout.job.control import ControlGroup
 from scout.job.gate_driver import GateDriver, Reporter, restarts_left
@@ -137,6 +138,15 @@ def _verification_impossible(peers: TorchPeerGroup, config: Config, checks: Sequ
     return problems
 
 
+def _cycle_line(cycle: Cycle, config: Config, checkpoints: bool) -> str:
+    """spec/replay.md REC-8: what rank 0 says at attach about the cycle and the checkpoints."""
+    line = f"scout: replay cycle {cycle.steps} steps (set by {cycle.set_by}{'; ' + cycle.note if cycle.note else ''})"
+    if checkpoints:
+        line += (f"; a checkpoint every {cycle.steps * config.checkpoint_every_cycles} steps "
+                 f"(checkpoint_every_cycles={config.checkpoint_every_cycles}), verified one cycle later")
+    return line
+
+
 def assemble(model: nn.Module, optimizer: torch.optim.Optimizer | None, *, run_dir: str | os.PathLike[str],
              checkpoint_dir: str | os.PathLike[str] | None, peers: TorchPeerGroup | None, config: Config) -> Assembly:
     if not dist.is_available() or not dist.is_initialized():
@@ -170,9 +180,13 @@ def assemble(model: nn.Module, optimizer: torch.optim.Optimizer | None, *, run_d
     checks: list[Any] = []
     cycle_steps, gate, ckpt = 0, None, None if checkpoint_dir is None else Path(checkpoint_dir)
     if config.replay:
-        checks, cycle_steps = build_checks(model, optimizer, peers, config, rank=rank, hosts=hosts,
-                                           exchange=control.all_gather, run_dir=str(sink.path),
-                                           add_collective_listener=listen)
+        checks, cycle = build_checks(model, optimizer, peers, config, rank=rank, hosts=hosts,
+                                     exchange=control.all_gather, run_dir=str(sink.path),
+                                     add_collective_listener=listen)
+        cycle_steps, said = cycle.steps, _cycle_line(cycle, config, ckpt is not None)
+        logger.info("%s", said)
+        if rank == 0:
+            print(said, file=sys.stderr, flush=True)  # REC-8: on the console, not only in a log
         if rank == 0 and "gate" not in bench_switches.parts_off():
             notes = [note for check in checks for note in getattr(check, "notes", ())]
             names = tuple(dict.fromkeys(n for check in checks for n in check.layout.names))
@@ -180,8 +194,6 @@ def assemble(model: nn.Module, optimizer: torch.optim.Optimizer | None, *, run_d
                                      [r for check in checks for r in check.gate_recipes()], names, notes)
             gate = GateDriver(GateWriter.open(sink.gate_path, gate_config), reporter)
         if ckpt is not None:
-            logger.info("scout: replay cycle %d steps; a checkpoint every %d steps, verified one cycle later",
-                        cycle_steps, cycle_steps * config.checkpoint_every_cycles)
             for problem in _verification_impossible(peers, config, checks):
                 logger.warning("scout: no checkpoint can ever become recovery-verified: %s", problem)
     elif ckpt is not None:

@@ -15,11 +15,12 @@ import logging
 from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any
 
+import attrs
 import torch
 from torch import nn
 
 from scout.core.canary import CanaryOutcome
-from scout.core.recipes import Intervals
+from scout.core.recipes import Intervals, RecipeClass, Schedule
 from scout.gate.model import Recipe
 from scout.job import bench_switches
 from scout.job.config import Config
@@ -31,7 +32,8 @@ from scout.replay.replay import RecipeModules, ReplayConfig, Replayer
 from scout.replay.runner import ReplayRunner
 from scout.reports.kinds import ReportKind
 
-__all__ = ["CanaryCheck", "LoopStragglerCheck", "ReplayCheck", "build_checks", "group_names"]
+__all__ = ["CanaryCheck", "Cycle", "LoopStragglerCheck", "ReplayCheck", "build_checks", "expert_interval_steps",
+           "group_names", "running_statistics"]
 
 logger = logging.getLogger("scout")
 
@@ -158,6 +160,45 @@ class CanaryCheck(_NoOps):
         yield  # a rank program
 
 
+def running_statistics(hidden: Sequence[nn.Module]) -> list[str]:
+    """spec/replay.md CAP-9: ``hidden.<layer>.<name>`` of every module of a hidden layer that
+    tracks running statistics (BatchNorm-style), SyncBatchNorm excepted."""
+    return [f"hidden.{layer}.{name or type(module).__name__}" for layer, block in enumerate(hidden)
+            for name, module in block.named_modules()
+            if getattr(module, "track_running_stats", False) and getattr(module, "running_mean", None) is not None
+            and not isinstance(module, nn.SyncBatchNorm)]
+
+
+@attrs.frozen
+class Cycle:
+    """The replay cycle's length in steps and what sets it (spec/replay.md REC-4, REC-8)."""
+
+    steps: int
+    set_by: str
+    note: str = ""  # why it is longer than it could be (MOE-10)
+
+    @classmethod
+    def of(cls, schedule: Schedule) -> Cycle:
+        def length(c: RecipeClass) -> tuple[int, int]:  # a tie goes to the class with more recipes
+            size = schedule.catalog.class_size(c)
+            return size * schedule.intervals.for_class(c), size
+
+        longest = max(schedule.active_classes(), default=None, key=length)
+        if longest is None:
+            return cls(0, "no recipe class is active")
+        size, interval = schedule.catalog.class_size(longest), schedule.intervals.for_class(longest)
+        return cls(schedule.cycle_length_steps(), f"{size} {longest.value} recipe(s), one every {interval} step(s)")
+
+    def longest(self, other: Cycle) -> Cycle:
+        return other if other.steps > self.steps else self
+
+
+def expert_interval_steps(dense_cycle_steps: int, expert_recipes: int) -> int:
+    """spec/moe.md MOE-10: the expert interval that fits the expert recipes into the dense
+    cycle, ``max(1, dense // n_e)`` (one expert recipe per step at most, REC-3)."""
+    return max(1, dense_cycle_steps // max(1, expert_recipes))
+
+
 def build_checks(
     model: nn.Module,
     optimizer: torch.optim.Optimizer | None,
@@ -169,10 +210,17 @@ def build_checks(
     exchange: Callable[[Any], list[Any]],
     run_dir: str,
     add_collective_listener: Callable[[Callable[[], Callable[[], None]]], None],
-) -> tuple[list[Any], int]:
+) -> tuple[list[Any], Cycle]:
     """Every check the configuration asks for, in the order they run at a step, and the
-    replay cycle's length in steps (the longest schedule's). Collective over the world."""
+    replay cycle (the longest schedule's, REC-4, with what sets it: REC-8). Collective over
+    the world."""
     modules = RecipeModules.discover(model)
+    if rank == 0 and (stats := running_statistics(modules.hidden)):
+        logger.warning("scout: hidden layer module(s) %s keep running statistics that each replica updates from its "
+                       "own batch, so their replays can differ and stay Inconclusive, and then no checkpoint is "
+                       "verified (spec/replay.md CAP-9): convert them with "
+                       "torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) before wrapping it, or use a norm "
+                       "without running statistics (LayerNorm, GroupNorm)", ", ".join(stats))
     k = config.replay_interval_steps
     layers = len(modules.hidden)
     intervals = Intervals(embedding_steps=k * layers, hidden_steps=k, output_steps=k * layers,
@@ -185,7 +233,7 @@ def build_checks(
         intervals=intervals, max_capture_bytes=config.max_capture_bytes, replay_rows=config.replay_rows,
         timing_warmup_runs=warmup_runs, timing_repetitions=timed_runs, self_check=config.self_check), modules)
     dense = Layout.of(peers.partition, group_names("dp", len(peers.partition)), rank)
-    cycle_steps = replayer.schedule.cycle_length_steps()
+    cycle = Cycle.of(replayer.schedule)
     # Loop stragglers: arrival at the step's collectives, timed by the instrumentation and DDP's
     # bucket hook, checked every loop_check_steps.
     checks: list[Any] = [ReplayCheck("replay", replayer, dense, hosts)]
@@ -197,20 +245,26 @@ def build_checks(
         from scout.replay.moe import ExpertLayers, ExpertReplayConfig, ExpertReplayer
         from scout.replay.moe_catalog import load_catalog
 
-        layers_of_experts = ExpertLayers.discover(model)
+        layers_of_experts = ExpertLayers.discover(model, config.expert_names())
         catalog = load_catalog(config.moe_catalog, layers_of_experts)
         expert_peers = TorchPeerGroup(partition=peers.partition, timeout_s=config.collective_timeout_s)
-        experts = ExpertReplayer(layers_of_experts, expert_peers, catalog.expert_keys(),
-                                 ExpertReplayConfig(expert_steps=k, timing_warmup_runs=warmup_runs,
-                                                    timing_repetitions=timed_runs))
-        cycle_steps = max(cycle_steps, experts.schedule.cycle_length_steps())
+        keys = catalog.expert_keys()
+        experts = ExpertReplayer(layers_of_experts, expert_peers, keys,
+                                 ExpertReplayConfig(expert_steps=expert_interval_steps(cycle.steps, len(keys)),
+                                                    timing_warmup_runs=warmup_runs, timing_repetitions=timed_runs))
+        expert_cycle = Cycle.of(experts.schedule)
+        if expert_cycle.steps > cycle.steps:  # MOE-10: more expert recipes than dense cycle steps
+            expert_cycle = attrs.evolve(expert_cycle, note=(
+                f"the dense recipes' cycle is {cycle.steps} steps and at most one expert recipe is due per step; "
+                "fewer --n-exec values in the MoE catalog or a larger replay_interval_steps bring it closer"))
+        cycle = cycle.longest(expert_cycle)
         checks.append(ReplayCheck("experts", experts, Layout.of(peers.partition, group_names(
             "ep", len(peers.partition)), rank), hosts, _coverage_notes(catalog)))
     if config.canary:
         device = next((p.device for p in model.parameters()), torch.device("cpu"))
         monitor = CanaryMonitor(Canary(device=device), exchange, rank=rank, golden_path=f"{run_dir}/gate/canary.json")
-        checks.append(CanaryCheck(monitor, dense, cycle_steps))
-    return checks, cycle_steps
+        checks.append(CanaryCheck(monitor, dense, cycle.steps))
+    return checks, cycle
 
 
 def _coverage_notes(catalog: Any) -> tuple[str, ...]:

@@ -118,6 +118,16 @@ def _optional_text(name: str) -> Any:
     return check
 
 
+def _module_names(name: str) -> Any:
+    def check(_instance: object, _attribute: object, value: object) -> None:
+        if value is not None and (not isinstance(value, str) or len(value) > 20_000
+                                  or not all(n.strip() for n in value.split(","))):
+            raise ConfigError(f"{name} must be comma-separated module names (model.named_modules()), or unset; "
+                              f"got {value!r}")
+
+    return check
+
+
 @attrs.frozen(kw_only=True)
 class Config:
     """Everything a job can tune. The defaults serve a real job without tuning (docs/attach.md
@@ -149,7 +159,7 @@ class Config:
     self_check: bool = attrs.field(default=True, validator=_flag("self_check"))
     #: Steps between two checks of loop stragglers (LOOP-3): each compares the ranks' time in
     #: the training loop outside collectives over the steps since the last check.
-    loop_check_steps: int = attrs.field(default=50, validator=_count("loop_check_steps", 1, 1_000_000))
+    loop_check_steps: int = attrs.field(default=10, validator=_count("loop_check_steps", 1, 1_000_000))
     #: Timed repetitions of each replay for straggler timing (STRAG-1), after the run that gives
     #: the SDC evidence; 0 times that run itself. Each repetition costs one more replay.
     straggler_repetitions: int = attrs.field(default=0, validator=_count("straggler_repetitions", 0, 16))
@@ -182,8 +192,11 @@ class Config:
     #: Bytes a replay capture may hold (inputs of the recipes due at a step).
     max_capture_bytes: int = attrs.field(default=256 * 2**20, validator=_count("max_capture_bytes", 0, 2**40))
     #: An MoE regime catalog (`scout moe-catalog`, spec/moe.md): expert recipes at its compressed
-    #: keys, one every replay_interval_steps, voted among the replicas of each expert.
+    #: keys, sharing the dense recipes' cycle (MOE-10), voted among the replicas of each expert.
     moe_catalog: str | None = attrs.field(default=None, validator=_optional_text("moe_catalog"))
+    #: The grouped-experts modules, comma-separated names as ``model.named_modules()`` gives them
+    #: (spec/moe.md MOE-9); unset: modules named GroupedExperts (or subclasses), else by structure.
+    moe_experts: str | None = attrs.field(default=None, validator=_module_names("moe_experts"))
     #: The golden canary (spec/canary.md): recorded at the first cycle end, re-checked at every
     #: cycle end on every rank; a change -- on one rank or on all (common mode) -- is SDC.
     canary: bool = attrs.field(default=False, validator=_flag("canary"))
@@ -199,6 +212,10 @@ class Config:
     on_report: str | None = attrs.field(default=None, validator=_optional_command("on_report"))
     #: An ``on_report`` command still running this long after it started is killed (and logged).
     on_report_timeout_s: float = attrs.field(default=10.0, validator=_positive_s("on_report_timeout_s", 600.0))
+
+    def expert_names(self) -> tuple[str, ...]:
+        """``moe_experts`` as a tuple of module names (empty when unset, MOE-9)."""
+        return () if self.moe_experts is None else tuple(n.strip() for n in self.moe_experts.split(","))
 
     def __attrs_post_init__(self) -> None:
         if self.round_deadline_s > self.recheck_interval_s:

@@ -120,16 +120,43 @@ class ExpertLayers:
         return divmod(slot, self.experts_per_layer)
 
     @classmethod
-    def discover(cls, model: nn.Module) -> ExpertLayers:
-        """Every module named like a grouped-experts module (``GroupedExperts``, TorchTitan's
-        and ours) in module order. Raises ValueError naming the model class when none is found."""
-        found = tuple(m for m in model.modules() if type(m).__name__ == "GroupedExperts")
-        if not found:
+    def discover(cls, model: nn.Module, names: Sequence[str] = ()) -> ExpertLayers:
+        """The grouped-experts modules of ``model`` in module order (spec/moe.md MOE-9): the
+        modules ``names`` names (a DDP wrapper's ``module.`` prefix optional); else every module
+        whose class or a base class is named ``GroupedExperts``; else, by structure, every
+        module outside ``torch.nn``'s own layers that directly owns a parameter with >= 3 dims.
+        Raises ValueError naming the value and the candidates found by structure."""
+        modules = dict(model.named_modules())
+        if names:
+            found: list[nn.Module] = []
+            for name in names:
+                module = modules.get(name, modules.get(f"module.{name}"))
+                if module is None:
+                    raise ValueError(f"moe_experts names {name!r}, which is not a module of "
+                                     f"{type(model).__qualname__}; grouped-experts modules found by structure: "
+                                     f"{_structural_names(modules) or 'none'}")
+                local_expert_count(module)  # a module with no grouped parameter is refused, named
+                found.append(module)
+            return cls(tuple(found))
+        named = tuple(m for m in modules.values()
+                      if any(base.__name__ == "GroupedExperts" for base in type(m).__mro__))
+        if named:
+            return cls(named)
+        structural = tuple(modules[name] for name in _structural_names(modules))
+        if not structural:
             raise ValueError(
-                f"no GroupedExperts module in {type(model).__qualname__}; pass "
-                "ExpertLayers(layers=(...)) with the modules called as experts(x, num_tokens_per_expert)"
-            )
-        return cls(found)
+                f"no grouped-experts module in {type(model).__qualname__} (none named GroupedExperts, none "
+                "owning a parameter of >= 3 dims [experts, out, in]); name them with moe_experts="
+                "'layers.0.experts,...' (the modules called as experts(x, num_tokens_per_expert))")
+        return cls(structural)
+
+
+def _structural_names(modules: dict[str, nn.Module]) -> list[str]:
+    """MOE-9: modules that directly own a parameter of >= 3 dims, outside ``torch.nn``'s own
+    layer classes (a convolution's weight is 4-D and is not a stack of experts)."""
+    return [name for name, m in modules.items()
+            if not type(m).__module__.startswith("torch.nn.")
+            and any(p.dim() >= 3 for p in m.parameters(recurse=False))]
 
 
 @attrs.frozen

@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 
 
-def test_MOE_1_CANARY_5_CANARY_7_attach_certifies_experts_and_the_canary_blocks_common_mode(tmp_path: Path) -> None:
+def test_MOE_1_MOE_10_REC_8_CANARY_5_CANARY_7_attach_certifies_experts_and_the_canary_blocks_common_mode(tmp_path: Path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     catalog = tmp_path / "moe.json"
     built = subprocess.run([sys.executable, "-m", "scout.cli", "moe-catalog", "--model",
@@ -27,14 +27,22 @@ def test_MOE_1_CANARY_5_CANARY_7_attach_certifies_experts_and_the_canary_blocks_
                             "--out", str(catalog)], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert built.returncode == 0, built.stderr
     run_dir = tmp_path / "run"
-    settings = {"SCOUT_MOE_CATALOG": str(catalog), "SCOUT_CANARY": "true", "SCOUT_REPLAY_INTERVAL_STEPS": "1",
+    settings = {"SCOUT_MOE_CATALOG": str(catalog), "SCOUT_CANARY": "true", "SCOUT_REPLAY_INTERVAL_STEPS": "8",
                 "SCOUT_CHECKPOINT_EVERY_CYCLES": "1"}
-    # 8 experts x 2 regimes = 16 expert recipes, one per step: a cycle is 16 steps.
+    # The dense recipes (one layer) take 8 steps; 8 experts x 2 regimes = 16 expert recipes, at
+    # most one per step (MOE-10): a cycle is 16 steps, within 2x of the dense cycle.
     run = subprocess.run([str(TORCHRUN), "--nproc-per-node", "4", "--standalone",
                           str(REPO / "tests/integrations/moe_attach_job.py"), "--steps", "64", "--run-dir", str(run_dir),
                           "--checkpoint-dir", str(tmp_path / "ckpt"), "--common-mode-step", "37"],
                          cwd=tmp_path, env={**env, **settings}, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
+    # REC-8, MOE-10: rank 0 said the cycle, why, and the checkpoint interval, once, on the console.
+    said = [line for line in run.stderr.splitlines() if "scout: replay cycle" in line]
+    assert len(said) == 1 and said[0].endswith(
+        "scout: replay cycle 16 steps (set by 16 expert recipe(s), one every 1 step(s); the dense recipes' cycle is 8 "
+        "steps and at most one expert recipe is due per step; fewer --n-exec values in the MoE catalog or a larger "
+        "replay_interval_steps bring it closer); a checkpoint every 16 steps (checkpoint_every_cycles=1), verified "
+        "one cycle later"), said
     records = reports.read_records(run_dir / reports.REPORTS_FILE)
     # The vote never saw the common-mode fault; the canary did, at the end of its cycle.
     assert not [r for r in records if r["kind"] == "sdc" and r["reason"] == "replay-mismatch"]

@@ -136,3 +136,69 @@ def test_MOE_7_scout_moe_catalog_writes_a_catalog_that_loads_only_here(tmp_path:
     assert load_catalog(out, experts).expert_keys()[:2] == ((0, 4), (0, 32))
     with pytest.raises(CatalogEnvironmentError, match="model"):
         load_catalog(out, ExpertLayers.discover(ToyMoEModel(8).to(torch.float64)))
+
+
+def test_MOE_9_experts_found_by_name_by_base_class_or_by_structure_never_by_a_class_name_contract() -> None:
+    import torch
+    from torch import nn
+
+    from scout.replay.moe import ExpertLayers
+    from tests.replay.moe_toy import GroupedExperts, ToyMoEModel
+
+    class RenamedExperts(GroupedExperts):  # a user's subclass of TorchTitan-style experts
+        pass
+
+    class Stack(nn.Module):  # no GroupedExperts anywhere in its classes: found by its [E, out, in] weight
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.zeros(4, 6, 5))
+
+    model = ToyMoEModel(4, layers=2)
+    for layer in model.layers:
+        layer.experts.__class__ = RenamedExperts
+    assert ExpertLayers.discover(model).layers == tuple(layer.experts for layer in model.layers)
+    structural = nn.Sequential(nn.Conv2d(3, 3, 3), nn.ModuleDict({"moe": Stack()}), nn.Linear(5, 5))
+    assert ExpertLayers.discover(structural).layers == (structural[1]["moe"],)  # not the 4-D conv weight
+    # Explicit names win, in the order given; a DDP-style wrapper's "module." prefix is optional.
+    wrapper = nn.Module()
+    wrapper.module = model
+    chosen = ExpertLayers.discover(wrapper, ("layers.1.experts", "module.layers.0.experts"))
+    assert chosen.layers == (model.layers[1].experts, model.layers[0].experts)
+    with pytest.raises(ValueError, match=r"'layers\.9\.experts'.*found by structure: \['module\.layers\.0\.experts'"):
+        ExpertLayers.discover(wrapper, ("layers.9.experts",))
+    with pytest.raises(ValueError, match="Linear has no grouped parameter"):
+        ExpertLayers.discover(model, ("inp",))
+    with pytest.raises(ValueError, match="no grouped-experts module in Sequential.*moe_experts="):
+        ExpertLayers.discover(nn.Sequential(nn.Conv2d(3, 3, 3), nn.Linear(3, 3)))
+
+
+def test_MOE_9_scout_moe_catalog_imports_the_users_module_from_the_current_directory(tmp_path: Path) -> None:
+    """The `scout` command, run where the user's module is, without PYTHONPATH; the experts
+    named with --experts (their class is not named GroupedExperts)."""
+    (tmp_path / "user_moe.py").write_text((REPO / "tests/replay/moe_toy.py").read_text().replace(
+        "GroupedExperts", "MyExperts"))
+    out = tmp_path / "catalog.json"
+    scout = Path(sys.executable).with_name("scout")
+    command = [str(scout), "moe-catalog", "--model", "user_moe:ToyMoEModel", "--kwargs", '{"experts": 4}',
+               "--n-exec", "2,16", "--experts", "layers.0.experts", "--out", str(out)]
+    env = {"PATH": "/usr/bin", "OMP_NUM_THREADS": "1"}
+    completed = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
+    assert completed.returncode == 0, completed.stderr
+    assert "wrote" in completed.stdout and json.loads(out.read_text())["schema"] == "scout.moe-catalog/1"
+
+
+def test_MOE_10_expert_recipes_share_the_dense_cycle_when_they_fit() -> None:
+    from scout.job.checks import Cycle, expert_interval_steps
+
+    def cycle(experts: int, interval: int) -> Cycle:
+        keys = tuple((slot, 4) for slot in range(experts))
+        return Cycle.of(Schedule(Catalog(hidden_layer_count=0, has_embedding=False, has_output=False,
+                                         optimizer_slice_count=0, expert_keys=keys), Intervals(expert_steps=interval)))
+
+    dense = Cycle.of(Schedule(Catalog(hidden_layer_count=3, has_embedding=True, has_output=True,
+                                      optimizer_slice_count=1), Intervals(6, 2, 6, 6)))
+    assert dense == Cycle(6, "3 hidden recipe(s), one every 2 step(s)")
+    for experts, expected in ((2, 6), (4, 4), (6, 6), (7, 7), (12, 12), (36, 36)):
+        assert cycle(experts, expert_interval_steps(dense.steps, experts)).steps == expected
+        assert expected <= max(dense.steps, experts)  # within the dense cycle while the experts fit in it
+    assert expert_interval_steps(0, 0) == 1
