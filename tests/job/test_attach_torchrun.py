@@ -111,7 +111,9 @@ def test_COMPLETION_3_ddp_with_a_buffer_at_default_settings_a_rank_asleep_before
     assert THRESHOLD_S - 0.1 <= latency_s <= THRESHOLD_S + 1.0, latency_s
 
 
-@pytest.mark.parametrize(("fault", "rank"), [("hang-before-backward", 2), ("hang-in-backward", 0)])
+# Before backward is also the two-node test's case (tests/job/test_multinode.py): slow here.
+@pytest.mark.parametrize(("fault", "rank"), [pytest.param("hang-before-backward", 2, marks=pytest.mark.slow),
+                                             ("hang-in-backward", 0)])
 def test_ATTACH_a_rank_asleep_inside_a_step_is_reported_as_hang_naming_it(tmp_path: Path, fault: str, rank: int) -> None:
     """INSTR-8: the peers that wait inside backward for the sleeper show the bucket all-reduce its
     communication hook published at launch; the sleeper, before backward or inside it, is behind."""

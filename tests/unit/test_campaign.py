@@ -25,6 +25,30 @@ REPO = Path(__file__).resolve().parents[2]
 QUICK_TIMEOUT_S = 600  # the target is well under 5 minutes on 2 cores; this bounds a hang
 
 
+@pytest.mark.parametrize("part", ["sim", "device"])
+@pytest.mark.timeout(QUICK_TIMEOUT_S + 60)
+def test_campaign_quick_part_localizes_every_injected_fault_with_no_false_attribution(tmp_path: Path, part: str) -> None:
+    """CI's bounded version: the simulated part and the device-semantics part (the emulated NCCL
+    backend's matrix, tested nowhere else). The real part's kinds each have their own real-job
+    test (tests/observer, tests/replay, tests/job); the whole quick campaign is the slow test below."""
+    out = tmp_path / "campaign.json"
+    completed = processes.run([sys.executable, "-m", "scout.cli", "campaign", "--quick", "--part", part, "--json",
+                               str(out)], cwd=REPO, capture_output=True, text=True, timeout=QUICK_TIMEOUT_S)
+    document = json.loads(out.read_text())
+    totals = document["totals"]
+    failures = "\n".join(f"{f['part']} {f['kind']}: {f['outcome']}: {f['detail'][:300]}\n  {f['reproduce']}"
+                         for f in document["failures"])
+    assert completed.returncode == 0 and document["ok"], completed.stdout[-3000:] + failures + completed.stderr[-2000:]
+    assert totals["localized"] == totals["injected"] > 0 and totals["false_attributions"] == 0
+    assert {row["part"] for row in document["table"]} == {part}
+    if part == "device":
+        device = {row["kind"]: row for row in document["table"]}
+        assert device["gpu-hang"]["localized"] == 3 and totals["device_cases"] == 9
+    else:
+        assert {kind.kind for kind in campaign.SIM_KINDS} <= {row["kind"] for row in document["table"]}
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(QUICK_TIMEOUT_S + 60)
 def test_campaign_quick_localizes_every_injected_fault_with_no_false_attribution(tmp_path: Path) -> None:
     out = tmp_path / "campaign.json"
