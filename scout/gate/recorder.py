@@ -77,6 +77,7 @@ __all__ = [
     "StateRecorder",
     "gate_payload",
     "inspect_gate",
+    "inspect_gate_problems",
     "read_gate",
     "read_gate_reading",
 ]
@@ -206,6 +207,20 @@ def inspect_gate(directory: str | os.PathLike[str], job_id: str | None = None, *
     as ``scout certificate``); None when the directory holds no manifest. Never writes."""
     folding = _fold_set(read_manifest_set(directory, job_id, max_bytes=max_bytes), None)
     return None if folding is None else folding.reading
+
+
+def inspect_gate_problems(directory: str | os.PathLike[str],
+                          job_id: str | None = None) -> tuple[GateReading | None, str | None]:
+    """:func:`inspect_gate` for a page or a report: the reading and, instead of warnings, one
+    line of what a reader is told about it (repairs, and a fail-closed reading, GATE-30, GATE-31),
+    or None. Raises what :func:`inspect_gate` raises."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        reading = inspect_gate(directory, job_id)
+    notes = [str(w.message) for w in caught]
+    if reading is not None and reading.fail_closed is not None:
+        notes.append(f"fail-closed reading: {reading.fail_closed}")
+    return reading, "; ".join(dict.fromkeys(notes)) or None
 
 
 def read_gate_reading(directory: str | os.PathLike[str], config: GateConfig, *,

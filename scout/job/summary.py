@@ -9,7 +9,6 @@ No torch.
 
 from __future__ import annotations
 
-import warnings
 from collections import Counter
 from pathlib import Path
 from typing import Any, Final
@@ -20,7 +19,7 @@ from scout import reports
 from scout.gate.codec import CodecError
 from scout.gate.manifest import ManifestError
 from scout.gate.model import Trust
-from scout.gate.recorder import inspect_gate
+from scout.gate.recorder import inspect_gate_problems
 from scout.reports.kinds import ReportKind
 
 __all__ = ["RunView", "load_run", "summary_json", "summary_text"]
@@ -54,15 +53,9 @@ def load_run(run_dir: str | Path) -> RunView:
     gate = path / "gate"
     if gate.is_dir():
         try:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                # Read as every gate reader reads it: every surviving record folded, failing
-                # closed when the newest generation is lost (GATE-30, GATE-31).
-                reading = inspect_gate(gate, None)
-            notes = [str(w.message) for w in caught]
-            if reading is not None and reading.fail_closed is not None:
-                notes.append(f"fail-closed reading: {reading.fail_closed}")
-            problem = "; ".join(dict.fromkeys(notes)) or None
+            # Read as every gate reader reads it: every surviving record folded, failing
+            # closed when the newest generation is lost (GATE-30, GATE-31).
+            reading, problem = inspect_gate_problems(gate)
             if reading is not None:
                 checkpoints = [(e.id.timeline, e.id.step, e.trust.value, e.reason)
                                for e in reading.state.context.checkpoints]

@@ -24,7 +24,6 @@ import os
 import threading
 import time
 import urllib.parse
-import warnings
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -96,18 +95,12 @@ class RunPage:
             return self._checkpoints, self._gate_problem
         from scout.gate.codec import CodecError, certificate_to_json
         from scout.gate.manifest import ManifestError
-        from scout.gate.recorder import inspect_gate
+        from scout.gate.recorder import inspect_gate_problems
 
         checkpoints: list[dict[str, Any]] = []
         problem = None
         try:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                reading = inspect_gate(gate, None)
-            notes = [str(w.message) for w in caught]
-            if reading is not None and reading.fail_closed is not None:
-                notes.append(f"fail-closed reading: {reading.fail_closed}")
-            problem = "; ".join(dict.fromkeys(notes)) or None
+            reading, problem = inspect_gate_problems(gate)
             if reading is not None:
                 job_id = reading.state.context.config.job_id
                 for entry in reading.state.context.checkpoints:
