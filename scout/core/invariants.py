@@ -25,8 +25,9 @@ INVARIANTS: Final[dict[str, str]] = {
     "REPLAY-9/results": "a replay round gives one result per due recipe, at the round's step, naming only peers "
                         "of its group",
     "GATE-9/persist": "a gate step that changes the state emits Persist, once, as its first effect",
-    "GATE-2/absorbing": "no gate step moves a checkpoint out of QUARANTINED or SUPERSEDED",
-    "GATE-3/monotone": "a verified checkpoint stays verified, and each promotion is newer than every verified one",
+    "GATE-2/absorbing": "no gate step moves a checkpoint out of QUARANTINED, SUPERSEDED or LOST",
+    "GATE-3/monotone": "a verified checkpoint stays verified unless lost (GATE-42), and each promotion is newer "
+                       "than every verified one",
     "STRAG-14/minority": "the confirmed stragglers of a group stay a strict minority of it",
 }
 

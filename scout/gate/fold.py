@@ -5,9 +5,9 @@ GATE-30..32). Pure: the manifest (:mod:`scout.gate.manifest`) reads the files, t
 Every trust transition is on disk twice: in the generation that committed it (its whole
 trust-transition log) and in the append-only trust log. The rules:
 
-- GATE-30: a checkpoint that *any* surviving record shows QUARANTINED (or SUPERSEDED) is
-  QUARANTINED (SUPERSEDED) in the folded state, whatever the newest generation says. Absorbing
-  trust is absorbing across storage faults too.
+- GATE-30: a checkpoint that *any* surviving record shows QUARANTINED (or SUPERSEDED, or LOST)
+  is QUARANTINED (SUPERSEDED, LOST) in the folded state, whatever the newest generation says.
+  Absorbing trust is absorbing across storage faults too.
 - GATE-31: if the newest generation is lost (named by a damaged file, the head or the trust log,
   but not held by any good file), or the newest good generation contradicts another record
   (it forgets a checkpoint, or the trust log holds a transition it lacks), the reader fails
@@ -44,8 +44,10 @@ __all__ = ["Folded", "GenerationRecord", "LogRecord", "certificate_holds", "fold
 
 GateMachineState = MachineState[GateContext]
 
-# QUARANTINED outranks SUPERSEDED: both are never restored; the SDC reason is the one to keep.
-_ABSORBING_RANK: Final = {Trust.QUARANTINED: 2, Trust.SUPERSEDED: 1}
+# QUARANTINED outranks SUPERSEDED, which outranks LOST: all three are never restored; the SDC
+# reason is the one to keep. LOST (GATE-42) is absorbing across storage faults like the others: a
+# lost verified checkpoint must not come back from an older generation that still shows it verified.
+_ABSORBING_RANK: Final = {Trust.QUARANTINED: 3, Trust.SUPERSEDED: 2, Trust.LOST: 1}
 
 
 @attrs.frozen

@@ -15,12 +15,14 @@ from typing import Final
 
 from scout.core.machine import Actions, MachineState
 from scout.gate.model import (
+    ABSORBING,
     RESTORABLE,
     UNVERIFIED_RESTORABLE,
     Certificate,
     CheckpointCaptured,
     CheckpointEntry,
     CheckpointId,
+    CheckpointLost,
     CycleBoundary,
     CycleRecord,
     GateConfig,
@@ -437,6 +439,24 @@ def restart(context: GateContext, event: Restart) -> EffectOutcome:
 
 
 # ------------------------------------------------------------------------------------------
+# Effects: a lost checkpoint
+# ------------------------------------------------------------------------------------------
+
+
+@ACTIONS.effect
+def mark_lost(context: GateContext, event: CheckpointLost) -> EffectOutcome:
+    # GATE-42: the files are gone, so the checkpoint leaves what a restart may name. It drops its
+    # certificate (GATE-8: only verified entries carry one; the trust log keeps the promotion),
+    # and nothing else moves: the open cycle, the taint and the other entries are as they were.
+    entry = context.entry(event.checkpoint)
+    assert entry is not None
+    reason = (f"lost: {event.detail or 'no complete checkpoint where it was saved'} (was {entry.trust.value}); "
+              "never restored")
+    entries, trust_changes = _retrust(context, {entry.id: (Trust.LOST, reason, None, None)})
+    return context.replace(checkpoints=entries), (Persist(), *trust_changes)
+
+
+# ------------------------------------------------------------------------------------------
 # Invariant predicates (spec/gate.toml [[invariant]])
 # ------------------------------------------------------------------------------------------
 
@@ -501,31 +521,36 @@ def promotion_needs_two_clean_cycles(
 def quarantine_is_absorbing(
     previous: GateMachineState, event: object, state: GateMachineState, effects: tuple[object, ...]
 ) -> bool:
-    """GATE-2 (QUARANTINED and SUPERSEDED are terminal; entries are never forgotten)."""
+    """GATE-2 (QUARANTINED, SUPERSEDED and LOST are terminal; entries are never forgotten)."""
     now = _trust_by_id(state)
     for checkpoint, trust in _trust_by_id(previous).items():
         if checkpoint not in now:
             return False
-        if trust in (Trust.QUARANTINED, Trust.SUPERSEDED) and now[checkpoint] is not trust:
+        if trust in ABSORBING and now[checkpoint] is not trust:
             return False
-    return all(c.before not in (Trust.QUARANTINED, Trust.SUPERSEDED) for c in _trust_changes(effects))
+    return all(c.before not in ABSORBING for c in _trust_changes(effects))
 
 
 @ACTIONS.predicate
 def verified_steps_only_increase(
     previous: GateMachineState, event: object, state: GateMachineState, effects: tuple[object, ...]
 ) -> bool:
-    """GATE-3 (and a certificate, once issued, never changes)."""
+    """GATE-3 (and a certificate, once issued, never changes); a lose event (GATE-42) is the one
+    way out of RECOVERY_VERIFIED, for the checkpoint it names."""
     now = {entry.id: entry for entry in state.context.checkpoints}
+    lost = event.checkpoint if isinstance(event, CheckpointLost) else None
     for entry in previous.context.checkpoints:
         if entry.trust is not Trust.RECOVERY_VERIFIED:
             continue
         later = now.get(entry.id)
+        if later is not None and entry.id == lost and later.trust is Trust.LOST:
+            continue
         if later is None or later.trust is not Trust.RECOVERY_VERIFIED or later.certificate != entry.certificate:
             return False
     old_step = previous.context.verified_step
     new_step = state.context.verified_step
-    if old_step is not None and (new_step is None or new_step < old_step):
+    decreased = old_step is not None and (new_step is None or new_step < old_step)
+    if decreased and (lost is None or lost.step != old_step):
         return False
     return all(
         old_step is None or c.checkpoint.step > old_step
@@ -826,3 +851,35 @@ def common_mode_result_taints(
     if previous.control is not TAINTED and state.control is not TAINTED:
         return False
     return not any(c.after is Trust.RECOVERY_VERIFIED for c in _trust_changes(effects))
+
+
+@ACTIONS.predicate
+def a_loss_takes_only_the_lost_checkpoint(
+    previous: GateMachineState, event: object, state: GateMachineState, effects: tuple[object, ...]
+) -> bool:
+    """GATE-42."""
+    changes = _trust_changes(effects)
+    if not isinstance(event, CheckpointLost):
+        return all(change.after is not Trust.LOST for change in changes)
+    if state.control is not previous.control or len(changes) != 1 or len(effects) != 2:
+        return False
+    change = changes[0]
+    old = previous.context.entry(event.checkpoint)
+    if old is None or change.checkpoint != event.checkpoint or change.before is not old.trust:
+        return False
+    if change.after is not Trust.LOST or change.certificate is not None:
+        return False
+    expected = tuple(
+        CheckpointEntry(entry.id, Trust.LOST, change.reason) if entry.id == event.checkpoint else entry
+        for entry in previous.context.checkpoints
+    )
+    return state.context == previous.context.replace(checkpoints=expected)
+
+
+@ACTIONS.predicate
+def a_verified_checkpoint_is_lost(
+    previous: GateMachineState, event: object, state: GateMachineState, effects: tuple[object, ...]
+) -> bool:
+    """GATE-43 (witness): the newest verified checkpoint is lost."""
+    old_step = previous.context.verified_step
+    return isinstance(event, CheckpointLost) and old_step is not None and event.checkpoint.step == old_step

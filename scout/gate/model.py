@@ -23,10 +23,12 @@ import attrs
 from scout.core.failure import FailureClass
 
 __all__ = [
+    "ABSORBING",
     "Certificate",
     "CheckpointCaptured",
     "CheckpointEntry",
     "CheckpointId",
+    "CheckpointLost",
     "CycleBoundary",
     "CycleRecord",
     "GateConfig",
@@ -86,12 +88,15 @@ class Trust(enum.Enum):
     RECOVERY_VERIFIED = "RECOVERY_VERIFIED"  # bracketed by two complete clean cycles; certified
     QUARANTINED = "QUARANTINED"  # an SDC was seen while it was unverified; never restored
     SUPERSEDED = "SUPERSEDED"  # abandoned by a restart to an earlier step; never restored
+    LOST = "LOST"  # its files are gone from where it was saved (GATE-42); never restored
 
 
 #: Trust states from which a checkpoint may be restored.
 RESTORABLE: Final = frozenset({Trust.CAPTURED, Trust.CANDIDATE, Trust.RECOVERY_VERIFIED})
 #: Trust states an SDC takes away (GATE-4).
 UNVERIFIED_RESTORABLE: Final = frozenset({Trust.CAPTURED, Trust.CANDIDATE})
+#: Trust no step leaves (GATE-2): never restored, whatever happens later.
+ABSORBING: Final = frozenset({Trust.QUARANTINED, Trust.SUPERSEDED, Trust.LOST})
 
 
 class GateReportKind(enum.Enum):
@@ -321,7 +326,25 @@ class Restart:
     cause: FailureClass = attrs.field(default=FailureClass.UNCERTAIN, validator=_failure_class)
 
 
-GateEvent = RecipeVerdicts | CheckpointCaptured | CycleBoundary | Restart
+@attrs.frozen(cache_hash=True)
+class CheckpointLost:
+    """GATE-42: the restorable checkpoint ``checkpoint`` has no complete files where it was
+    saved (``restore()`` looked, spec/recovery.md RECOVERY-7); ``detail`` says where and what
+    was missing, for the trust log."""
+
+    trigger: ClassVar[str] = "lose"
+    checkpoint: CheckpointId
+    detail: str = ""
+
+    def __attrs_post_init__(self) -> None:
+        if not isinstance(self.checkpoint, CheckpointId):
+            raise TypeError(f"CheckpointLost.checkpoint must be a CheckpointId, got {type(self.checkpoint).__name__} "
+                            f"{self.checkpoint!r} (GATE-35)")
+        if not isinstance(self.detail, str):
+            raise TypeError(f"CheckpointLost.detail must be a str, got {self.detail!r}")
+
+
+GateEvent = RecipeVerdicts | CheckpointCaptured | CycleBoundary | Restart | CheckpointLost
 
 # ------------------------------------------------------------------------------------------
 # Records

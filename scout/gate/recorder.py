@@ -324,14 +324,19 @@ class GateRecorder:
         changes = tuple(effect for effect in effects if isinstance(effect, TrustChange))
         if self._last_recorded is not None and self._last_recorded[:2] == (state, changes):
             return self._last_recorded[2]
-        if self._restart_required_after is not None and state.context.timeline <= self._restart_required_after:
+        # GATE-32: after a lost generation only a restart -- or a loss (GATE-42), which takes
+        # restorability away and certifies nothing -- may be committed in the same timeline.
+        only_losses = bool(changes) and all(change.after is Trust.LOST for change in changes)
+        if (self._restart_required_after is not None and state.context.timeline <= self._restart_required_after
+                and not only_losses):
             raise GateResumeRefused(
                 f"{self.writer.directory}: the gate resumed fail-closed ({self.fail_closed}); the first step "
                 f"after that must be a restart (Restart(step of a RECOVERY_VERIFIED checkpoint), or Restart(None) "
                 f"when none is verified), but this state is still in timeline {state.context.timeline}"
             )
         generation = self._commit(state, changes)
-        self._restart_required_after = None
+        if not only_losses:
+            self._restart_required_after = None
         self._last_recorded = (state, changes, generation)
         return generation
 

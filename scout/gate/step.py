@@ -15,9 +15,12 @@ from scout.core import invariants
 from scout.core.failure import FailureClass
 from scout.core.machine import Machine, MachineState, packaged_machine
 from scout.gate.model import (
+    ABSORBING,
     RESTORABLE,
     STEP_MAX,
     CheckpointCaptured,
+    CheckpointId,
+    CheckpointLost,
     CycleBoundary,
     GateConfig,
     GateContext,
@@ -163,13 +166,28 @@ def _check_restart(state: GateMachineState, event: Restart) -> None:
         restorable = ", ".join(str(e.id) for e in context.checkpoints if e.trust in RESTORABLE) or "none"
         raise GateInputError(
             f"restart from step {event.step}: no restorable checkpoint there ({known}); restorable "
-            f"checkpoints: {restorable}. QUARANTINED and SUPERSEDED checkpoints are never restored"
+            f"checkpoints: {restorable}. QUARANTINED, SUPERSEDED and LOST checkpoints are never restored"
         )
     if verified is not None and event.step < verified.id.step:
         raise GateInputError(
             f"restart from step {event.step} is older than RECOVERY_VERIFIED checkpoint {verified.id}; "
             "verified steps only increase (GATE-3): restart from the verified checkpoint or a newer one"
         )
+
+
+def _check_lost(state: GateMachineState, event: CheckpointLost) -> None:
+    context = state.context
+    checkpoint = event.checkpoint
+    if not isinstance(checkpoint, CheckpointId):
+        raise GateInputError(f"a lost checkpoint is named by a CheckpointId, got {checkpoint!r} (GATE-35)")
+    entry = context.entry(checkpoint)
+    if entry is None:
+        known = ", ".join(str(e.id) for e in context.checkpoints) or "none"
+        raise GateInputError(f"checkpoint {checkpoint} cannot be lost: the gate does not know it (its checkpoints: "
+                             f"{known}); name a checkpoint the manifest records")
+    if entry.trust not in RESTORABLE:
+        raise GateInputError(f"checkpoint {checkpoint} is {entry.trust.value}, never restored, so it cannot be lost: "
+                             "only a restorable checkpoint is marked LOST (GATE-42)")
 
 
 def check_event(state: GateMachineState, event: object) -> None:
@@ -182,9 +200,12 @@ def check_event(state: GateMachineState, event: object) -> None:
         _check_boundary(state, event)
     elif isinstance(event, Restart):
         _check_restart(state, event)
+    elif isinstance(event, CheckpointLost):
+        _check_lost(state, event)
     else:
         raise GateInputError(
-            f"not a gate event: {event!r}; send RecipeVerdicts, CheckpointCaptured, CycleBoundary or Restart"
+            f"not a gate event: {event!r}; send RecipeVerdicts, CheckpointCaptured, CycleBoundary, Restart or "
+            "CheckpointLost"
         )
 
 
@@ -194,25 +215,28 @@ def step(state: GateMachineState, event: GateEvent) -> tuple[GateMachineState, t
     new, effects = gate_machine().step(state, event)
     checked = gate_effects(effects)
     if invariants.ENABLED:
-        _check_step(state, new, checked)
+        _check_step(state, event, new, checked)
     return new, checked
 
 
-def _check_step(old: GateMachineState, new: GateMachineState, effects: tuple[GateEffect, ...]) -> None:
+def _check_step(old: GateMachineState, event: GateEvent, new: GateMachineState,
+                effects: tuple[GateEffect, ...]) -> None:
     """GATE-9, GATE-2 and GATE-3 at run time (scout.core.invariants): one pass over the effects,
     and the old verified step only when the step promoted. A step that persists nothing must keep
-    the state itself (the machine returns the same context object when nothing changed)."""
+    the state itself (the machine returns the same context object when nothing changed). Only a
+    loss (GATE-42) takes a checkpoint out of RECOVERY_VERIFIED, and only into LOST."""
     persisted = bool(effects) and type(effects[0]) is Persist
     if not persisted and (new.control != old.control or new.context is not old.context):
         raise invariants.violated("GATE-9/persist", f"{old.control} -> {new.control} without Persist")
     promoted = None
+    lost = type(event) is CheckpointLost
     for effect in effects[1:]:
         if isinstance(effect, Persist):
             raise invariants.violated("GATE-9/persist", f"a second Persist in {[type(e).__name__ for e in effects]}")
         if isinstance(effect, TrustChange):
-            if effect.before is Trust.QUARANTINED or effect.before is Trust.SUPERSEDED:
+            if effect.before in ABSORBING:
                 raise invariants.violated("GATE-2/absorbing", f"{effect.checkpoint}: {effect.before} -> {effect.after}")
-            if effect.before is Trust.RECOVERY_VERIFIED:
+            if effect.before is Trust.RECOVERY_VERIFIED and not (effect.after is Trust.LOST and lost):
                 raise invariants.violated("GATE-3/monotone", f"{effect.checkpoint} left RECOVERY_VERIFIED for "
                                           f"{effect.after}")
             if effect.after is Trust.RECOVERY_VERIFIED:

@@ -51,6 +51,9 @@ __all__ = ["CheckpointSaveFailed", "FaultDetected", "Job", "attach"]
 logger = logging.getLogger("scout")
 #: A ``finished`` report's error text is cut to this many characters (a traceback is on stderr).
 ERROR_CHARS_MAX = 500
+#: RECOVERY-7: chosen checkpoints found without files, one after another, before restore() gives
+#: up (each is marked lost, so a real manifest runs out of restorable checkpoints long before).
+LOSS_ROUNDS_MAX = 10_000
 
 
 class Job:
@@ -114,12 +117,8 @@ class Job:
 
     def _begin(self, failure: FailureClass | None, *, checkpoints: bool) -> None:
         """Start the step loop where the gate's writer decides (every rank; collective)."""
-        decision: RestoreDecision = self.parts.control.broadcast(
-            self.pipeline.decide_restore(failure, checkpoints=checkpoints))
+        decision, lost = self._decide(failure, checkpoints=checkpoints)
         if decision.checkpoint is not None and self.parts.checkpoint_dir is not None:
-            missing = missing_checkpoint(decision, self.parts.checkpoint_dir)
-            if missing is not None:
-                raise FileNotFoundError(missing)
             with self.checkpoint_io("read", str(decision.checkpoint)):
                 loaded = dcp.load_checkpoint(self.parts.checkpoint_dir, decision.checkpoint, self.model,
                                              self._optimizer_for_dcp())
@@ -127,9 +126,45 @@ class Job:
                 raise RuntimeError(f"checkpoint {decision.checkpoint} held step {loaded}")
         self._started = True
         self._step, self.timeline = decision.step, decision.timeline
-        self.pipeline.begin(decision)
+        self.pipeline.begin(decision, lost=lost)
         self.publisher.end_stage()  # start-up (or the restore) is over
         self.publisher.begin_step(self._step + 1)
+
+    def _decide(self, failure: FailureClass | None, *, checkpoints: bool) -> tuple[RestoreDecision, list[str]]:
+        """The recovery decision (the gate's writer decides, every rank gets it) with RECOVERY-7's
+        fallback: a chosen checkpoint whose files any rank lacks is marked LOST (GATE-42) and the
+        decision is made again, until the choice is there on every rank or nothing is chosen.
+        Returns the decision and the checkpoints lost on the way."""
+        control = self.parts.control
+        lost: list[str] = []
+        # Each round takes one restorable checkpoint away (GATE-42), so the rounds end; the bound
+        # is the gate's own (a manifest holds fewer checkpoints than this).
+        for _round in range(LOSS_ROUNDS_MAX):
+            decision: RestoreDecision = control.broadcast(self.pipeline.decide_restore(failure, checkpoints=checkpoints))
+            if decision.checkpoint is None or self.parts.checkpoint_dir is None:
+                break
+            found = control.all_gather(missing_checkpoint(decision, self.parts.checkpoint_dir))
+            lacking = [rank for rank, problem in enumerate(found) if problem is not None]
+            if not lacking:
+                break
+            problem = found[lacking[0]]
+            assert problem is not None
+            if self.config.on_missing_checkpoint == "stop":
+                raise FileNotFoundError(f"{problem} (rank(s) {lacking} lack it; on_missing_checkpoint=stop)")
+            path = dcp.checkpoint_path(self.parts.checkpoint_dir, decision.checkpoint)
+            self.pipeline.lost(decision.checkpoint, f"no complete checkpoint at {path} on rank(s) {lacking}")
+            lost.append(str(decision.checkpoint))
+        else:
+            raise RuntimeError(f"restore(): {LOSS_ROUNDS_MAX} chosen checkpoints in a row had no files; the gate's "
+                               "manifest is not what this job saved (spec/recovery.md RECOVERY-7)")
+        if lost and self.rank == 0:
+            instead = "initialization (nothing left that the recovery rules allow)" if decision.checkpoint is None else (
+                f"{decision.choice.value if decision.choice else ''} checkpoint {decision.checkpoint}".strip())
+            logger.warning("scout: restore(): checkpoint(s) %s have no files under checkpoint_dir %r; marked lost "
+                           "(never restored again; spec/gate.md GATE-42) -- this attempt starts from %s "
+                           "(spec/recovery.md RECOVERY-7; on_missing_checkpoint=stop refuses instead)",
+                           ", ".join(lost), str(self.parts.checkpoint_dir), instead)
+        return decision, lost
 
     def _optimizer_for_dcp(self) -> torch.optim.Optimizer:
         if self.optimizer is None:
@@ -363,5 +398,5 @@ def missing_checkpoint(decision: RestoreDecision, checkpoint_dir: str | os.PathL
     failure = "" if decision.failure is None else f" for a {decision.failure.value} failure"
     return (f"scout: restore() chose the {choice}checkpoint {decision.checkpoint} (step {decision.step}){failure}, but "
             f"{path} holds no complete checkpoint: checkpoint_dir {str(checkpoint_dir)!r} was moved, deleted or is "
-            "not mounted here; put it back, or start afresh with another run_dir (scout never discards a verified "
-            "checkpoint by itself; spec/recovery.md RECOVERY-7)")
+            "not mounted here; put it back, or let scout mark it lost and fall back (on_missing_checkpoint=fallback), "
+            "or start afresh with another run_dir (spec/recovery.md RECOVERY-7)")

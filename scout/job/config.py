@@ -35,6 +35,8 @@ __all__ = ["CONFIG_BYTES_MAX", "Config", "ConfigError", "OTHER_VARIABLES", "POLI
 
 POLICIES: Final = ("report", "restart")
 CHECKPOINT_ERROR_POLICIES: Final = ("stop", "continue")
+#: spec/recovery.md RECOVERY-7: what restore() does when the chosen checkpoint's files are gone.
+MISSING_CHECKPOINT_POLICIES: Final = ("fallback", "stop")
 CONFIG_BYTES_MAX: Final = 1 << 20
 ENV_PREFIX: Final = "SCOUT_"
 #: ``SCOUT_*`` variables that are not settings: the job's identity (RecordIdentity), adopting a
@@ -174,6 +176,11 @@ class Config:
     #: ``CheckpointSaveFailed`` on every rank; ``continue`` trains on without that checkpoint.
     on_checkpoint_error: str = attrs.field(default="stop",
                                            validator=_choice("on_checkpoint_error", CHECKPOINT_ERROR_POLICIES))
+    #: What restore() does when the checkpoint it chose has no files (spec/recovery.md
+    #: RECOVERY-7): ``fallback`` marks it LOST (GATE-42) and decides again -- an older verified
+    #: checkpoint, the latest, or a fresh start; ``stop`` raises FileNotFoundError on every rank.
+    on_missing_checkpoint: str = attrs.field(default="fallback",
+                                             validator=_choice("on_missing_checkpoint", MISSING_CHECKPOINT_POLICIES))
     #: Switch the parts on or off.
     observer: bool = attrs.field(default=True, validator=_flag("observer"))
     replay: bool = attrs.field(default=True, validator=_flag("replay"))

@@ -30,6 +30,7 @@ from scout.core.sdc_reports import SdcReportCounter
 from scout.gate.model import (
     CheckpointCaptured,
     CheckpointId,
+    CheckpointLost,
     CycleBoundary,
     GateEffect,
     GateEvent,
@@ -200,6 +201,11 @@ class GateDriver:
 
     def captured(self, step: int) -> None:
         self._apply(CheckpointCaptured(step))
+
+    def lost(self, checkpoint: CheckpointId, detail: str) -> None:
+        """GATE-42: ``checkpoint``'s files are gone; it becomes LOST (committed first, GATE-9) and
+        its ``checkpoint`` report (reason ``lost``) says where."""
+        self._apply(CheckpointLost(checkpoint, detail))
 
     def close(self) -> None:
         self.writer.close()

@@ -33,10 +33,10 @@ __all__ = ["Attempt", "attempts_of", "render_picture"]
 
 TRUST_COLOURS: Final = {
     "RECOVERY_VERIFIED": "#1a9850", "CANDIDATE": "#fee08b", "CAPTURED": "#999999",
-    "QUARANTINED": "#d73027", "SUPERSEDED": "#bbbbbb",
+    "QUARANTINED": "#d73027", "SUPERSEDED": "#bbbbbb", "LOST": "#762a83",
 }
 TRUST_SHORT: Final = {"captured": "cap", "candidate": "cand", "recovery-verified": "verified",
-                      "quarantined": "QUAR", "superseded": "sup"}
+                      "quarantined": "QUAR", "superseded": "sup", "lost": "LOST"}
 STRAGGLER_COLOUR: Final = ReportKind.STRAGGLER.mark.colour
 RESTORE_COLOUR: Final = ReportKind.RESTART.mark.colour
 #: The kinds drawn as a marker on the ranks they name (their mark, from ReportKind).

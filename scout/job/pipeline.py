@@ -32,7 +32,7 @@ import attrs
 from scout.core.failure import FailureClass
 from scout.core.recipes import RecipeResult
 from scout.core.straggler.tracking import StragglerEvent, straggler_record_arguments
-from scout.gate.model import Recipe
+from scout.gate.model import CheckpointId, Recipe
 from scout.job import aggregate
 from scout.job.gate_driver import GateDriver, Reporter, RestoreDecision
 from scout.reports.kinds import ReportKind
@@ -259,13 +259,16 @@ class Pipeline:
             return RestoreDecision(0, None, failure, None, 0)
         return self.gate.decide_restore(failure, checkpoints=checkpoints)
 
-    def begin(self, decision: RestoreDecision) -> None:
+    def begin(self, decision: RestoreDecision, *, lost: Sequence[str] = ()) -> None:
         """The attempt starts at ``decision.step`` on every rank: the checks resume there, the
-        gate restarts and opens a cycle, the ``restart`` report says where and why."""
+        gate restarts and opens a cycle, the ``restart`` report says where and why (and which
+        chosen checkpoints were found without files on the way, RECOVERY-7)."""
         for check in self.checks:
             check.resume_at(decision.step)
         evidence = {"cycle_steps": self.cycle_steps, "checkpoint_every_steps": self.checkpoint_every_steps,
                     "world_size": self.world_size, "hosts": list(self.hosts), "groups": [list(g) for g in self.groups]}
+        if lost:
+            evidence["lost"] = list(lost)
         if self.gate is not None:
             self.gate.begin(decision, evidence=evidence)
         else:
@@ -276,6 +279,11 @@ class Pipeline:
     def step_begins(self) -> None:
         for check in self.checks:
             check.step_begins()
+
+    def lost(self, checkpoint: CheckpointId, detail: str) -> None:
+        """The chosen checkpoint has no files (every rank; the gate's writer records it, GATE-42)."""
+        if self.gate is not None:
+            self.gate.lost(checkpoint, detail)
 
     def captured(self, step: int) -> None:
         """The checkpoint of ``step`` is complete on stable storage (every rank)."""

@@ -24,6 +24,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from scout.gate.model import Trust
 from scout.ops.state import NodeState
 
 __all__ = ["METRIC_NAMES", "NodeCollector", "registry_for"]
@@ -127,8 +128,8 @@ class NodeCollector(Collector):
         by_trust = GaugeMetricFamily("scout_checkpoints", "Checkpoints in the gate's manifest by trust state.",
                                      labels=["trust"])
         counts = state.checkpoints_by_trust()
-        for trust in ("CAPTURED", "CANDIDATE", "RECOVERY_VERIFIED", "QUARANTINED", "SUPERSEDED"):
-            by_trust.add_metric([trust], counts.get(trust, 0))
+        for trust in Trust:
+            by_trust.add_metric([trust.value], counts.get(trust.value, 0))
         yield by_trust
         newest = state.newest_verified_step()
         if newest is not None:

@@ -62,7 +62,7 @@ def test_SELF_1_SELF_4_a_one_step_hook_flip_under_fsdp2_is_named_and_nothing_is_
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": str(Path(__file__).resolve().parents[2]) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     run = subprocess.run([str(TORCHRUN), "--nproc-per-node", "4", "--standalone", str(WORKER), str(run_dir),
-                          str(checkpoint_dir), "9", "4x1", "flip:1:6"],
+                          str(checkpoint_dir), "9", "docs", "flip:1:6"],  # docs/attach.md's layout: (4, 1)
                          env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     records = reports.read_records(run_dir / reports.REPORTS_FILE)

@@ -38,6 +38,7 @@ from scout.gate.model import (
     RESTORABLE,
     CheckpointCaptured,
     CheckpointId,
+    CheckpointLost,
     CycleBoundary,
     CycleRecord,
     GateConfig,
@@ -105,8 +106,10 @@ def environment(
     vectors_of: Callable[[tuple[str, ...]], tuple[VerdictVector, ...]],
     *,
     captures_max: int = 3,
+    losses: bool = True,
 ) -> Callable[[GateMachineState], tuple[object, ...]]:
-    """Every event the world can deliver in a gate state, in a fixed order."""
+    """Every event the world can deliver in a gate state, in a fixed order (``losses``: with
+    the lose events, GATE-42)."""
     cache: dict[tuple[str, ...], tuple[VerdictVector, ...]] = {}
 
     def enabled(state: GateMachineState) -> tuple[object, ...]:
@@ -137,6 +140,12 @@ def environment(
                 events.append(Restart(entry.id.step))
         if verified_step is None:
             events.append(Restart(None))
+        # GATE-42: restore() finds the files of the checkpoint the recovery decision chose gone:
+        # the newest verified one, or the newest restorable one (spec/recovery.md). It looks only
+        # after a failure, but the gate accepts the event in every state, so every state tries it.
+        if losses:
+            chosen = {entry.id for entry in (context.verified, context.latest) if entry is not None}
+            events.extend(CheckpointLost(checkpoint, "files gone") for checkpoint in sorted(chosen))
         return tuple(events)
 
     return enabled
@@ -200,7 +209,7 @@ def referee_step(config: GateConfig, referee: Referee, event: object) -> Referee
             closed,
             referee.sdc_since_restart,
         )
-    if isinstance(event, CheckpointCaptured):
+    if isinstance(event, (CheckpointCaptured, CheckpointLost)):
         return referee
     if isinstance(event, Restart):
         return Referee(timeline=referee.timeline + 1, open_number=referee.open_number)
@@ -244,7 +253,7 @@ def promotions_match_referee(
 # The quotient
 # ------------------------------------------------------------------------------------------
 
-_TERMINAL = (Trust.QUARANTINED, Trust.SUPERSEDED)
+_TERMINAL = (Trust.QUARANTINED, Trust.SUPERSEDED, Trust.LOST)
 
 
 def canonical_key(raw: RefereedState) -> tuple[Any, ...]:
@@ -425,6 +434,20 @@ def restart_keeps_older_unverified(
     )
 
 
+def loss_leaves_older_verified(
+    previous: Canonical, event: object, state: Canonical, effects: tuple[object, ...]
+) -> bool:
+    """GATE-42 with two verified checkpoints: the newer is lost and the older is the newest
+    verified one after it -- the case RECOVERY-7's fallback to an older verified checkpoint rests on."""
+    before, after = previous.raw[0].context, state.raw[0].context
+    return (
+        isinstance(event, CheckpointLost)
+        and before.verified_step == event.checkpoint.step
+        and after.verified_step is not None
+        and after.verified_step < event.checkpoint.step
+    )
+
+
 #: Coverage witnesses of the exploration itself (not of the machine): explorations with two or
 #: more captures per run pass these as ``extra_properties``.
 SEVERAL_CHECKPOINTS_WITNESSES = (
@@ -432,6 +455,12 @@ SEVERAL_CHECKPOINTS_WITNESSES = (
         "restart-keeps-older-unverified",
         "Some restart to a checkpoint keeps an older unverified checkpoint CAPTURED.",
         restart_keeps_older_unverified,
+        scope="step",
+    ),
+    Property.sometimes(
+        "loss-leaves-older-verified",
+        "Some loss of the newest verified checkpoint leaves an older verified one to restore.",
+        loss_leaves_older_verified,
         scope="step",
     ),
 )
@@ -475,6 +504,11 @@ def reasons_name_their_cause(
             )
             if change.reason != expected:
                 return False
+        if change.after is Trust.LOST and not (
+            isinstance(event, CheckpointLost)
+            and change.reason == f"lost: {event.detail} (was {change.before.value if change.before else None}); never restored"
+        ):
+            return False
         if change.after is Trust.SUPERSEDED and isinstance(event, Restart):
             where = "initialization" if event.step is None else f"step {event.step}"
             if f"restarted from {where} (timeline {after.timeline})" not in change.reason:
@@ -525,8 +559,9 @@ def checked_environment(
     vectors_of: Callable[[tuple[str, ...]], tuple[VerdictVector, ...]],
     *,
     captures_max: int = 3,
+    losses: bool = True,
 ) -> Callable[[Canonical], tuple[object, ...]]:
-    inner = environment(vectors_of, captures_max=captures_max)
+    inner = environment(vectors_of, captures_max=captures_max, losses=losses)
 
     def enabled(state: Canonical) -> tuple[object, ...]:
         return inner(state.raw[0])

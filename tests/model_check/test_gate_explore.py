@@ -47,8 +47,9 @@ from tests.model_check.gate_harness import (
 
 # GATE-16 is the bad-input clause: input validation (scout/gate/step.py), not a predicate.
 # GATE-40 is the canary clause (spec/canary.md).
-ALL_IDS = ({f"GATE-{n}" for n in range(1, 22)} - {"GATE-16"}) | {"GATE-40"}
-SOMETIMES_IDS = {"GATE-11", "GATE-12", "GATE-13", "GATE-14", "GATE-15"}
+# GATE-42/43 are the lost-checkpoint clauses.
+ALL_IDS = ({f"GATE-{n}" for n in range(1, 22)} - {"GATE-16"}) | {"GATE-40", "GATE-42", "GATE-43"}
+SOMETIMES_IDS = {"GATE-11", "GATE-12", "GATE-13", "GATE-14", "GATE-15", "GATE-43"}
 SEVERAL_IDS = {prop.id for prop in SEVERAL_CHECKPOINTS_WITNESSES}
 
 
@@ -70,7 +71,7 @@ def run(recipes_count: int, groups_count: int, vectors=class_vectors, captures_m
     )
 
 
-def test_gate_table_declares_GATE_1_to_21_and_conforms_to_transitions() -> None:
+def test_gate_table_declares_GATE_1_to_21_40_42_43_and_conforms_to_transitions() -> None:
     machine = gate_machine()
     assert {p.id for p in machine.properties} == ALL_IDS
     assert {p.id for p in machine.properties if p.kind == "sometimes"} == SOMETIMES_IDS
@@ -377,11 +378,17 @@ WITNESS_CHECKS = {
         s.control is gate_actions.GateState.TAINTED
         and any(entry.trust is gate_actions.Trust.RECOVERY_VERIFIED for entry in s.context.checkpoints)
     ),
+    "GATE-43": lambda p, e, s, f: (
+        type(e).__name__ == "CheckpointLost"
+        and _changes(f) == [(gate_actions.Trust.RECOVERY_VERIFIED, gate_actions.Trust.LOST)]
+        and p.context.verified_step == e.checkpoint.step
+        and s.context.verified_step is None
+    ),
 }
 
 
 @pytest.mark.parametrize("witness", sorted(WITNESS_CHECKS))
-def test_GATE_11_to_15_each_witness_trace_shows_its_case(witness: str) -> None:
+def test_GATE_11_to_15_and_43_each_witness_trace_shows_its_case(witness: str) -> None:
     result = run(1, 1)
     previous, event, state, effects = _last_step(result.witnesses[witness])
     assert WITNESS_CHECKS[witness](previous, event, state, effects), result.witnesses[witness]

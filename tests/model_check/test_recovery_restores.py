@@ -83,7 +83,7 @@ def test_RECOVERY_1_to_4_the_checkpoint_restored_is_the_one_the_tables_choice_na
         assert choices_met[failure] == expected, failure
     # The layouts include two verified checkpoints, an unverified one below the verified one,
     # unverified ones above it (a candidate and a newer capture), and quarantined and superseded
-    # ones above it.
+    # ones above it, and a lost newest verified one above an older verified one (GATE-42).
     assert {
         ("RECOVERY_VERIFIED", "RECOVERY_VERIFIED"),
         ("CAPTURED", "RECOVERY_VERIFIED"),
@@ -91,6 +91,7 @@ def test_RECOVERY_1_to_4_the_checkpoint_restored_is_the_one_the_tables_choice_na
         ("CANDIDATE", "CAPTURED"),
         ("RECOVERY_VERIFIED", "QUARANTINED"),
         ("SUPERSEDED", "RECOVERY_VERIFIED"),
+        ("RECOVERY_VERIFIED", "LOST"),
     } <= layouts
     assert decided == len(_gate_states()) * len(FailureClass) * len(EmergencyReplay)
 

@@ -327,3 +327,78 @@ def test_GATE_37_every_effect_is_a_gate_effect_and_a_stray_one_is_refused() -> N
     assert seen == {Persist, TrustChange, GateReport}
     with pytest.raises(TypeError, match=r"not a GateEffect .*GATE-37"):
         gate_effects((Persist(), "report this"))
+
+
+# ------------------------------------------------------------------------------------------
+# GATE-42: a checkpoint whose files are gone is lost (spec/recovery.md RECOVERY-7 falls back)
+# ------------------------------------------------------------------------------------------
+
+
+def test_GATE_42_losing_the_newest_verified_checkpoint_leaves_the_older_one_to_restart_from() -> None:
+    from scout.core.failure import FailureClass
+    from scout.gate.model import CheckpointLost
+    from scout.gate.recovery import Choice, recover
+
+    state = final_state()  # t0/s100 and t1/s200 verified, timeline 1, a cycle open
+    assert recover(state, FailureClass.SDC).checkpoint == CheckpointId(1, 200)
+    with pytest.raises(GateInputError, match="older than RECOVERY_VERIFIED checkpoint t1/s200"):
+        check_event(state, Restart(100))
+    lost, effects = step(state, CheckpointLost(CheckpointId(1, 200), "no complete checkpoint at /ckpt/x"))
+    assert [type(e).__name__ for e in effects] == ["Persist", "TrustChange"]
+    change = effects[1]
+    assert (change.checkpoint, change.before, change.after, change.certificate) == (
+        CheckpointId(1, 200), Trust.RECOVERY_VERIFIED, Trust.LOST, None)
+    assert "no complete checkpoint at /ckpt/x" in change.reason and "never restored" in change.reason
+    assert lost.control is state.control
+    entry = lost.context.entry(CheckpointId(1, 200))
+    assert (entry.trust, entry.certificate) == (Trust.LOST, None)
+    # Everything else is as it was (GATE-42): the cycle, the timeline, the other entries.
+    assert lost.context.replace(checkpoints=state.context.checkpoints) == state.context
+    decision = recover(lost, FailureClass.SDC)
+    assert (decision.choice, decision.checkpoint) == (Choice.VERIFIED, CheckpointId(0, 100))
+    restarted, _ = step(lost, Restart(100, FailureClass.SDC))  # GATE-3 now allows the older one
+    assert restarted.context.timeline == 2
+    # Losing the last verified one leaves initialization (RECOVERY: none), which is then allowed.
+    none_left, _ = step(lost, CheckpointLost(CheckpointId(0, 100)))
+    assert recover(none_left, FailureClass.SDC).choice is Choice.NONE
+    step(none_left, Restart(None, FailureClass.SDC))
+
+
+def test_GATE_42_GATE_16_only_a_restorable_checkpoint_the_gate_records_can_be_lost() -> None:
+    from scout.gate.model import CheckpointLost
+
+    state = final_state()
+    with pytest.raises(GateInputError, match=r"t0/s150 is QUARANTINED, never restored, so it cannot be lost"):
+        check_event(state, CheckpointLost(CheckpointId(0, 150)))
+    with pytest.raises(GateInputError, match=r"t7/s7 cannot be lost: the gate does not know it"):
+        check_event(state, CheckpointLost(CheckpointId(7, 7)))
+    lost, _ = step(state, CheckpointLost(CheckpointId(1, 200)))
+    with pytest.raises(GateInputError, match=r"t1/s200 is LOST"):
+        check_event(lost, CheckpointLost(CheckpointId(1, 200)))
+    with pytest.raises(GateInputError, match="no restorable checkpoint there"):
+        check_event(lost, Restart(200))
+    with pytest.raises(TypeError, match="CheckpointId"):
+        CheckpointLost("t1/s200")  # type: ignore[arg-type]
+
+
+def test_GATE_42_a_loss_while_tainted_keeps_the_taint_and_the_codec_round_trips_lost() -> None:
+    from scout.gate.model import CheckpointLost
+
+    tainted = [s for e, s, _ in run_story() if isinstance(e, CheckpointCaptured) and e.step == 450][0]
+    assert tainted.control is GateState.TAINTED
+    lost, effects = step(tainted, CheckpointLost(CheckpointId(0, 100)))
+    assert lost.control is GateState.TAINTED and lost.context.sdc == tainted.context.sdc
+    assert lost.context.verified is None
+    assert state_from_json(json.loads(json.dumps(state_to_json(lost)))) == lost
+
+
+def test_GATE_30_GATE_42_a_lost_checkpoint_stays_lost_when_the_newest_generation_says_verified() -> None:
+    from scout.gate.fold import GenerationRecord, fold
+    from scout.gate.model import CheckpointLost
+
+    state = final_state()
+    lost, _ = step(state, CheckpointLost(CheckpointId(1, 200)))
+    # An older record that shows the loss, a newest one that (wrongly) still shows it verified.
+    folded = fold(GenerationRecord(9, state, ()), older=[GenerationRecord(8, lost, ())])
+    assert folded.state.context.entry(CheckpointId(1, 200)).trust is Trust.LOST
+    assert folded.state.context.verified.id == CheckpointId(0, 100)

@@ -21,9 +21,20 @@ from scout.core.straggler import DEFAULT_SEQUENTIAL_CONFIG, confirmation_start
 from scout.core.straggler.confirmation import _check_confirmation
 from scout.core.straggler.model import StragglerState
 from scout.core.verdict import DEFAULT_TIMING_CONFIG, Status, Verdict
-from scout.gate.model import CheckpointId, GateReport, GateReportKind, Persist, Trust, TrustChange
+from scout.gate.model import (
+    CheckpointId,
+    CheckpointLost,
+    CycleBoundary,
+    GateReport,
+    GateReportKind,
+    Persist,
+    Trust,
+    TrustChange,
+)
 from scout.gate.step import _check_step, initial_state, step
 from tests.gate_story import CONFIG, story
+
+EVENT = CycleBoundary(1)  # any event that is not a loss
 
 
 def test_INVARIANTS_every_invariant_names_a_clause_and_says_what_it_checks() -> None:
@@ -72,21 +83,29 @@ def test_GATE_9_GATE_2_GATE_3_a_step_that_breaks_them_is_refused() -> None:
         states.append(step(states[-1], event)[0])
     changed = states[2]
     with pytest.raises(invariants.InvariantViolation, match="GATE-9/persist"):
-        _check_step(states[1], changed, ())  # changed, nothing persisted
+        _check_step(states[1], EVENT, changed, ())  # changed, nothing persisted
     with pytest.raises(invariants.InvariantViolation, match="GATE-9/persist"):
-        _check_step(states[1], changed, (Persist(), Persist()))
+        _check_step(states[1], EVENT, changed, (Persist(), Persist()))
     unquarantine = TrustChange(CheckpointId(0, 150), Trust.QUARANTINED, Trust.CAPTURED, "lifted")
     with pytest.raises(invariants.InvariantViolation, match="GATE-2/absorbing"):
-        _check_step(states[1], changed, (Persist(), unquarantine))
+        _check_step(states[1], EVENT, changed, (Persist(), unquarantine))
     verified = next(s for s in states if s.context.verified_step is not None)
     demoted = TrustChange(CheckpointId(0, 100), Trust.RECOVERY_VERIFIED, Trust.CAPTURED, "demoted")
     with pytest.raises(invariants.InvariantViolation, match="GATE-3/monotone.*t0/s100 left RECOVERY_VERIFIED"):
-        _check_step(verified, changed, (Persist(), demoted))
+        _check_step(verified, EVENT, changed, (Persist(), demoted))
     older = TrustChange(CheckpointId(0, 50), Trust.CANDIDATE, Trust.RECOVERY_VERIFIED, "promoted")
     with pytest.raises(invariants.InvariantViolation, match="GATE-3/monotone.*promoted step 50, verified already 100"):
-        _check_step(verified, changed, (Persist(), older))
+        _check_step(verified, EVENT, changed, (Persist(), older))
+    # GATE-42: a loss is the one way out of RECOVERY_VERIFIED, into LOST, on a lose event only.
+    lost = TrustChange(CheckpointId(0, 100), Trust.RECOVERY_VERIFIED, Trust.LOST, "lost")
+    _check_step(verified, CheckpointLost(CheckpointId(0, 100)), changed, (Persist(), lost))
+    with pytest.raises(invariants.InvariantViolation, match="GATE-3/monotone.*t0/s100 left RECOVERY_VERIFIED"):
+        _check_step(verified, EVENT, changed, (Persist(), lost))
+    relost = TrustChange(CheckpointId(0, 100), Trust.LOST, Trust.RECOVERY_VERIFIED, "found again")
+    with pytest.raises(invariants.InvariantViolation, match="GATE-2/absorbing"):
+        _check_step(verified, EVENT, changed, (Persist(), relost))
     report = GateReport(GateReportKind.UNCHECKED, 1, 1, (), (), "")
-    _check_step(states[1], states[1], (report,))  # unchanged: a report alone is fine
+    _check_step(states[1], EVENT, states[1], (report,))  # unchanged: a report alone is fine
 
 
 def test_STRAG_14_a_group_with_a_majority_confirmed_is_refused() -> None:

@@ -346,3 +346,36 @@ def test_GATE_32_a_damaged_generation_number_is_never_reused(tmp_path: Path) -> 
         assert recorder.writer.generation == number + 1  # the fail-closed commit took number + 1
     assert (directory / (newest + ".damaged")).exists()
     assert generation_path(directory, number + 1).exists()
+
+
+def test_GATE_32_GATE_42_a_writer_closed_after_a_lost_generation_commits_a_loss_then_still_needs_a_restart(
+        tmp_path: Path) -> None:
+    """restore() may find the verified checkpoint's files gone in a manifest that lost its newest
+    generation: the loss is committed, the writer stays closed to anything else, and the restart
+    to the older verified checkpoint (or initialization) opens it."""
+    from scout.gate.model import CheckpointLost
+    from tests.gate_story import run_story
+
+    directory = tmp_path / "gate"
+    with GateRecorder.open(directory, CONFIG)[0] as recorder:
+        for _event, state, effects in run_story():
+            recorder.record(state, effects)
+    newest = max(directory.glob("manifest.0*.json"))
+    newest.write_bytes(newest.read_bytes()[:-20])  # the newest generation no longer verifies
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        recorder, resumed = GateRecorder.open(directory, CONFIG)
+    with recorder:
+        assert recorder.fail_closed is not None
+        verified = resumed.context.verified
+        assert verified is not None
+        lost, effects = step(resumed, CheckpointLost(verified.id, "files gone"))
+        assert recorder.record(lost, effects) is not None
+        moved, effects = step(lost, CycleBoundary(lost.context.last_step + 1000))
+        with pytest.raises(GateResumeRefused, match="must be a restart"):
+            recorder.record(moved, effects)
+        older = lost.context.verified
+        restarted, effects = step(lost, Restart(None if older is None else older.id.step))
+        assert recorder.record(restarted, effects) is not None
+    reading = read_gate_reading(directory, CONFIG)
+    assert reading is not None and reading.state.context.entry(verified.id).trust is Trust.LOST
