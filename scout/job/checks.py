@@ -31,6 +31,7 @@ from scout.replay.collectives import TorchPeerGroup
 from scout.replay.replay import RecipeModules, ReplayConfig, Replayer
 from scout.replay.runner import ReplayRunner
 from scout.reports.kinds import ReportKind
+from scout.reports.timing import timing_arguments
 
 __all__ = ["CanaryCheck", "Cycle", "LoopStragglerCheck", "ReplayCheck", "build_checks", "expert_interval_steps",
            "group_names", "running_statistics"]
@@ -126,7 +127,17 @@ class LoopStragglerCheck(_NoOps):
         check = self.timer.end_step(step)
         if check is None:
             return None
-        return replay_output(self.name, self.layout, (), check.events, {}, self.hosts)
+        output = replay_output(self.name, self.layout, (), check.events, {"loop": check.performance_ratios},
+                               self.hosts)
+        if check.verdict is None:  # LOOP-6: nothing was compared (a group of one, disabled, steps differ)
+            return output
+        ranks = self.layout.groups[self.layout.index]
+        timing = timing_arguments(
+            "loop", step=check.step, group=self.layout.names[self.layout.index], ranks=ranks, times_ms=check.loop_ms,
+            evidence=check.evidence, confirmed=[ranks[p] for p in sorted(check.confirmed)],
+            status=check.verdict.status.value, reason=check.reason,
+            slow_ratio=self.timer.config.straggler.slow_ratio)
+        return attrs.evolve(output, timing=(timing,))
         yield  # a rank program
 
 
