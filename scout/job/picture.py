@@ -315,8 +315,8 @@ def _loop_strip(axes: Any, series: Sequence[LoopSeries], slow_ratio: float | Non
     axes.set_title("loop checks: each rank's loop time / the group's centre (timing.jsonl)", fontsize=9, loc="left")
     if slow_ratio is not None:
         axes.axhline(slow_ratio, color=STRAGGLER_COLOUR, linestyle="--", linewidth=1)
-        axes.text(last * 1.2 + 2, slow_ratio, f" slow {slow_ratio:.2f}", fontsize=7, color=STRAGGLER_COLOUR,
-                  va="center", clip_on=False)
+        axes.text(last * 1.2 + 1, slow_ratio, f"slow ratio {slow_ratio:.2f}", fontsize=7, color=STRAGGLER_COLOUR,
+                  ha="right", va="bottom")
     colours: dict[int, Any] = {}
     for line in series:
         for index, run in enumerate(line.runs):

@@ -17,6 +17,7 @@ import pytest
 
 from scout import reports
 from scout.cli import main as scout_main
+from scout.reports.timing import TIMING_FILE, read_timing
 
 pytestmark = pytest.mark.torchdist
 
@@ -72,6 +73,19 @@ def test_ATTACH_healthy_run_of_100_steps_writes_no_fault_report(tmp_path: Path,
     assert scout_main(["certificate", str(run_dir / "gate"), "80"]) == 0
     certificate = capsys.readouterr().out
     assert certificate.count("replay(s), live path self-checked in 6 (AGREE+live") == 2, certificate
+    # LOOP-6: every loop check (one every loop_check_steps = 10 steps) left its line, with every
+    # rank's loop time and, where the comparison was decided, its ratio; scout report shows them.
+    timing = read_timing(run_dir / TIMING_FILE)
+    assert timing.skipped == 0 and [r["step"] for r in timing.records] == list(range(10, 101, 10)), timing
+    assert all(r["kind"] == "loop" and r["ranks"] == [0, 1, 2, 3] and None not in r["times_ms"]
+               for r in timing.records), timing.records
+    decided = [r for r in timing.records if r["status"] != "INCONCLUSIVE"]
+    assert decided and all(None not in r["performance_ratio"] for r in decided), timing.records
+    assert all(r["confirmed"] == [] for r in timing.records)
+    assert scout_main(["report", str(run_dir), "--no-picture"]) == 0
+    summary = capsys.readouterr().out
+    assert "loop timing: 10 check(s), steps 10..100" in summary, summary
+    assert sum(line.endswith(f"/{len(decided)}") for line in summary.splitlines()) == 4, summary
 
 
 def test_ATTACH_sdc_on_rank_1_restarts_once_from_a_verified_checkpoint_before_it(tmp_path: Path) -> None:
