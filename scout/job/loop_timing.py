@@ -1,7 +1,8 @@
-"""What ``run_dir/timing.jsonl`` says about the loop checks (spec/replay.md LOOP-6), for
+"""What ``run_dir/timing.jsonl`` says about the straggler checks (spec/replay.md LOOP-6), for
 ``scout report``: per rank its median, max and last performance ratio and how many checks it
-was above the test's slow ratio (:func:`loop_ranks`), the lines of the summary's "loop timing"
-section (:func:`loop_timing_lines`), and the series the picture draws (:func:`loop_series`).
+was above the test's slow ratio (:func:`loop_ranks`; the loop checks by default, the replay's
+device and communication checks by ``kind``), the lines of the summary's "loop timing" section
+(:func:`loop_timing_lines`), and the series the picture draws (:func:`loop_series`).
 Bounded for large groups: the summary lists the slowest ``TIMING_RANKS_SHOWN`` ranks and counts
 the rest; the picture draws every rank of a small job, else only the ranks ever above the slow
 ratio (the slowest ``PICTURE_RANKS_MAX``) and the median of every check. No torch, no matplotlib.
@@ -25,8 +26,8 @@ TIMING_RANKS_SHOWN: Final = 8
 PICTURE_RANKS_MAX: Final = 16
 
 
-def _loop_records(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    return [r for r in records if r.get("kind") == "loop"]
+def _loop_records(records: Sequence[Mapping[str, Any]], kind: str = "loop") -> list[Mapping[str, Any]]:
+    return [r for r in records if r.get("kind") == kind]
 
 
 def _slow_ratio(records: Sequence[Mapping[str, Any]]) -> float | None:
@@ -55,9 +56,9 @@ class LoopRank:
     above: int
 
 
-def loop_ranks(records: Sequence[Mapping[str, Any]]) -> list[LoopRank]:
-    """Every rank with a ratio in a loop record, the slowest (by median ratio) first."""
-    loops = _loop_records(records)
+def loop_ranks(records: Sequence[Mapping[str, Any]], kind: str = "loop") -> list[LoopRank]:
+    """Every rank with a ratio in a record of ``kind``, the slowest (by median ratio) first."""
+    loops = _loop_records(records, kind)
     slow = _slow_ratio(loops)
     by_rank: dict[int, list[float]] = {}
     for record in loops:
@@ -73,7 +74,8 @@ def loop_timing_json(records: Sequence[Mapping[str, Any]], skipped: int,
                      stragglers: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
     """The summary's ``loop_timing`` object (None without a loop record)."""
     loops = _loop_records(records)
-    if not loops and not skipped:
+    replay = {kind: _replay_json(records, kind) for kind in ("device", "communication")}
+    if not loops and not skipped and not any(replay.values()):
         return None
     ranks = loop_ranks(loops)
     return {
@@ -86,7 +88,18 @@ def loop_timing_json(records: Sequence[Mapping[str, Any]], skipped: int,
         "ranks": [attrs.asdict(r) for r in ranks[:TIMING_RANKS_SHOWN]],
         "ranks_not_shown": max(0, len(ranks) - TIMING_RANKS_SHOWN),
         "confirmed": [_confirmation(r) for r in stragglers if not str(r["reason"]).startswith("recovered")],
+        "replay": {kind: value for kind, value in replay.items() if value is not None},
     }
+
+
+def _replay_json(records: Sequence[Mapping[str, Any]], kind: str) -> dict[str, Any] | None:
+    """A replay timing kind in brief: how many checks, and its slowest rank."""
+    lines = _loop_records(records, kind)
+    if not lines:
+        return None
+    ranks = loop_ranks(lines, kind)
+    return {"checks": len({(r.get("generation"), r.get("step")) for r in lines}),
+            "slow_ratio": _slow_ratio(lines), "slowest": attrs.asdict(ranks[0]) if ranks else None}
 
 
 def _confirmation(record: Mapping[str, Any]) -> dict[str, Any]:
@@ -123,6 +136,11 @@ def loop_timing_lines(summary: Mapping[str, Any] | None) -> list[str]:
                      + (f" (ratio {ratio:.2f})" if ratio is not None else ""))
     if len(confirmations) > TIMING_RANKS_SHOWN:
         lines.append(f"  ... {len(confirmations) - TIMING_RANKS_SHOWN} more confirmation(s) in reports.jsonl")
+    for kind, replay in summary["replay"].items():
+        slowest = replay["slowest"]
+        lines.append(f"replay {kind} timing: {replay['checks']} check(s)" + (
+            f"; slowest rank {slowest['rank']}: median {slowest['median']:.2f}, max {slowest['max']:.2f}, above the "
+            f"slow ratio at {slowest['above']}/{slowest['checks']}" if slowest else "; no ratio (never decided)"))
     return lines
 
 

@@ -1,12 +1,13 @@
-"""Timing observations: one line per loop check in ``run_dir/timing.jsonl`` (spec/replay.md
-LOOP-6), so that a check that confirms nobody still leaves its ratios where a person can read
-them (``scout report``).
+"""Timing observations: one line per straggler check -- loop, replay device, replay
+communication -- in ``run_dir/timing.jsonl`` (spec/replay.md LOOP-6), so that a check that
+confirms nobody still leaves its ratios where a person can read them (``scout report``).
 
 It is observation, not a finding: nothing is decided from it, so it is a file of its own and
 never part of ``reports.jsonl`` (``restore()`` classifies attempts from the reports). Only the
 pipeline's reporter rank writes it (:class:`TimingLog`, one process), with one ``write`` of a
 whole line per record and no fsync; a crash leaves at most a torn last line, which
-:func:`read_timing` skips and counts. The file is bounded in lines and bytes across attempts.
+:func:`read_timing` skips and counts. The file is bounded in lines of each kind (so the replay's
+checks, several per loop check, cannot crowd the loop's out) and in bytes, across attempts.
 """
 
 from __future__ import annotations
@@ -40,14 +41,13 @@ logger = logging.getLogger("scout")
 
 TIMING_SCHEMA: Final = "scout.timing/1"
 TIMING_FILE: Final = "timing.jsonl"
-#: LOOP-6: what kinds of check write lines (the replay checks' timing is not written).
-TIMING_KINDS: Final = ("loop",)
-#: LOOP-6: at most this many lines per file (100 000 checks: a million steps at the default
-#: loop_check_steps of 10), counted across attempts ...
+#: LOOP-6: the kinds of check that write lines (``StragglerKind`` values).
+TIMING_KINDS: Final = ("loop", "device", "communication")
+#: LOOP-6: at most this many lines of each kind per file (100 000 loop checks: a million steps
+#: at the default loop_check_steps of 10), counted across attempts ...
 TIMING_LINES_MAX: Final = 100_000
 #: ... and at most this many bytes (a line of a 1000-rank group is about 60 kB).
 TIMING_FILE_BYTES_MAX: Final = 256 << 20
-_COUNT_CHUNK_BYTES: Final = 1 << 20
 
 
 def _number(value: object) -> float | None:
@@ -106,23 +106,36 @@ def make_timing_record(arguments: Mapping[str, Any], *, job_id: str, generation:
             "reporter_rank": reporter_rank, **arguments}
 
 
-def _count_lines(path: Path) -> tuple[int, int]:
-    """Lines and bytes already in ``path`` (an earlier attempt's), read at most the byte bound."""
+def _kind_marker(kind: str) -> bytes:
+    return json.dumps({"kind": kind}, sort_keys=True)[1:-1].encode()  # as a sorted-keys line holds it
+
+
+def _count_lines(path: Path, bytes_max: int) -> tuple[dict[str, int], int]:
+    """Lines of each kind and bytes already in ``path`` (an earlier attempt's), read at most
+    ``bytes_max`` bytes far (past it nothing more is written anyway)."""
+    counts = dict.fromkeys(TIMING_KINDS, 0)
     try:
         size = path.stat().st_size
     except FileNotFoundError:
-        return 0, 0
-    lines, left = 0, min(size, TIMING_FILE_BYTES_MAX)
+        return counts, 0
+    markers = {kind: _kind_marker(kind) for kind in TIMING_KINDS}
+    read = 0
     with path.open("rb") as file:
-        while left > 0 and (chunk := file.read(min(_COUNT_CHUNK_BYTES, left))):
-            lines += chunk.count(b"\n")
-            left -= len(chunk)
-    return lines, size
+        for line in file:
+            read += len(line)
+            if read > bytes_max:
+                break
+            for kind, marker in markers.items():
+                if marker in line:
+                    counts[kind] += 1
+                    break
+    return counts, size
 
 
 class TimingLog:
     """The reporter rank's ``timing.jsonl`` (LOOP-6): appends whole lines until a bound is
-    reached, then warns once and writes nothing more. One writer process per file."""
+    reached -- ``lines_max`` lines of a kind, or ``bytes_max`` bytes in all -- then warns once
+    (per kind) and writes nothing more of it. One writer process per file."""
 
     def __init__(self, path: str | os.PathLike[str], *, lines_max: int = TIMING_LINES_MAX,
                  bytes_max: int = TIMING_FILE_BYTES_MAX) -> None:
@@ -132,23 +145,30 @@ class TimingLog:
         self.path = Path(path)
         self.lines_max = lines_max
         self.bytes_max = bytes_max
-        self.lines: int | None = None  # counted at the first write (an earlier attempt's lines)
+        self.lines: dict[str, int] | None = None  # by kind, counted at the first write
         self.bytes = 0
-        self.full = False
+        self.full: set[str] = set()  # kinds that write no more (all of them once the bytes are spent)
 
     def write(self, record: Mapping[str, Any]) -> bool:
-        """Append ``record`` as one line; False when the file is full (or cannot be written:
-        a warning, and the job goes on)."""
-        if self.full:
+        """Append ``record`` as one line; False when its kind is full (or the file cannot be
+        written: a warning, and the job goes on)."""
+        kind = record.get("kind")
+        if kind not in TIMING_KINDS:
+            raise ReportError(f"timing kind {kind!r} is not one of {', '.join(TIMING_KINDS)}")
+        if kind in self.full:
             return False
         line = (json.dumps(record, sort_keys=True, allow_nan=False) + "\n").encode("utf-8")
         if self.lines is None:
-            self.lines, self.bytes = _count_lines(self.path)
-        if self.lines + 1 > self.lines_max or self.bytes + len(line) > self.bytes_max:
-            self.full = True
-            logger.warning("scout: %s holds %d lines (%d bytes), the bound is %d lines and %d bytes "
-                           "(spec/replay.md LOOP-6): no more timing lines are written in this attempt",
-                           self.path, self.lines, self.bytes, self.lines_max, self.bytes_max)
+            self.lines, self.bytes = _count_lines(self.path, self.bytes_max)
+        if self.bytes + len(line) > self.bytes_max:
+            self.full.update(TIMING_KINDS)
+            logger.warning("scout: %s holds %d bytes, the bound is %d (spec/replay.md LOOP-6): no more timing lines "
+                           "are written in this attempt", self.path, self.bytes, self.bytes_max)
+            return False
+        if self.lines[kind] + 1 > self.lines_max:
+            self.full.add(kind)
+            logger.warning("scout: %s holds %d %s lines, the bound is %d (spec/replay.md LOOP-6): no more are written "
+                           "in this attempt", self.path, self.lines[kind], kind, self.lines_max)
             return False
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -158,10 +178,10 @@ class TimingLog:
             finally:
                 os.close(fd)
         except OSError as error:
-            self.full = True
+            self.full.update(TIMING_KINDS)
             logger.warning("scout: could not append to %s (%s): no more timing lines are written", self.path, error)
             return False
-        self.lines += 1
+        self.lines[kind] += 1
         self.bytes += written
         return written == len(line)
 

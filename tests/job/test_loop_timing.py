@@ -12,6 +12,7 @@ from collections.abc import Generator, Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from scout import reports
@@ -124,9 +125,14 @@ def test_LOOP_6_the_log_stops_at_its_line_bound_with_one_warning_across_attempts
     again = TimingLog(path, lines_max=3)
     with caplog.at_level(logging.WARNING, logger="scout"):
         assert [again.write(_record(step, [1.0] * 4, generation=1)) for step in (10, 20, 30)] == [True, False, False]
-    assert len(path.read_bytes().splitlines()) == 3
-    assert [r.getMessage() for r in caplog.records].count(next(r.getMessage() for r in caplog.records)) == 1
-    assert len(caplog.records) == 1 and "LOOP-6" in caplog.records[0].getMessage()
+        # Each kind has its own bound: the replay's many checks never crowd the loop's out.
+        device = make_timing_record({**_record(10, [1.0] * 4), "kind": "device"}, job_id="j", generation=1,
+                                    reporter_rank=0)
+        assert again.write(device) and again.write(device) and again.write(device) and not again.write(device)
+    assert len(path.read_bytes().splitlines()) == 6
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2 and all("LOOP-6" in m for m in messages), messages  # one per kind
+    assert " 3 loop lines" in messages[0] and " 3 device lines" in messages[1]
     by_bytes = TimingLog(tmp_path / "bytes.jsonl", bytes_max=len(json.dumps(_record(1, [1.0] * 4))) + 50)
     assert [by_bytes.write(_record(step, [1.0] * 4)) for step in (1, 2)] == [True, False]
     with pytest.raises(ValueError, match="lines_max must be an int >= 1, got 0"):
@@ -149,6 +155,32 @@ def test_LOOP_6_the_reader_skips_a_torn_last_line_and_other_lines_and_counts_the
     with pytest.raises(ValueError, match="one time and one evidence per rank"):
         timing_arguments("loop", step=1, group="dp", ranks=[0, 1], times_ms=[1.0], evidence=[0.0, 0.0],
                          confirmed=[], status="AGREE", reason=None, slow_ratio=1.1)
+
+
+def test_LOOP_6_a_replay_check_writes_a_device_and_a_communication_line() -> None:
+    from scout.core.straggler.tracking import ReplayStragglers
+    from scout.core.verdict import MISSING, TimingConfig, classify_timing
+    from scout.job.checks import ReplayCheck
+    from scout.replay.runner import StepReport
+
+    class Runner:
+        stragglers = ReplayStragglers(RANKS, device_floor_ms=0.1, communication_timing=TimingConfig())
+
+    compute = {"hidden.0": (10.0, 10.2, 15.0, 9.9), "hidden.1": (5.0, 5.0, 7.5, MISSING)}
+    verdicts = {recipe: classify_timing(list(times), TimingConfig()) for recipe, times in compute.items()}
+    report = StepReport(6, (), verdicts, {}, 0.0, 0, peer_compute_ms=compute, communication_ms=(3.0, 3.1, 2.9, 3.0),
+                        communication=classify_timing([3.0, 3.1, 2.9, 3.0], TimingConfig()),
+                        evidence={"device": (0.0, 0.01, 0.4, None), "communication": (0.0, 0.0, 0.0, 0.0)},
+                        confirmed_stragglers=frozenset({2}))
+    check = ReplayCheck("replay", Runner(), Layout.of((RANKS,), ("dp",), 10), ("h",) * 14)  # type: ignore[arg-type]
+    device, communication = check._timing(report)
+    assert (device["kind"], device["step"], device["group"], device["ranks"]) == ("device", 6, "dp", list(RANKS))
+    assert device["times_ms"] == [15.0, 15.2, 22.5, None]  # summed over the recipes; one missing: none
+    assert device["status"] == verdicts["hidden.0"].status.value and device["confirmed"] == [12]
+    assert device["performance_ratio"][2] == pytest.approx(math.exp(0.4)) and device["evidence"][3] is None
+    assert (communication["kind"], communication["times_ms"], communication["status"]) == (
+        "communication", [3.0, 3.1, 2.9, 3.0], "AGREE")
+    assert check._timing(attrs.evolve(report, timing={}, communication=None)) == ()  # nothing compared
 
 
 def _run_dir(tmp_path: Path, records: Sequence[dict[str, Any]]) -> Path:
@@ -180,6 +212,13 @@ def test_LOOP_6_scout_report_prints_each_ranks_loop_ratios_and_the_confirmed_str
     assert main(["report", str(run), "--no-picture", "--json"]) == 1
     summary = json.loads(capsys.readouterr().out)["loop_timing"]
     assert (summary["checks"], summary["ranks"][0]["rank"], summary["ranks"][0]["above"]) == (10, 3, 9)
+    # The replay's device checks in one line: how many, and the slowest rank.
+    log = TimingLog(run / TIMING_FILE)
+    for step in (2, 4, 6):
+        log.write({**_record(step, [1.0, 1.3, 1.0, 1.0]), "kind": "device"})
+    assert main(["report", str(run), "--no-picture"]) == 1
+    assert ("replay device timing: 3 check(s); slowest rank 1: median 1.30, max 1.30, above the slow ratio at 3/3"
+            in capsys.readouterr().out)
 
 
 def test_LOOP_6_the_summary_of_a_thousand_ranks_is_bounded(tmp_path: Path) -> None:
