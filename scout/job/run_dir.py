@@ -1,6 +1,6 @@
 """What a job writes into its run directory (docs/attach.md): ``reports.jsonl`` (one
-``scout.report/1`` record per line), ``timing.jsonl`` (one ``scout.timing/1`` record per loop
-check, spec/replay.md LOOP-6), ``exclude_hosts.txt`` (the hosts at fault, for the
+``scout.report/1`` record per line), ``timing.jsonl`` (one ``scout.timing/1`` record per
+straggler check, spec/replay.md LOOP-6), ``exclude_hosts.txt`` (the hosts at fault, for the
 scheduler), the gate's manifest under ``gate/``, and ``job.json``, the job ids the directory
 is bound to (spec/recovery.md RECOVERY-6)."""
 
