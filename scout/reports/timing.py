@@ -48,6 +48,7 @@ TIMING_KINDS: Final = ("loop", "device", "communication")
 TIMING_LINES_MAX: Final = 100_000
 #: ... and at most this many bytes (a line of a 1000-rank group is about 60 kB).
 TIMING_FILE_BYTES_MAX: Final = 256 << 20
+_LOG_RATIO_MAX: Final = 700.0
 
 
 def _number(value: object) -> float | None:
@@ -80,6 +81,8 @@ def timing_arguments(
         raise ReportError(f"a timing record needs one time and one evidence per rank of {list(ranks)}: got "
                           f"{len(times_ms)} times and {len(evidence)} evidence values")
     logs = [_number(value) for value in evidence]
+    # exp overflows past ~709 nepers; no two times a clock gives are that far apart.
+    logs = [None if log is None or abs(log) > _LOG_RATIO_MAX else log for log in logs]
     return {
         "kind": kind,
         "step": int(step),

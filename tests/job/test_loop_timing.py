@@ -152,6 +152,9 @@ def test_LOOP_6_the_reader_skips_a_torn_last_line_and_other_lines_and_counts_the
     assert [r["step"] for r in reading.records] == [10, 20] and reading.skipped == 2
     assert reading.records[0]["performance_ratio"][2] is None
     assert read_timing(tmp_path / "absent.jsonl").records == ()
+    far = timing_arguments("loop", step=1, group="dp", ranks=[0, 1], times_ms=[1.0, math.inf], evidence=[800.0, 0.1],
+                           confirmed=[], status="AGREE", reason=None, slow_ratio=1.1)
+    assert far["performance_ratio"][0] is None and far["times_ms"][1] is None  # no overflow, no inf in JSON
     with pytest.raises(ValueError, match="one time and one evidence per rank"):
         timing_arguments("loop", step=1, group="dp", ranks=[0, 1], times_ms=[1.0], evidence=[0.0, 0.0],
                          confirmed=[], status="AGREE", reason=None, slow_ratio=1.1)
