@@ -222,6 +222,10 @@ def test_LOOP_6_scout_report_prints_each_ranks_loop_ratios_and_the_confirmed_str
     assert main(["report", str(run), "--no-picture"]) == 1
     assert ("replay device timing: 3 check(s); slowest rank 1: median 1.30, max 1.30, above the slow ratio at 3/3"
             in capsys.readouterr().out)
+    with (run / TIMING_FILE).open("ab") as file:
+        file.write(b'{"schema": "scout.timing/1", "kind": "lo')  # a crash in the middle of a write
+    assert main(["report", str(run), "--no-picture"]) == 1
+    assert "; 1 unreadable line(s) of timing.jsonl skipped" in capsys.readouterr().out
 
 
 def test_LOOP_6_the_summary_of_a_thousand_ranks_is_bounded(tmp_path: Path) -> None:
