@@ -14,7 +14,8 @@ so the step ends with one exchange over the whole job:
 2. :func:`merge` -- pure: one :class:`~scout.job.pipeline.GateFeed` per recipe, with one result
    per group that answered (``scout.gate.results.recipe_verdicts`` makes the others MISSING:
    unchecked, never SDC) and an SDC finding, in global ranks, for every group that attributed;
-   job-wide feeds (the canary's) after the check's own; the straggler reports of every group.
+   job-wide feeds (the canary's) after the check's own; the straggler reports and timing records
+   (LOOP-6) of every group.
 """
 
 from __future__ import annotations
@@ -37,8 +38,9 @@ __all__ = ["Merged", "exchange_outputs", "finding_reason", "merge", "result_from
 #: A RecipeResult as the exchange carries it: (recipe, step, status, outliers, sources, reason,
 #: self_checked).
 PlainResult = tuple[str, int, str, tuple[int, ...], tuple[str, ...], str | None, bool]
-#: A leader's part of one check's output: (group index, results, straggler report arguments).
-PlainOutput = tuple[int, tuple[PlainResult, ...], tuple[Mapping[str, Any], ...]]
+#: A leader's part of one check's output: (group index, results, straggler report arguments,
+#: timing record arguments).
+PlainOutput = tuple[int, tuple[PlainResult, ...], tuple[Mapping[str, Any], ...], tuple[Mapping[str, Any], ...]]
 
 
 def result_to_plain(result: RecipeResult) -> PlainResult:
@@ -60,7 +62,8 @@ def finding_reason(result: RecipeResult) -> str:
 
 
 def _plain(output: CheckOutput) -> PlainOutput:
-    return (output.layout.index, tuple(result_to_plain(r) for r in output.results), tuple(output.stragglers))
+    return (output.layout.index, tuple(result_to_plain(r) for r in output.results), tuple(output.stragglers),
+            tuple(output.timing))
 
 
 def exchange_outputs(
@@ -81,6 +84,7 @@ def exchange_outputs(
 class Merged:
     feeds: tuple[GateFeed, ...]
     stragglers: tuple[Mapping[str, Any], ...]
+    timing: tuple[Mapping[str, Any], ...] = ()  # LOOP-6: every group's timing records (the writer's)
 
 
 def merge(outputs: Sequence[CheckOutput], gathered: Sequence[Any] | None, *, for_gate: bool = True) -> Merged:
@@ -92,6 +96,7 @@ def merge(outputs: Sequence[CheckOutput], gathered: Sequence[Any] | None, *, for
 
     feeds: list[GateFeed] = []
     stragglers: list[Mapping[str, Any]] = []
+    timing: list[Mapping[str, Any]] = []
     for index, output in enumerate(outputs):
         layout = output.layout
         if gathered is None:
@@ -100,10 +105,11 @@ def merge(outputs: Sequence[CheckOutput], gathered: Sequence[Any] | None, *, for
             parts = [payload[index] for payload in gathered if payload is not None and payload[index] is not None]
         by_recipe: dict[str, dict[str, RecipeResult]] = {}
         findings: dict[str, list[Finding]] = {}
-        for group_index, plains, reports in sorted(parts, key=lambda part: int(part[0])):
+        for group_index, plains, reports, timings in sorted(parts, key=lambda part: int(part[0])):
             name, members = layout.names[group_index], layout.groups[group_index]
             if for_gate:
                 stragglers.extend(reports)
+                timing.extend(timings)
             for plain in plains:
                 if not for_gate and plain[2] != Status.ATTRIBUTED.value:
                     continue
@@ -119,4 +125,4 @@ def merge(outputs: Sequence[CheckOutput], gathered: Sequence[Any] | None, *, for
             step = min(result.step for result in results.values())
             feeds.append(GateFeed(recipe, step, results, tuple(findings.get(recipe, ()))))
         feeds.extend(output.feeds if for_gate else (feed for feed in output.feeds if feed.findings))
-    return Merged(tuple(feeds), tuple(stragglers))
+    return Merged(tuple(feeds), tuple(stragglers), tuple(timing))

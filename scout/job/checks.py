@@ -12,6 +12,7 @@ replay, taken when a call is captured and exchanged in the rows replay already e
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any
 
@@ -21,6 +22,7 @@ from torch import nn
 
 from scout.core.canary import CanaryOutcome
 from scout.core.recipes import Intervals, RecipeClass, Schedule
+from scout.core.verdict import Status
 from scout.gate.model import Recipe
 from scout.job import bench_switches
 from scout.job.config import Config
@@ -29,8 +31,10 @@ from scout.replay.arrival import LoopConfig, LoopTimer
 from scout.replay.canary import CANARY_RECIPE, Canary, CanaryMonitor
 from scout.replay.collectives import TorchPeerGroup
 from scout.replay.replay import RecipeModules, ReplayConfig, Replayer
-from scout.replay.runner import ReplayRunner
+from scout.replay.runner import ReplayRunner, StepReport
+from scout.replay.stragglers import StragglerKind
 from scout.reports.kinds import ReportKind
+from scout.reports.timing import timing_arguments
 
 __all__ = ["CanaryCheck", "Cycle", "LoopStragglerCheck", "ReplayCheck", "build_checks", "expert_interval_steps",
            "group_names", "running_statistics"]
@@ -85,9 +89,40 @@ class ReplayCheck(_NoOps):
             return None
         costs = {f"{self.name}_compute_s": sum(report.compute_ms.values()) / 1e3,
                  f"{self.name}_collectives_s": report.collective_ms / 1e3}
-        return replay_output(self.name, self.layout, report.results, report.straggler_events,
-                             report.performance_ratios, self.hosts, costs)
+        output = replay_output(self.name, self.layout, report.results, report.straggler_events,
+                               report.performance_ratios, self.hosts, costs)
+        return attrs.evolve(output, timing=self._timing(report))
         yield  # a rank program
+
+    def _timing(self, report: StepReport) -> tuple[dict[str, Any], ...]:
+        """LOOP-6: this check's device and communication comparisons, each one timing record;
+        nothing for a comparison that did not run."""
+        stragglers = self.runner.stragglers
+        if stragglers is None:
+            return ()
+        ranks = self.layout.groups[self.layout.index]
+        common: dict[str, Any] = {"step": report.step, "group": self.layout.names[self.layout.index], "ranks": ranks}
+        records = []
+        device = report.evidence.get(StragglerKind.DEVICE.value)
+        if report.timing and device is not None:
+            verdicts = list(report.timing.values())
+            decided = [v for v in verdicts if v.status is not Status.INCONCLUSIVE]
+            status = (Status.ATTRIBUTED if any(v.status is Status.ATTRIBUTED for v in decided) else
+                      Status.AGREE if decided else Status.INCONCLUSIVE)
+            reason = None if decided else next((v.reason.value for v in verdicts if v.reason is not None), None)
+            records.append(timing_arguments(
+                "device", **common, times_ms=_summed_ms(report.peer_compute_ms, len(ranks)), evidence=device,
+                confirmed=[ranks[p] for p in sorted(report.confirmed_stragglers)], status=status.value,
+                reason=reason, slow_ratio=stragglers.device.config.slow_ratio))
+        communication = report.evidence.get(StragglerKind.COMMUNICATION.value)
+        if report.communication is not None and communication is not None:
+            verdict = report.communication
+            records.append(timing_arguments(
+                "communication", **common, times_ms=report.communication_ms, evidence=communication,
+                confirmed=[ranks[p] for p in sorted(report.confirmed_communication_stragglers)],
+                status=verdict.status.value, reason=None if verdict.reason is None else verdict.reason.value,
+                slow_ratio=stragglers.communication.config.slow_ratio))
+        return tuple(records)
 
     def resume_at(self, step: int) -> None:
         self.runner.resume_at(step)
@@ -100,6 +135,19 @@ class ReplayCheck(_NoOps):
 
     def close(self) -> None:
         self.runner.close()
+
+
+def _summed_ms(per_recipe_ms: Mapping[str, Sequence[Any]], size: int) -> list[float | None]:
+    """Each peer's replay compute time over the check's recipes (ms), None where one is missing
+    or not a finite number >= 0."""
+    sums: list[float | None] = [0.0] * size
+    for values in per_recipe_ms.values():
+        for position, value in enumerate(values):
+            total = sums[position]
+            valid = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+                     and value >= 0)
+            sums[position] = None if total is None or not valid else total + float(value)
+    return sums
 
 
 class LoopStragglerCheck(_NoOps):
@@ -126,7 +174,17 @@ class LoopStragglerCheck(_NoOps):
         check = self.timer.end_step(step)
         if check is None:
             return None
-        return replay_output(self.name, self.layout, (), check.events, {}, self.hosts)
+        output = replay_output(self.name, self.layout, (), check.events, {"loop": check.performance_ratios},
+                               self.hosts)
+        if check.verdict is None:  # LOOP-6: nothing was compared (a group of one, disabled, steps differ)
+            return output
+        ranks = self.layout.groups[self.layout.index]
+        timing = timing_arguments(
+            "loop", step=check.step, group=self.layout.names[self.layout.index], ranks=ranks, times_ms=check.loop_ms,
+            evidence=check.evidence, confirmed=[ranks[p] for p in sorted(check.confirmed)],
+            status=check.verdict.status.value, reason=check.reason,
+            slow_ratio=self.timer.config.straggler.slow_ratio)
+        return attrs.evolve(output, timing=(timing,))
         yield  # a rank program
 
 

@@ -44,6 +44,7 @@ from scout.gate.recorder import GateWriter
 from scout.gate.recovery import Choice, recover
 from scout.gate.results import recipe_verdicts
 from scout.reports.kinds import EXHAUSTED, ReportKind, at_fault_in_every_attempt
+from scout.reports.timing import make_timing_record
 
 if TYPE_CHECKING:
     from scout.job.pipeline import GateFeed, Stop
@@ -70,6 +71,10 @@ class ReportSink(Protocol):
     def write(self, record: Mapping[str, Any]) -> None: ...
 
     def exclude_hosts(self, hosts: Sequence[str]) -> None: ...
+
+    def timing(self, record: Mapping[str, Any]) -> None:
+        """LOOP-6: one ``scout.timing/1`` record (``run_dir/timing.jsonl``), not a report."""
+        ...
 
 
 class Reporter:
@@ -101,6 +106,12 @@ class Reporter:
         """STRAG-21: a straggler record from ``straggler_record_arguments``."""
         if self.sink is not None:
             self.sink.write(reports.make_record(**arguments, job_id=self.job_id, generation=self.generation,
+                                                reporter_rank=self.rank))
+
+    def timing(self, arguments: Mapping[str, Any]) -> None:
+        """LOOP-6: a timing record from ``scout.reports.timing.timing_arguments``."""
+        if self.sink is not None:
+            self.sink.timing(make_timing_record(arguments, job_id=self.job_id, generation=self.generation,
                                                 reporter_rank=self.rank))
 
     def stopped(self, stop: Stop) -> None:

@@ -7,7 +7,10 @@ stopped by a fault policy, restarts spent, or no closing record: killed or inter
 fault where it struck and whom it named, with a count when the same finding repeats; confirmed
 stragglers as bars from confirmation to recovery labelled with their kind and ratio; replays that
 could not be checked; and each checkpoint the attempt captured, coloured by its final trust and
-labelled with its whole trust history. Attempts get their own panels because a restart resumes
+labelled with its whole trust history. Below the panels, when ``run_dir/timing.jsonl`` holds loop
+checks (spec/replay.md LOOP-6), a strip of each rank's loop performance ratio over the steps with
+the test's slow ratio marked (for many ranks, only those ever above it and each check's median:
+:func:`scout.job.loop_timing.loop_series`). Attempts get their own panels because a restart resumes
 at an earlier step: on one step axis a quarantined checkpoint and the verified one that replaced
 it at the same step would overprint. The wall-time strip puts every report at its time, and draws
 each hang from when its rank fell idle to when it was reported, so a 40 s hang has a length.
@@ -26,6 +29,7 @@ from typing import Any, Final
 import attrs
 
 from scout.core.compat import assert_never
+from scout.job.loop_timing import LoopSeries, loop_series
 from scout.job.summary import RunView
 from scout.reports.kinds import ATTEMPT_STARTS, SAVE_FAILED, MarkStyle, ReportKind
 
@@ -145,12 +149,17 @@ def render_picture(view: RunView, path: str | Path) -> Path:
     history = _checkpoint_history(view)
     drawn = [_checkpoints_of(view, attempt, history, len(attempts) == 1) for attempt in attempts]
     heights = [1.3 + 0.42 * ranks + (LABEL_PAD_PT / 72 if checkpoints else 0.0) for checkpoints in drawn]
+    series, slow_ratio = loop_series(view.timing)
+    if series:
+        heights.append(2.4)
     heights.append(1.2 + 0.25 * len(attempts))
-    figure, axes_list = plt.subplots(len(attempts) + 1, 1, figsize=(max(9.0, min(20.0, last / 8)), sum(heights)),
+    figure, axes_list = plt.subplots(len(heights), 1, figsize=(max(9.0, min(20.0, last / 8)), sum(heights)),
                                      gridspec_kw={"height_ratios": heights}, squeeze=False)
     legend: dict[str, Any] = {}
-    for attempt, checkpoints, axes in zip(attempts, drawn, axes_list[:-1, 0], strict=True):
+    for attempt, checkpoints, axes in zip(attempts, drawn, axes_list[:len(attempts), 0], strict=True):
         _attempt_panel(axes, attempt, checkpoints, ranks, last, legend)
+    if series:
+        _loop_strip(axes_list[-2, 0], series, slow_ratio, last)
     _wall_time_strip(axes_list[-1, 0], view, attempts, legend)
     figure.suptitle(f"scout: {view.run_dir.name} -- {len(view.faults)} fault report(s) in {len(attempts)} "
                     f"attempt(s)", fontsize=10)
@@ -294,6 +303,31 @@ def _stragglers(axes: Any, attempt: Attempt, legend: dict[str, Any], line: Any) 
         axes.text(start, rank + 0.27, f" {label}", fontsize=7, color=STRAGGLER_COLOUR, va="bottom")
     if spans:
         legend["straggler (confirmed)"] = line([], [], color=STRAGGLER_COLOUR, linewidth=4)
+
+
+def _loop_strip(axes: Any, series: Sequence[LoopSeries], slow_ratio: float | None, last: int) -> None:
+    """LOOP-6: each rank's loop performance ratio at each check (one run per attempt), the slow
+    ratio as a dashed line; a rank above it at many checks is the one the loop test watches."""
+    axes.set_xlim(0, last * 1.2 + 2)
+    axes.set_xlabel("training step")
+    axes.set_ylabel("loop ratio", fontsize=8)
+    axes.grid(alpha=0.2)
+    axes.set_title("loop checks: each rank's loop time / the group's centre (timing.jsonl)", fontsize=9, loc="left")
+    if slow_ratio is not None:
+        axes.axhline(slow_ratio, color=STRAGGLER_COLOUR, linestyle="--", linewidth=1)
+        axes.text(last * 1.2 + 1, slow_ratio, f"slow ratio {slow_ratio:.2f}", fontsize=7, color=STRAGGLER_COLOUR,
+                  ha="right", va="bottom")
+    colours: dict[int, Any] = {}
+    for line in series:
+        for index, run in enumerate(line.runs):
+            steps, ratios = [s for s, _ in run], [r for _, r in run]
+            style = {"color": "#333333", "linestyle": ":", "linewidth": 1.5} if line.rank is None else (
+                {"color": colours[line.rank]} if line.rank in colours else {})
+            drawn = axes.plot(steps, ratios, marker=".", markersize=4, label=line.label if index == 0 else None,
+                              **style)
+            if line.rank is not None:
+                colours[line.rank] = drawn[0].get_color()
+    axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, ncol=1 + len(series) // 9)
 
 
 def _wall_time_strip(axes: Any, view: RunView, attempts: Sequence[Attempt], legend: dict[str, Any]) -> None:

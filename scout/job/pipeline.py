@@ -113,6 +113,7 @@ class CheckOutput:
     stragglers: tuple[Mapping[str, Any], ...] = ()  # ``scout.reports.make_record`` arguments
     feeds: tuple[GateFeed, ...] = ()
     costs_s: Mapping[str, float] = attrs.Factory(dict)
+    timing: tuple[Mapping[str, Any], ...] = ()  # LOOP-6: ``scout.reports.timing.timing_arguments``
 
 
 class Check(Protocol):
@@ -315,12 +316,16 @@ def run_step(pipeline: Pipeline, step: int) -> Generator[Op, Any, StepOutcome]:
     if outputs:
         gathered = yield from aggregate.exchange_outputs(outputs, world_size=pipeline.world_size,
                                                          timeout_s=pipeline.timeout_s)
-        merged = aggregate.merge(outputs, gathered, for_gate=pipeline.gate is not None)
+        # The gate's writer, and the reporter rank (the same rank in a job), need every group's part.
+        merged = aggregate.merge(outputs, gathered,
+                                 for_gate=pipeline.gate is not None or pipeline.reporter.sink is not None)
         if pipeline.gate is not None:
             for feed in merged.feeds:
                 pipeline.gate.feed(feed)
         for arguments in merged.stragglers:
             pipeline.reporter.straggler(arguments)
+        for arguments in merged.timing:  # LOOP-6: run_dir/timing.jsonl, not a report
+            pipeline.reporter.timing(arguments)
         stop = decide([f for feed in merged.feeds for f in feed.findings], on_sdc=pipeline.on_sdc,
                       hosts=pipeline.hosts)
         if stop is not None:

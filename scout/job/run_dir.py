@@ -1,5 +1,6 @@
 """What a job writes into its run directory (docs/attach.md): ``reports.jsonl`` (one
-``scout.report/1`` record per line), ``exclude_hosts.txt`` (the hosts at fault, for the
+``scout.report/1`` record per line), ``timing.jsonl`` (one ``scout.timing/1`` record per
+straggler check, spec/replay.md LOOP-6), ``exclude_hosts.txt`` (the hosts at fault, for the
 scheduler), the gate's manifest under ``gate/``, and ``job.json``, the job ids the directory
 is bound to (spec/recovery.md RECOVERY-6)."""
 
@@ -15,6 +16,7 @@ from typing import Any, Final
 
 from scout import reports
 from scout.reports.kinds import ReportKind
+from scout.reports.timing import TIMING_FILE, TimingLog
 
 __all__ = ["ADOPT_VARIABLE", "EXCLUDE_HOSTS_FILE", "GATE_DIR", "JOB_FILE", "RunDir", "bind", "bound_jobs",
            "check_binding"]
@@ -86,6 +88,7 @@ class RunDir:
         self.reports_path = self.path / reports.REPORTS_FILE
         self.exclude_hosts_path = self.path / EXCLUDE_HOSTS_FILE
         self.gate_path = self.path / GATE_DIR
+        self.timing_log = TimingLog(self.path / TIMING_FILE)
 
     def write(self, record: Mapping[str, Any]) -> None:
         try:
@@ -97,6 +100,9 @@ class RunDir:
 
     def exclude_hosts(self, hosts: Sequence[str]) -> None:
         reports.append_hosts(self.exclude_hosts_path, list(hosts))
+
+    def timing(self, record: Mapping[str, Any]) -> None:
+        self.timing_log.write(record)
 
     def records(self) -> list[dict[str, Any]]:
         return reports.read_records(self.reports_path)

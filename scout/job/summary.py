@@ -1,8 +1,10 @@
 """What a run directory says, for people and machines: ``scout report RUN_DIR``.
 
-It reads ``run_dir/reports.jsonl`` (every finding, ``scout.report/1``) and the gate's manifest
-(``run_dir/gate``: the final trust of every checkpoint) and gives a summary -- faults by kind,
-with ranks, hosts, steps and reasons; restarts and what they restored; checkpoint trust -- as
+It reads ``run_dir/reports.jsonl`` (every finding, ``scout.report/1``), ``run_dir/timing.jsonl``
+(every loop check's ratios, spec/replay.md LOOP-6) and the gate's manifest (``run_dir/gate``:
+the final trust of every checkpoint) and gives a summary -- faults by kind, with ranks, hosts,
+steps and reasons; the loop checks' ratios per rank; restarts and what they restored;
+checkpoint trust -- as
 text (:func:`summary_text`) or JSON (:func:`summary_json`). :mod:`scout.job.picture` draws it.
 No torch.
 """
@@ -20,7 +22,9 @@ from scout.gate.codec import CodecError
 from scout.gate.manifest import ManifestError
 from scout.gate.model import Trust
 from scout.gate.recorder import inspect_gate_problems
+from scout.job.loop_timing import loop_timing_json, loop_timing_lines
 from scout.reports.kinds import ReportKind
+from scout.reports.timing import TIMING_FILE, read_timing
 
 __all__ = ["RunView", "load_run", "summary_json", "summary_text"]
 
@@ -36,6 +40,8 @@ class RunView:
     manifest_problem: str | None
     world_size: int
     last_step: int
+    timing: tuple[dict[str, Any], ...] = ()  # LOOP-6: run_dir/timing.jsonl's records
+    timing_skipped: int = 0  # its lines that could not be read (a torn last line)
 
     @property
     def faults(self) -> list[dict[str, Any]]:
@@ -65,8 +71,12 @@ def load_run(run_dir: str | Path) -> RunView:
     for record in records:
         world = max(world, int(record["evidence"].get("world_size", 0) or 0), *(r + 1 for r in record["ranks"]))
         world = max([world, *(p["rank"] + 1 for p in record["evidence"].get("peers", []))])
-    last_step = max([0, *(r["step"] or 0 for r in records), *(c[1] for c in checkpoints)])
-    return RunView(path, records, tuple(checkpoints), problem, world, last_step)
+    timing = read_timing(path / TIMING_FILE)
+    for record in timing.records:
+        world = max([world, *(int(r) + 1 for r in record["ranks"])])
+    last_step = max([0, *(r["step"] or 0 for r in records), *(c[1] for c in checkpoints),
+                     *(r["step"] for r in timing.records)])
+    return RunView(path, records, tuple(checkpoints), problem, world, last_step, timing.records, timing.skipped)
 
 
 def summary_json(view: RunView) -> dict[str, Any]:
@@ -90,6 +100,8 @@ def summary_json(view: RunView) -> dict[str, Any]:
         "restore_candidate": verified[-1] if verified else None,
         "manifest_problem": view.manifest_problem,
         "exclude_hosts": _exclude_hosts(view.run_dir),
+        "loop_timing": loop_timing_json(view.timing, view.timing_skipped,
+                                        [r for r in view.records if r["kind"] == ReportKind.STRAGGLER]),
     }
 
 
@@ -117,6 +129,8 @@ def summary_text(view: RunView) -> str:
         last = unchecked[-1]["evidence"]
         lines.append(f"{len(unchecked)} replay(s) could not be checked (not corruption; no promotion in their cycle); "
                      f"last: {_clip(str(last.get('detail', '')), 160)}")
+    if data["loop_timing"] is not None:
+        lines += ["", *loop_timing_lines(data["loop_timing"])]
     lines.append("")
     for restart in data["restarts"]:
         what = "fresh start" if restart["reason"] == "started" else (

@@ -36,12 +36,16 @@ class Sink:
     def __init__(self) -> None:
         self.records: list[dict[str, Any]] = []
         self.excluded: list[str] = []
+        self.timing_records: list[dict[str, Any]] = []
 
     def write(self, record: Mapping[str, Any]) -> None:
         self.records.append(dict(record))
 
     def exclude_hosts(self, hosts: Sequence[str]) -> None:
         self.excluded += list(hosts)
+
+    def timing(self, record: Mapping[str, Any]) -> None:
+        self.timing_records.append(dict(record))
 
 
 def _output(rank: int, *results: RecipeResult, stragglers: tuple[dict[str, Any], ...] = ()) -> CheckOutput:
@@ -74,6 +78,20 @@ def test_PIPELINE_one_exchange_carries_each_groups_results_from_its_leader() -> 
             "recipe": "hidden.0", "group": "dp1", "sources": ["output"], "group_ranks": [4, 5, 6, 7]})]
         if for_gate:
             assert [dict(feed.results) for feed in merged.feeds] == [{"dp0": agree, "dp1": sdc}]
+
+
+def test_LOOP_6_the_exchange_carries_each_groups_timing_records_to_the_reporter_rank() -> None:
+    layouts = {rank: Layout.of(GROUPS, NAMES, rank) for rank in range(8)}
+    outputs = {rank: [CheckOutput("loop", layouts[rank], timing=({"group": NAMES[rank // 4], "step": 10},))]
+               for rank in range(8)}
+    payloads = [next(aggregate.exchange_outputs(outputs[r], world_size=8, timeout_s=1.0)).payload for r in range(8)]
+    assert merge_timing(outputs[0], payloads, for_gate=True) == ({"group": "dp0", "step": 10},
+                                                                  {"group": "dp1", "step": 10})
+    assert merge_timing(outputs[5], payloads, for_gate=False) == ()  # only the reporter rank decodes them
+
+
+def merge_timing(outputs: list[CheckOutput], payloads: list[Any], *, for_gate: bool) -> tuple[Any, ...]:
+    return aggregate.merge(outputs, payloads, for_gate=for_gate).timing
 
 
 def test_PIPELINE_a_job_with_one_group_per_check_exchanges_nothing() -> None:

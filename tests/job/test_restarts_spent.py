@@ -63,6 +63,9 @@ class _Sink:
     def exclude_hosts(self, hosts: Any) -> None:
         pass
 
+    def timing(self, record: Any) -> None:
+        pass
+
 
 def test_RECOVERY_5_the_last_attempts_stop_is_an_exhausted_restart_report_and_fault_detected_says_so() -> None:
     earlier = [_record(ReportKind.SDC, 0, [1]), _record(ReportKind.SDC, 1, [1, 2])]

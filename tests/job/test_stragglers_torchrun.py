@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from scout import reports
+from scout.reports.timing import TIMING_FILE, read_timing
 
 pytestmark = [pytest.mark.torchdist, pytest.mark.slow]
 
@@ -49,3 +50,12 @@ def test_LOOP_1_LOOP_3_a_rank_that_sleeps_in_its_loop_is_named_within_5_checks(t
     named = _loop_slow(_job(tmp_path, 120, fault="slow-loop:2:3.0:sleep"))
     assert named and named[0][0] == [2] and named[0][1] <= 5 * CHECK_STEPS, named
     assert {tuple(ranks) for ranks, _ in named} == {(2,)}, named
+    # LOOP-6: every check's ratios are in timing.jsonl -- rank 2's median ratio up to its
+    # confirmation above the slow ratio (the test's allowance), and the lines from its
+    # confirmation on hold it confirmed.
+    loops = [r for r in read_timing(tmp_path / "run" / TIMING_FILE).records if r["kind"] == "loop"]
+    assert [r["step"] for r in loops] == list(range(CHECK_STEPS, 121, CHECK_STEPS)), loops
+    upto = [r["performance_ratio"][2] for r in loops if r["step"] <= named[0][1]]
+    ratios = sorted(ratio for ratio in upto if ratio is not None)
+    assert ratios and ratios[len(ratios) // 2] > loops[0]["slow_ratio"], upto
+    assert all(2 in r["confirmed"] for r in loops if r["step"] >= named[0][1]), loops
