@@ -97,8 +97,15 @@ def render(document: dict[str, Any], plots_dir: str = "evaluation") -> str:
     out += _table(["goal", "measured", "target", "met"],
                   [[g["name"], f"{g['measured']:.4g} {g['unit']}".strip(), f"{g['comparison']} {g['target']:g}",
                     "yes" if g["met"] else "**no**"] for g in document.get("goals", [])])
-    for name, writer in (("overhead", _overhead), ("parts", _parts), ("latency", _latency),
-                         ("recovery", _recovery), ("false_alarms", _false_alarms), ("campaign", _campaign)):
+    writers = (("overhead", _overhead), ("parts", _parts), ("latency", _latency),
+               ("recovery", _recovery), ("false_alarms", _false_alarms), ("campaign", _campaign))
+    missing = [name for name, _writer in writers if name not in sections]
+    if missing:
+        # A run of some sections replaces a document of another size (quick or full): say what
+        # this one does not hold, so no reader takes an absent section for a result.
+        out += [f"> **Not in this run**: {', '.join(missing)}. Each is measured by "
+                f"`./dev py bench/evaluate.py --sections {','.join(missing)}` (added to this document).", ""]
+    for name, writer in writers:
         section = sections.get(name)
         if section is None:
             continue

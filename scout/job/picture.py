@@ -1,7 +1,7 @@
 """The picture of a run: one panel per attempt (ranks down, steps across) and a wall-time strip
 below them. ``scout report RUN_DIR`` writes it beside the reports.
 
-What each panel shows, for the attempt (launcher restart generation) it is titled with: how the
+What each panel shows, for the attempt (from one start record to the next) it is titled with: how the
 attempt began (a fresh start, or the checkpoint it restored and why) and how it ended (finished,
 stopped by a fault policy, restarts spent, or no closing record: killed or interrupted); each
 fault where it struck and whom it named, with a count when the same finding repeats; confirmed
@@ -30,7 +30,7 @@ import attrs
 
 from scout.core.compat import assert_never
 from scout.job.loop_timing import LoopSeries, loop_series
-from scout.job.summary import RunView
+from scout.job.summary import RunView, attempt_numbers, restored_phrase
 from scout.reports.kinds import ATTEMPT_STARTS, SAVE_FAILED, MarkStyle, ReportKind
 
 __all__ = ["Attempt", "attempts_of", "render_picture"]
@@ -54,7 +54,7 @@ END_COLOUR: Final = "#b2182b"
 
 @attrs.frozen
 class Attempt:
-    """One launcher attempt (a restart generation) as the reports tell it."""
+    """One attempt (from one start record to the next, :func:`attempt_numbers`) as the reports tell it."""
 
     generation: int
     records: tuple[dict[str, Any], ...]
@@ -72,8 +72,8 @@ def _steps(records: Sequence[dict[str, Any]]) -> list[int]:
 def attempts_of(view: RunView) -> list[Attempt]:
     """The run's attempts in order, each with how it began and ended."""
     by_generation: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    for record in view.records:
-        by_generation[int(record["generation"])].append(record)
+    for record, number in zip(view.records, attempt_numbers(view.records), strict=True):
+        by_generation[number].append(record)
     if not by_generation:
         by_generation[0] = []
     attempts = []
@@ -85,10 +85,11 @@ def attempts_of(view: RunView) -> list[Attempt]:
         for record in records:
             kind, reason, evidence = record["kind"], record["reason"], record.get("evidence") or {}
             if kind == ReportKind.RESTART and reason == "started":
-                began, first = "fresh start", record["step"] or 0
+                lost = evidence.get("lost")
+                began, first = "fresh start" + (f" ({', '.join(lost)} lost: no files)" if lost else ""), record["step"] or 0
             elif kind == ReportKind.RESTART and reason == "restored":
-                began, first = (f"restored step {record['step']} ({evidence.get('choice')} checkpoint for a "
-                                f"{evidence.get('failure')} failure)"), record["step"] or 0
+                began, first = restored_phrase(record["step"], evidence.get("choice"), evidence.get("failure"),
+                                               evidence.get("lost")), record["step"] or 0
             elif kind == ReportKind.RESTART and reason == "exhausted":
                 ended, badly = f"job stopped at step {record['step']}: restarts spent", True
             elif kind == ReportKind.RESTART:
@@ -103,15 +104,15 @@ def attempts_of(view: RunView) -> list[Attempt]:
 
 
 def _checkpoint_history(view: RunView) -> dict[str, tuple[int | None, list[str]]]:
-    """Per checkpoint id (``t0/s40``): the generation of its first report and its trust history."""
+    """Per checkpoint id (``t0/s40``): the attempt of its first report and its trust history."""
     history: dict[str, tuple[int | None, list[str]]] = {}
-    for record in view.records:
+    for record, number in zip(view.records, attempt_numbers(view.records), strict=True):
         if record["kind"] != ReportKind.CHECKPOINT.value:
             continue
         checkpoint = (record.get("evidence") or {}).get("checkpoint")
         if not isinstance(checkpoint, str):
             continue
-        generation, changes = history.get(checkpoint, (int(record["generation"]), []))
+        generation, changes = history.get(checkpoint, (number, []))
         changes.append(TRUST_SHORT.get(record["reason"], record["reason"]))
         history[checkpoint] = (generation, changes)
     return history
@@ -135,6 +136,19 @@ def _idle_s(record: dict[str, Any]) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
 
 
+def _checkpoint_label(name: str, trust: str, changes: list[str]) -> str:
+    return f"{name} " + ">".join(changes or [TRUST_SHORT.get(trust.lower().replace("_", "-"), trust.lower())])
+
+
+def _label_pad_pt(checkpoints: list[tuple[str, int, str, list[str]]]) -> float:
+    """Room above a panel for its checkpoints' upright labels: the longest one (about 4.3 pt per
+    character at their font size), at least LABEL_PAD_PT; a panel without checkpoints needs none."""
+    if not checkpoints:
+        return 6.0
+    longest = max(len(_checkpoint_label(name, trust, changes)) for name, _step, trust, changes in checkpoints)
+    return max(LABEL_PAD_PT, 12.0 + 4.3 * longest)
+
+
 def render_picture(view: RunView, path: str | Path) -> Path:
     """Draw ``view`` into ``path`` (PNG or SVG, by its suffix)."""
     import matplotlib
@@ -148,13 +162,15 @@ def render_picture(view: RunView, path: str | Path) -> Path:
     last = max(view.last_step, 1)
     history = _checkpoint_history(view)
     drawn = [_checkpoints_of(view, attempt, history, len(attempts) == 1) for attempt in attempts]
-    heights = [1.3 + 0.42 * ranks + (LABEL_PAD_PT / 72 if checkpoints else 0.0) for checkpoints in drawn]
+    heights = [1.3 + 0.42 * ranks + _label_pad_pt(checkpoints) / 72 for checkpoints in drawn]
     series, slow_ratio = loop_series(view.timing)
     if series:
         heights.append(2.4)
     heights.append(1.2 + 0.25 * len(attempts))
+    # Constrained layout spaces each panel by its own decorations (the checkpoint labels above an
+    # attempt's panel), so the strips below keep a normal gap instead of the labels' pad.
     figure, axes_list = plt.subplots(len(heights), 1, figsize=(max(9.0, min(20.0, last / 8)), sum(heights)),
-                                     gridspec_kw={"height_ratios": heights}, squeeze=False)
+                                     gridspec_kw={"height_ratios": heights}, squeeze=False, layout="constrained")
     legend: dict[str, Any] = {}
     for attempt, checkpoints, axes in zip(attempts, drawn, axes_list[:len(attempts), 0], strict=True):
         _attempt_panel(axes, attempt, checkpoints, ranks, last, legend)
@@ -166,7 +182,6 @@ def render_picture(view: RunView, path: str | Path) -> Path:
     if legend:
         axes_list[0, 0].legend(list(legend.values()), list(legend), loc="upper left", bbox_to_anchor=(1.01, 1.0),
                                fontsize=8)
-    figure.tight_layout()
     target.parent.mkdir(parents=True, exist_ok=True)
     # bbox_inches="tight": labels above the panels and the legend beside them are never clipped.
     figure.savefig(target, dpi=110, bbox_inches="tight")
@@ -201,7 +216,7 @@ def _attempt_panel(axes: Any, attempt: Attempt, checkpoints: list[tuple[str, int
     axes.grid(axis="x", alpha=0.2)
     # The checkpoints' labels stand above the panel: the title goes above them.
     axes.set_title(f"attempt {attempt.generation}: {attempt.began} -> {attempt.ended}", fontsize=9, loc="left",
-                   color=END_COLOUR if attempt.ended_badly else "black", pad=LABEL_PAD_PT if checkpoints else 6)
+                   color=END_COLOUR if attempt.ended_badly else "black", pad=_label_pad_pt(checkpoints))
     # The steps this attempt did not run are shaded, so a restart's gap is visible.
     if attempt.first_step > 0:
         axes.axvspan(0, attempt.first_step, color="#f0f0f0", zorder=0)
@@ -209,8 +224,7 @@ def _attempt_panel(axes: Any, attempt: Attempt, checkpoints: list[tuple[str, int
     for name, step, trust, changes in checkpoints:
         colour = TRUST_COLOURS.get(trust, "#999999")
         axes.axvline(step, color=colour, linewidth=3, alpha=0.8, zorder=1)
-        label = f"{name} " + ">".join(changes or [TRUST_SHORT.get(trust.lower().replace("_", "-"), trust.lower())])
-        axes.text(step, -1.65, label, rotation=90, fontsize=6.5, ha="center", va="bottom", clip_on=False)
+        axes.text(step, -1.65, _checkpoint_label(name, trust, changes), rotation=90, fontsize=6.5, ha="center", va="bottom", clip_on=False)
         legend[f"checkpoint {trust.lower().replace('_', '-')}"] = Line2D([], [], color=colour, linewidth=3)
 
     markers: Counter[tuple[str, int, int]] = Counter()

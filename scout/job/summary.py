@@ -12,6 +12,7 @@ No torch.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -23,7 +24,7 @@ from scout.gate.manifest import ManifestError
 from scout.gate.model import Trust
 from scout.gate.recorder import inspect_gate_problems
 from scout.job.loop_timing import loop_timing_json, loop_timing_lines
-from scout.reports.kinds import ReportKind
+from scout.reports.kinds import ATTEMPT_STARTS, ReportKind
 from scout.reports.timing import TIMING_FILE, read_timing
 
 __all__ = ["RunView", "load_run", "summary_json", "summary_text"]
@@ -79,10 +80,33 @@ def load_run(run_dir: str | Path) -> RunView:
     return RunView(path, records, tuple(checkpoints), problem, world, last_step, timing.records, timing.skipped)
 
 
+def attempt_numbers(records: Sequence[dict[str, Any]]) -> list[int]:
+    """Each record's attempt: an attempt begins at each ``restart`` record that starts one
+    (``started``, ``restored``), so a relaunch of the same job -- whose launcher counts its
+    restarts from 0 again -- is an attempt of its own, and matches the gate's timeline."""
+    numbers, starts = [], 0
+    for record in records:
+        if record["kind"] == ReportKind.RESTART.value and record["reason"] in ATTEMPT_STARTS:
+            starts += 1
+        numbers.append(max(0, starts - 1))
+    return numbers
+
+
+def restored_phrase(step: int, choice: str | None, failure: str | None, lost: list[str] | None = None) -> str:
+    """How an attempt that restored a checkpoint began, in the report and its picture: the step,
+    the choice, the failure, and the chosen checkpoints found without files on the way
+    (spec/recovery.md RECOVERY-7)."""
+    article = "an" if str(failure)[:1] in "aeiou" else "a"
+    gone = f"; {', '.join(lost)} lost: no files" if lost else ""
+    return f"restored step {step} ({choice} checkpoint for {article} {failure} failure{gone})"
+
+
 def summary_json(view: RunView) -> dict[str, Any]:
     counts = Counter(r["kind"] for r in view.faults)
-    restarts = [{"generation": r["generation"], "step": r["step"], "reason": r["reason"],
-                 "failure": r["evidence"].get("failure"), "choice": r["evidence"].get("choice")}
+    numbers = dict(zip(map(id, view.records), attempt_numbers(view.records), strict=True))
+    restarts = [{"generation": r["generation"], "attempt": numbers[id(r)], "step": r["step"], "reason": r["reason"],
+                 "failure": r["evidence"].get("failure"), "choice": r["evidence"].get("choice"),
+                 "lost": list(r["evidence"].get("lost") or [])}
                 for r in view.records if r["kind"] == ReportKind.RESTART]
     verified = [f"t{t}/s{s}" for t, s, trust, _ in view.checkpoints if trust == Trust.RECOVERY_VERIFIED.value]
     return {
@@ -132,11 +156,12 @@ def summary_text(view: RunView) -> str:
     if data["loop_timing"] is not None:
         lines += ["", *loop_timing_lines(data["loop_timing"])]
     lines.append("")
-    for restart in data["restarts"]:
-        what = "fresh start" if restart["reason"] == "started" else (
-            f"stopped by policy ({restart['reason']})" if restart["reason"] not in ("restored",) else
-            f"restored step {restart['step']} ({restart['choice']} checkpoint for a {restart['failure']} failure)")
-        lines.append(f"attempt {restart['generation']}: {what}")
+    for restart in data["restarts"]:  # numbered as the picture numbers attempts (attempt_numbers)
+        what = ("fresh start" + (f" ({', '.join(restart['lost'])} lost: no files)" if restart["lost"] else "")
+                if restart["reason"] == "started" else
+                f"stopped by policy ({restart['reason']})" if restart["reason"] not in ("restored",) else
+                restored_phrase(restart["step"], restart["choice"], restart["failure"], restart["lost"]))
+        lines.append(f"attempt {restart['attempt']}: {what}")
     if data["checkpoints"]:
         lines.append("")
         lines.append("checkpoints: " + ", ".join(f"{c['checkpoint']} {c['trust']}" for c in data["checkpoints"]))

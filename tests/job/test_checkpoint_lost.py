@@ -72,6 +72,12 @@ def test_RECOVERY_7_GATE_42_under_torchrun_a_verified_checkpoint_whose_files_are
     assert "this attempt starts from verified checkpoint t0/s8" in output, output[-3000:]
     finished = [r["step"] for r in records if r["kind"] == "finished"]
     assert finished == [25, 30], finished  # one per launch; the second trained 8 -> 30
+    # What an operator reads: the restore, with what was lost on the way, and the checkpoints.
+    report = subprocess.run([sys.executable, "-m", "scout.cli", "report", str(tmp_path / "run"), "--no-picture"],
+                            capture_output=True, text=True, timeout=120)
+    assert report.returncode == 0, report.stderr[-2000:]
+    assert "restored step 8 (verified checkpoint for an uncertain failure; t0/s16 lost: no files)" in report.stdout
+    assert "t0/s16 LOST" in report.stdout, report.stdout
 
 
 @pytest.mark.slow  # two more launches; the unit tests of tests/unit/test_gate.py bound the rules

@@ -94,6 +94,7 @@ def test_quick_evaluation_of_one_section(tmp_path: Path) -> None:
     text = doc.read_text()
     assert text == _doc_module().render(document, "plots")
     assert "## 6. The fault campaign" in text and "## 1. Overhead" not in text
+    assert "**Not in this run**: overhead, parts, latency, recovery, false_alarms." in text
 
 
 def test_committed_document_is_generated_from_the_committed_results() -> None:
