@@ -175,6 +175,8 @@ def assemble(model: nn.Module, optimizer: torch.optim.Optimizer | None, *, run_d
             exclude_hosts_path=sink.exclude_hosts_path, hostname=hostname, on_hang=config.on_hang,
             kill_grace_s=config.kill_grace_s, timeout_s=config.collective_timeout_s,
             rounds_path=observer_rounds_path(config, sink.path, rank), restarts_left=restarts_left())
+    if rank == 0:  # LOOP-6: count an earlier attempt's timing lines now, not in a training step
+        sink.timing_log.count_existing()
     reporter = Reporter(sink if rank == 0 else None, job_id=identity.job_id, generation=identity.generation,
                         hosts=hosts, rank=rank, restarts_left=restarts_left(), earlier_records=sink.records)
     checks: list[Any] = []

@@ -30,7 +30,7 @@ import attrs
 
 from scout.core.compat import assert_never
 from scout.job.loop_timing import LoopSeries, loop_series
-from scout.job.summary import RunView, attempt_numbers, restored_phrase
+from scout.job.summary import RunView, attempt_numbers, start_phrase
 from scout.reports.kinds import ATTEMPT_STARTS, SAVE_FAILED, MarkStyle, ReportKind
 
 __all__ = ["Attempt", "attempts_of", "render_picture"]
@@ -84,12 +84,10 @@ def attempts_of(view: RunView) -> list[Attempt]:
         ended, badly = f"no closing record after step {max(steps, default=0)}: killed or interrupted", True
         for record in records:
             kind, reason, evidence = record["kind"], record["reason"], record.get("evidence") or {}
-            if kind == ReportKind.RESTART and reason == "started":
-                lost = evidence.get("lost")
-                began, first = "fresh start" + (f" ({', '.join(lost)} lost: no files)" if lost else ""), record["step"] or 0
-            elif kind == ReportKind.RESTART and reason == "restored":
-                began, first = restored_phrase(record["step"], evidence.get("choice"), evidence.get("failure"),
-                                               evidence.get("lost")), record["step"] or 0
+            if kind == ReportKind.RESTART and reason in ATTEMPT_STARTS:
+                began = start_phrase(reason, record["step"], evidence.get("choice"), evidence.get("failure"),
+                                     evidence.get("lost"))
+                first = record["step"] or 0
             elif kind == ReportKind.RESTART and reason == "exhausted":
                 ended, badly = f"job stopped at step {record['step']}: restarts spent", True
             elif kind == ReportKind.RESTART:

@@ -92,10 +92,12 @@ def attempt_numbers(records: Sequence[dict[str, Any]]) -> list[int]:
     return numbers
 
 
-def restored_phrase(step: int, choice: str | None, failure: str | None, lost: list[str] | None = None) -> str:
-    """How an attempt that restored a checkpoint began, in the report and its picture: the step,
-    the choice, the failure, and the chosen checkpoints found without files on the way
-    (spec/recovery.md RECOVERY-7)."""
+def start_phrase(reason: str, step: int, choice: str | None, failure: str | None, lost: list[str] | None = None) -> str:
+    """How an attempt began (its ``restart`` record: ``started`` or ``restored``), in the report
+    and its picture: a fresh start, or the step, choice and failure of the restore; and the chosen
+    checkpoints found without files on the way (spec/recovery.md RECOVERY-7)."""
+    if reason == "started":
+        return "fresh start" + (f" ({', '.join(lost)} lost: no files)" if lost else "")
     article = "an" if str(failure)[:1] in "aeiou" else "a"
     gone = f"; {', '.join(lost)} lost: no files" if lost else ""
     return f"restored step {step} ({choice} checkpoint for {article} {failure} failure{gone})"
@@ -157,10 +159,8 @@ def summary_text(view: RunView) -> str:
         lines += ["", *loop_timing_lines(data["loop_timing"])]
     lines.append("")
     for restart in data["restarts"]:  # numbered as the picture numbers attempts (attempt_numbers)
-        what = ("fresh start" + (f" ({', '.join(restart['lost'])} lost: no files)" if restart["lost"] else "")
-                if restart["reason"] == "started" else
-                f"stopped by policy ({restart['reason']})" if restart["reason"] not in ("restored",) else
-                restored_phrase(restart["step"], restart["choice"], restart["failure"], restart["lost"]))
+        what = (start_phrase(restart["reason"], restart["step"], restart["choice"], restart["failure"], restart["lost"])
+                if restart["reason"] in ATTEMPT_STARTS else f"stopped by policy ({restart['reason']})")
         lines.append(f"attempt {restart['attempt']}: {what}")
     if data["checkpoints"]:
         lines.append("")

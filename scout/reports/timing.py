@@ -148,9 +148,16 @@ class TimingLog:
         self.path = Path(path)
         self.lines_max = lines_max
         self.bytes_max = bytes_max
-        self.lines: dict[str, int] | None = None  # by kind, counted at the first write
+        self.lines: dict[str, int] | None = None  # by kind, counted once (count_existing)
         self.bytes = 0
         self.full: set[str] = set()  # kinds that write no more (all of them once the bytes are spent)
+
+    def count_existing(self) -> dict[str, int]:
+        """The lines of each kind an earlier attempt left (read once, up to ``bytes_max`` bytes).
+        The job calls it at attach, so a restart does not pay for the scan inside a training step."""
+        if self.lines is None:
+            self.lines, self.bytes = _count_lines(self.path, self.bytes_max)
+        return self.lines
 
     def write(self, record: Mapping[str, Any]) -> bool:
         """Append ``record`` as one line; False when its kind is full (or the file cannot be
@@ -161,17 +168,16 @@ class TimingLog:
         if kind in self.full:
             return False
         line = (json.dumps(record, sort_keys=True, allow_nan=False) + "\n").encode("utf-8")
-        if self.lines is None:
-            self.lines, self.bytes = _count_lines(self.path, self.bytes_max)
+        lines = self.count_existing()
         if self.bytes + len(line) > self.bytes_max:
             self.full.update(TIMING_KINDS)
             logger.warning("scout: %s holds %d bytes, the bound is %d (spec/replay.md LOOP-6): no more timing lines "
                            "are written in this attempt", self.path, self.bytes, self.bytes_max)
             return False
-        if self.lines[kind] + 1 > self.lines_max:
+        if lines[kind] + 1 > self.lines_max:
             self.full.add(kind)
             logger.warning("scout: %s holds %d %s lines, the bound is %d (spec/replay.md LOOP-6): no more are written "
-                           "in this attempt", self.path, self.lines[kind], kind, self.lines_max)
+                           "in this attempt", self.path, lines[kind], kind, self.lines_max)
             return False
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -184,7 +190,7 @@ class TimingLog:
             self.full.update(TIMING_KINDS)
             logger.warning("scout: could not append to %s (%s): no more timing lines are written", self.path, error)
             return False
-        self.lines[kind] += 1
+        lines[kind] += 1
         self.bytes += written
         return written == len(line)
 

@@ -106,10 +106,8 @@ def environment(
     vectors_of: Callable[[tuple[str, ...]], tuple[VerdictVector, ...]],
     *,
     captures_max: int = 3,
-    losses: bool = True,
 ) -> Callable[[GateMachineState], tuple[object, ...]]:
-    """Every event the world can deliver in a gate state, in a fixed order (``losses``: with
-    the lose events, GATE-42)."""
+    """Every event the world can deliver in a gate state, in a fixed order."""
     cache: dict[tuple[str, ...], tuple[VerdictVector, ...]] = {}
 
     def enabled(state: GateMachineState) -> tuple[object, ...]:
@@ -143,9 +141,8 @@ def environment(
         # GATE-42: restore() finds the files of the checkpoint the recovery decision chose gone:
         # the newest verified one, or the newest restorable one (spec/recovery.md). It looks only
         # after a failure, but the gate accepts the event in every state, so every state tries it.
-        if losses:
-            chosen = {entry.id for entry in (context.verified, context.latest) if entry is not None}
-            events.extend(CheckpointLost(checkpoint, "files gone") for checkpoint in sorted(chosen))
+        chosen = {entry.id for entry in (context.verified, context.latest) if entry is not None}
+        events.extend(CheckpointLost(checkpoint, "files gone") for checkpoint in sorted(chosen))
         return tuple(events)
 
     return enabled
@@ -559,9 +556,8 @@ def checked_environment(
     vectors_of: Callable[[tuple[str, ...]], tuple[VerdictVector, ...]],
     *,
     captures_max: int = 3,
-    losses: bool = True,
 ) -> Callable[[Canonical], tuple[object, ...]]:
-    inner = environment(vectors_of, captures_max=captures_max, losses=losses)
+    inner = environment(vectors_of, captures_max=captures_max)
 
     def enabled(state: Canonical) -> tuple[object, ...]:
         return inner(state.raw[0])
