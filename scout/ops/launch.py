@@ -124,7 +124,12 @@ class NodeOps:
             return
         now = time.monotonic()
         if self._first_s is None:
+            # The first step's end starts the wall clock: a file written now would say 0 s, and
+            # a ratio over 0 s is no ratio. The second step writes at once (``_written_s``), so a
+            # rank that hangs a second after its start still has a replay cost on the metrics
+            # page -- a reporter rank whose start-up took longer used to show none (OPS-1).
             self._first_s = now
+            return
         if now - self._written_s < STATS_INTERVAL_S:
             return
         self._written_s = now

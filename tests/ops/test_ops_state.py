@@ -5,11 +5,14 @@ Prometheus conventions. No processes: plain data through prometheus_client's own
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from scout import reports
+from scout.ops import paths
+from scout.ops.launch import NodeOps
 from scout.reports.kinds import ReportKind
 
 prometheus_client = pytest.importorskip("prometheus_client", reason="the metrics extra (prometheus_client) is not installed")
@@ -100,3 +103,20 @@ def test_OPS_5_a_scrape_reads_first_and_exposes_every_metric_by_convention() -> 
 def test_OPS_5_a_node_without_the_manifest_exports_no_checkpoint_series() -> None:
     families, _ = _families(NodeState("j", 0, "h1", frozenset({2}), False))
     assert "scout_checkpoints" not in families and "scout_recovery_verified_step" not in families
+
+
+def test_OPS_1_a_rank_that_stops_after_its_second_step_still_has_a_replay_cost(tmp_path: Path) -> None:
+    # The wall clock starts at the first step's end; the second step's end writes at once, so a
+    # rank stuck a moment later (a hang at step 12 a second after start-up) has a ratio to show.
+    ops = NodeOps(rank=0, run_dir=tmp_path, write_stats=True, process=None, metrics_address=None)
+    ops.after_step(0, {"replay_s": 0.01}, {})
+    assert paths.read_state(paths.rank_stats_path(tmp_path, 0)) is None, "nothing measured yet: no file"
+    ops.after_step(1, {"replay_s": 0.02}, {})
+    value = paths.read_state(paths.rank_stats_path(tmp_path, 0))
+    assert value is not None and value["step"] == 1 and value["wall_s"] > 0, value
+    state = NodeState("j", 0, "h0", frozenset({0}), True)
+    state.set_stats(0, value)
+    ratio = state.stats[0].replay_cost_ratio
+    assert ratio is not None and ratio > 0
+    ops.after_step(2, {"replay_s": 0.03}, {})  # within a second of the last write: not rewritten
+    assert paths.read_state(paths.rank_stats_path(tmp_path, 0))["step"] == 1
