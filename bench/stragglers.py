@@ -8,7 +8,7 @@ does a confirmation flap? Goals: 1.5x within 5 checks,
 1. **Noise, measured.** A healthy DDP job (a small GPT, 4 gloo ranks on this host) replays
    every recipe class at every step and closes a loop-timer check at every step, with the
    device fault's dispatch mode active at factor 1 (as in every run below): every peer's
-   replay times per recipe per check (STRAG-1: CPU time here) and every rank's loop time per
+   replay times per recipe per check (STRAG-1: the own clock here) and every rank's loop time per
    step (LOOP-1) are recorded. A shorter run times replay on the wall clock instead, for
    comparison (``healthy_evidence_by_clock``: the spread of healthy peers' evidence).
 2. **Simulated checks, with the real test.** The pure core (``check_evidence``, the verdict,
@@ -164,7 +164,7 @@ def _job(rank: int, options: dict[str, Any]) -> dict[str, Any]:
     ddp.register_comm_hook(None, hook)
     device_factor = options.get("device", {}).get(str(rank), 1.0)
     loop_factor = options.get("loop", {}).get(str(rank), 1.0)
-    slow_ops = faults.SlowOps(device_factor).enter()
+    slow_ops = faults.SlowOps(device_factor, waits=bool(options.get("device_waits"))).enter()
     slow_loop = faults.SlowLoop(loop_factor)
     generator = torch.Generator().manual_seed(rank)
     device_checks: list[dict[str, list[Any]]] = []
@@ -522,7 +522,7 @@ def main() -> int:
         f"  {len(device_checks)} replay checks, {len(loop_steps)} loop steps ({time.perf_counter() - started:.0f} s)"
     )
 
-    clock_comparison = {"cpu (auto)": evidence_noise(device_checks, replay_config.device_floor_ms)}
+    clock_comparison = {"own (auto)": evidence_noise(device_checks, replay_config.device_floor_ms)}
     if args.noise_from is None:
         wall_steps = max(60, noise_steps // 3)
         print(f"== the same, replay timed on the wall clock, {wall_steps} steps", flush=True)

@@ -41,6 +41,7 @@ __all__ = [
     "CollectiveTimer",
     "CollectiveTimes",
     "EntryHookHandle",
+    "OwnWallClock",
     "PeerGroup",
     "RunQueueDelay",
     "TorchPeerGroup",
@@ -135,6 +136,31 @@ class RunQueueDelay:
 
     def __del__(self) -> None:
         self.close()
+
+
+class OwnWallClock:
+    """STRAG-1's ``own`` clock: the monotonic wall clock less the time the host kept the reading
+    thread runnable but off a CPU (its run-queue delay, as LOOP-1 and COMM-1 subtract it) -- the
+    thread's own time, computing or waiting, without the host's contention. Never decreases (the
+    delay grows only while the wall clock does); where Linux does not report the delay it is the
+    wall clock."""
+
+    def __init__(self) -> None:
+        self._delay = RunQueueDelay()
+
+    #: Reads of the delay around the wall clock before taking an unsettled one: a preemption
+    #: between the two reads would count its delay against a wall time read before it.
+    READS_MAX = 3
+
+    def __call__(self) -> int:
+        before = self._delay()
+        for _ in range(self.READS_MAX):
+            wall_ns = time.monotonic_ns()
+            after = self._delay()
+            if after == before:
+                break
+            before = after
+        return wall_ns - round(after * 1e9)
 
 
 class CollectiveTimer:

@@ -39,7 +39,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.hooks import RemovableHandle
 
-from scout.replay.collectives import EntryHookHandle, RunQueueDelay
+from scout.replay.collectives import EntryHookHandle, OwnWallClock, RunQueueDelay
 
 __all__ = [
     "SlowLoop",
@@ -173,16 +173,30 @@ class SlowOps(TorchDispatchMode):  # type: ignore[no-untyped-call]
     inside whatever the next operation belongs to -- a collective's entry, say). The operation
     itself is always slowed, however long it takes: on a slower CPU a matmul may take longer
     than ``gap_max_s``, and must not escape the fault (a CI run once saw no slowdown at all).
-    ``operations`` counts the operations seen."""
+    ``operations`` counts the operations seen.
 
-    def __init__(self, factor: float, *, gap_max_s: float = 200e-6) -> None:
+    ``waits=True``: the thread *waits* for the extra time instead (a device that answers late, a
+    throttled or descheduled rank): it owes ``(factor - 1)`` times each operation's time and
+    sleeps once it owes ``wait_quantum_s`` (a sleep of a few microseconds per operation would
+    take far longer than asked); an oversleep is paid back by the next operations. The time
+    slept is measured on STRAG-1's own clock (a wait for a CPU after waking is not the fault's).
+    ``waited_s`` sums the time slept."""
+
+    def __init__(self, factor: float, *, gap_max_s: float = 200e-6, waits: bool = False,
+                 wait_quantum_s: float = 500e-6) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.factor = _check_factor(factor)
         if not gap_max_s >= 0:
             raise ValueError(f"gap_max_s must be >= 0, got {gap_max_s}")
+        if not (math.isfinite(wait_quantum_s) and wait_quantum_s > 0):
+            raise ValueError(f"wait_quantum_s must be a finite number > 0, got {wait_quantum_s}")
         self.gap_max_s = gap_max_s
+        self.waits = bool(waits)
+        self.wait_quantum_s = wait_quantum_s
         self.operations = 0
-        self._local = threading.local()  # per thread: CPU time when its last operation ended
+        self.waited_s = 0.0
+        self._local = threading.local()  # per thread: CPU time when its last operation ended, time owed
+        self._own_ns = OwnWallClock()
 
     def __torch_dispatch__(
         self,
@@ -201,11 +215,25 @@ class SlowOps(TorchDispatchMode):  # type: ignore[no-untyped-call]
         last = getattr(self._local, "last", None)
         if last is not None and started - last <= self.gap_max_s:
             spent += started - last  # the Python between two operations (FAULT-5)
-        if self.factor > 1.0:
+        if self.factor > 1.0 and self.waits:
+            self._wait((self.factor - 1.0) * spent)
+        elif self.factor > 1.0:
             compute_for((self.factor - 1.0) * spent)
         self._local.last = clock()
         self.operations += 1
         return result
+
+    def _wait(self, seconds: float) -> None:
+        owed = getattr(self._local, "owed", 0.0) + seconds
+        if owed >= self.wait_quantum_s:
+            # Slept time on the own clock (STRAG-1): the wait after waking for a CPU the host
+            # gave to another process is contention, not this fault's.
+            began = self._own_ns()
+            time.sleep(owed)
+            slept = (self._own_ns() - began) / 1e9
+            self.waited_s += slept
+            owed -= slept
+        self._local.owed = owed
 
     def enter(self) -> SlowOps:
         """Activate the mode on this thread until :meth:`exit` (for loops that cannot be

@@ -94,8 +94,9 @@ class ReplayConfig:
     communication_timing: TimingConfig = DEFAULT_COMMUNICATION_TIMING  # COMM-2
     # STRAG-1: untimed warm-up runs, then timed repetitions of each replay; the check's compute
     # time is the median of the repetitions (the first run gives the evidence either way), on
-    # the clock ``timing_clock`` picks: "auto" (CPU time on a CPU, device-synchronised wall
-    # time on an accelerator), "cpu" or "wall".
+    # the clock ``timing_clock`` picks: "auto" (on a CPU the wall clock less the time the host
+    # kept the thread waiting for a CPU, "own"; CUDA events on an accelerator), "own", "cpu"
+    # (the thread's CPU time, blind to a rank that waits) or "wall".
     timing_warmup_runs: int = 1
     timing_repetitions: int = 3
     timing_clock: str = "auto"

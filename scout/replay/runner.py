@@ -64,7 +64,7 @@ from scout.core.straggler.tracking import (
     StragglerKind,
 )
 from scout.core.verdict import Status, TimingConfig, Verdict, classify_exact
-from scout.replay.collectives import PeerGroup
+from scout.replay.collectives import OwnWallClock, PeerGroup
 from scout.replay.determinism import NondeterministicReplay
 from scout.replay.signature import structured_signature
 from scout.transport.base import DeadlineExceeded, TransportError
@@ -74,7 +74,7 @@ __all__ = ["RecipeExecutor", "ReplayRun", "ReplayRunner", "ReplayTimer", "Runner
 
 logger = logging.getLogger("scout.replay")
 _Result = TypeVar("_Result")
-TIMING_CLOCKS: Final = ("auto", "cpu", "wall")
+TIMING_CLOCKS: Final = ("auto", "cpu", "wall", "own")
 
 
 @attrs.frozen
@@ -184,6 +184,10 @@ class RecipeExecutor(Protocol):
 THREAD_CPU_TIMER: Final = WallTimer(clock_ns=time.thread_time_ns)
 
 
+#: The ``own`` timer, shared: its run-queue reader keeps one descriptor per reading thread.
+OWN_WALL_TIMER: Final = WallTimer(clock_ns=OwnWallClock())
+
+
 class ReplayTimer:
     """STRAG-1: how a replay's compute time is measured -- ``warmup_runs`` untimed runs, then
     ``repetitions`` timed ones, each the span between two marks of a device timer
@@ -191,9 +195,10 @@ class ReplayTimer:
     drain, TIMING-2); the repetitions are queued back to back and resolved after the last one,
     bounded by ``resolve_timeout_s`` (TIMING-6: a device that does not get there fails the
     replay, it does not hang it). The check's time is the median of the timed runs. The timer is
-    chosen here and nowhere else (``mode``: ``auto`` -- the replaying thread's CPU time on a
-    CPU, events on an accelerator -- ``cpu`` or ``wall``). Compute hooks run inside the timed
-    span and are told the span so far on the same timer (FAULT-3)."""
+    chosen here and nowhere else (``mode``: ``auto`` -- on a CPU the wall clock less the
+    replaying thread's run-queue delay, events on an accelerator -- ``own``, ``cpu`` or
+    ``wall``). Compute hooks run inside the timed span and are told the span so far on the same
+    timer (FAULT-3)."""
 
     def __init__(self, mode: str, warmup_runs: int, repetitions: int, resolve_timeout_s: float = 60.0) -> None:
         if mode not in TIMING_CLOCKS:
@@ -216,12 +221,16 @@ class ReplayTimer:
         return handle
 
     def timer(self, device: torch.device) -> Timer:
-        """STRAG-1: on a CPU the replaying thread's CPU time -- the CPU is the device, a replay's
-        timed span holds no wait, and time the host gave its core to another process is host
-        contention, not device speed; on a CUDA device events on the current stream (TIMING-2).
-        ``wall``: events on CUDA, the wall clock elsewhere; ``cpu``: the thread's CPU time."""
-        if self.mode == "cpu" or (self.mode == "auto" and device.type == "cpu"):
+        """STRAG-1: on a CPU the ``own`` clock -- the wall clock less the replaying thread's
+        run-queue delay: a straggler is the wall time a rank costs, waits included (a rank that
+        sleeps or answers late), and time the host gave its core to another process is
+        contention, not the rank; on a CUDA device events on the current stream (TIMING-2).
+        ``own``: as ``auto``; ``wall``: events on CUDA, the plain wall clock elsewhere; ``cpu``:
+        the thread's CPU time (which a waiting rank does not advance)."""
+        if self.mode == "cpu":
             return THREAD_CPU_TIMER
+        if self.mode in ("auto", "own") and device.type == "cpu":
+            return OWN_WALL_TIMER
         return timer_for(device) if device.type == "cuda" else WallTimer()
 
     def measured(self, timer: Timer, start: Mark) -> Mark:

@@ -13,7 +13,13 @@ Faults (``--fault KIND:RANK:FACTOR:HOW``, HOW ``sleep`` or ``spin``):
 - ``slow-forward``: every block's forward on RANK takes FACTOR times as long -- a forward hook
   waits FACTOR - 1 times the block's own forward time after it;
 - ``slow-loop``: after its forward, RANK's loop waits FACTOR - 1 times the forward's time,
-  outside any module.
+  outside any module;
+- ``slow-layers``: every block on RANK takes FACTOR times as long, forward *and* backward, its
+  emulated device time included -- a slow or waiting device: the block waits FACTOR - 1 times
+  its own forward time after its forward, and FACTOR - 1 times its own backward time after its
+  backward. It is inside the block's computation (not a hook of the block), so a replay of the
+  block, which runs the module's forward without its own hooks under FSDP2 (spec/replay.md
+  REPLAY-8), is slowed like the live step, as a slow device slows both.
 
 ``--mesh ddp`` (the default) wraps the model in DDP; ``--mesh hsdp`` shards every block and the
 model with FSDP2 on a ``(4, 1)`` mesh ``("replicate", "shard")`` -- four replicas -- and passes
@@ -36,6 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import scout
+from scout.replay.collectives import OwnWallClock
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_gpt.py"
 
@@ -63,6 +70,58 @@ class _DeviceWait(torch.autograd.Function):
         return gradient, None
 
 
+class _BackwardBegins(torch.autograd.Function):
+    """On a block's output: its backward runs first in the block's backward, and notes when."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, slow: _SlowLayer) -> torch.Tensor:  # type: ignore[override]
+        ctx.slow = slow
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, gradient: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+        ctx.slow.backward_began.append(ctx.slow.clock_ns())
+        return gradient, None
+
+
+class _BackwardEnds(torch.autograd.Function):
+    """On a block's input: its backward runs last in the block's backward, and waits."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, slow: _SlowLayer) -> torch.Tensor:  # type: ignore[override]
+        ctx.slow = slow
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, gradient: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+        slow = ctx.slow
+        if slow.backward_began:
+            slow.wait(slow.backward_began.pop())
+        return gradient, None
+
+
+class _SlowLayer:
+    """``slow-layers``: the block's own time, forward and backward, stretched ``factor`` times.
+    Times are on the rank's own clock -- the wall clock less the time its host kept it waiting
+    for a CPU (as FAULT-6's slow loop) -- so that on a host whose cores the ranks share the rank
+    is ``factor`` times as slow in its own time, which the other ranks' contention does not
+    stretch or shrink."""
+
+    def __init__(self, factor: float, how: str) -> None:
+        self.factor = factor
+        self.how = how
+        self.clock_ns = OwnWallClock()
+        self.backward_began: list[int] = []
+
+    def wait(self, since_ns: int) -> None:
+        """Wait ``factor - 1`` times the own time since ``since_ns``, on the same clock."""
+        now = self.clock_ns()
+        until = now + round((self.factor - 1.0) * (now - since_ns))
+        while self.clock_ns() < until:  # ends: the own clock advances while asleep or spinning
+            if self.how == "sleep":
+                time.sleep(max(1e-4, (until - self.clock_ns()) / 1e9))
+
+
 class EmulatedBlock(nn.Module):
     """A block of the example GPT whose forward also waits for its (emulated) device."""
 
@@ -70,12 +129,26 @@ class EmulatedBlock(nn.Module):
         super().__init__()
         self.block = block
         self.device_s = device_s
+        self.slow: _SlowLayer | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _DeviceWait.apply(self.block(x), self.device_s)
+        slow = self.slow
+        if slow is None:
+            return _DeviceWait.apply(self.block(x), self.device_s)
+        # The backward is timed between a mark on the output and one on the input, so only an
+        # input that takes a gradient (every block's, live and replayed) slows it.
+        timed_backward = x.requires_grad
+        if timed_backward:
+            x = _BackwardEnds.apply(x, slow)
+        began = slow.clock_ns()
+        y = _DeviceWait.apply(self.block(x), self.device_s)
+        slow.wait(began)
+        return _BackwardBegins.apply(y, slow) if timed_backward else y
 
 
 def _wait(seconds: float, how: str) -> None:
+    if seconds <= 0:
+        return
     if how == "sleep":
         time.sleep(seconds)
         return
@@ -128,6 +201,12 @@ def main() -> None:
     kind, target, factor, how = (args.fault.split(":") + ["", "-1", "1", "sleep"])[:4] if args.fault else (
         "", "-1", "1", "sleep")
     mine = int(target) == rank
+    if how not in ("sleep", "spin") or kind not in ("", "slow-forward", "slow-loop", "slow-layers"):
+        raise SystemExit(f"--fault {args.fault}: KIND must be slow-forward, slow-loop or slow-layers and HOW "
+                         f"sleep or spin")
+    if mine and kind == "slow-layers":
+        for block in model.layers:
+            block.slow = _SlowLayer(float(factor), how)
     if mine and kind == "slow-forward":
         for block in model.layers:
             started: list[float] = []

@@ -6,10 +6,13 @@ one (tests/replay/test_replay_local.py's setup), only its device timer is the fa
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
 from scout.replay import runner as runner_module
+from scout.replay.collectives import OwnWallClock
 from scout.replay.replay import ReplayConfig
 from scout.transport.nccl.timing import CudaEventTimer
 from tests.fake_cuda import FakeCuda
@@ -75,11 +78,35 @@ def test_TIMING_6_a_device_that_never_finishes_fails_the_replay_within_the_bound
     assert cuda.drains == 0
 
 
-def test_STRAG_1_the_cpu_clock_and_the_wall_clock_stay_as_they_were() -> None:
-    _model, _optimizer, replayer = _setup(ScriptedPeers())
+def test_STRAG_1_each_clock_on_a_cpu() -> None:
     cpu = torch.device("cpu")
-    assert replayer.timer.timer(cpu) is runner_module.THREAD_CPU_TIMER
+    _model, _optimizer, replayer = _setup(ScriptedPeers())
+    assert replayer.timer.timer(cpu) is runner_module.OWN_WALL_TIMER  # auto: wall less run-queue delay
+    _model, _optimizer, own = _setup(ScriptedPeers(), timing_clock="own")
+    assert own.timer.timer(cpu) is runner_module.OWN_WALL_TIMER
+    _model, _optimizer, on_cpu = _setup(ScriptedPeers(), timing_clock="cpu")
+    assert on_cpu.timer.timer(cpu) is runner_module.THREAD_CPU_TIMER
     _model, _optimizer, wall = _setup(ScriptedPeers(), timing_clock="wall")
-    assert wall.timer.timer(cpu).name == "wall" and wall.timer.timer(cpu) is not runner_module.THREAD_CPU_TIMER
+    chosen = wall.timer.timer(cpu)
+    assert chosen.name == "wall" and chosen not in (runner_module.THREAD_CPU_TIMER, runner_module.OWN_WALL_TIMER)
+
+
+def test_STRAG_1_the_own_clock_never_goes_back_and_leaves_out_the_run_queue_delay() -> None:
+    # A scripted run-queue delay: the clock is the wall clock less it, and a delay that grows
+    # between the two reads of one reading (a preemption) is read again.
+    clock = OwnWallClock()
+    delays = iter([0.0, 0.0, 0.25, 0.25, 0.5, 0.75, 0.75])
+    clock._delay = lambda: next(delays)  # type: ignore[method-assign]
+    before = time.monotonic_ns()
+    first = clock()  # no delay before and after the wall clock: settled
+    second = clock()  # 0.25 s of delay, settled
+    third = clock()  # 0.5 s, then 0.75 s after the wall clock (a preemption): read again
+    after = time.monotonic_ns()
+    assert before <= first <= after
+    assert before - 0.25e9 <= second <= after - 0.25e9
+    assert before - 0.75e9 <= third <= after - 0.75e9
+    real = OwnWallClock()
+    readings = [real() for _ in range(2000)]
+    assert readings == sorted(readings)
     with pytest.raises(ValueError, match="timing_resolve_timeout_s must be a finite number > 0, got 0"):
         ReplayConfig(timing_resolve_timeout_s=0)

@@ -96,13 +96,26 @@ def test_STRAG_1_each_check_times_repetitions_after_a_warm_up() -> None:
     assert all(len(times) == 4 for times in report.peer_compute_ms.values())
     with pytest.raises(ValueError, match="timing_repetitions must be >= 1"):
         ReplayConfig(timing_repetitions=0)
-    with pytest.raises(ValueError, match="timing_clock must be one of auto, cpu, wall"):
+    with pytest.raises(ValueError, match="timing_clock must be one of auto, cpu, wall, own"):
         ReplayConfig(timing_clock="gpu")
 
 
-def test_STRAG_1_on_a_cpu_the_clock_is_cpu_time_so_a_sleeping_replay_is_not_slow() -> None:
-    """A replay that waits (sleeps) is not a slow device; one that computes longer is."""
+def test_STRAG_1_on_a_cpu_a_replay_that_waits_is_as_slow_as_one_that_computes() -> None:
+    """A straggler is the wall time a rank costs (issue 24): at the default clock a replay that
+    waits (sleeps) is as slow as one that computes longer; the CPU clock sees only the second."""
     model, optimizer, replayer = _setup(ScriptedPeers(), timing_repetitions=1)
+    _train_step(model, optimizer, 1)
+    baseline = replayer.after_optimizer_step().compute_ms
+    sleeper = replayer.add_compute_hook(lambda elapsed_s: time.sleep(0.03))
+    _train_step(model, optimizer, 2)
+    slept = replayer.after_optimizer_step().compute_ms
+    sleeper.remove()
+    replayer.add_compute_hook(lambda elapsed_s: faults.compute_for(0.03))
+    _train_step(model, optimizer, 3)
+    computed = replayer.after_optimizer_step().compute_ms
+    for name in ("embedding", "output", "optimizer.0"):
+        assert slept[name] >= baseline[name] + 25 and computed[name] >= baseline[name] + 25
+    model, optimizer, replayer = _setup(ScriptedPeers(), timing_repetitions=1, timing_clock="cpu")
     _train_step(model, optimizer, 1)
     baseline = replayer.after_optimizer_step().compute_ms
     sleeper = replayer.add_compute_hook(lambda elapsed_s: time.sleep(0.03))
@@ -199,3 +212,33 @@ def test_FAULT_5_FAULT_6_slow_ops_compute_longer_and_slow_loops_wait() -> None:
         faults.SlowOps(0.5)
     with pytest.raises(TypeError, match="factor must be a number"):
         faults.SlowLoop("2")  # type: ignore[arg-type]
+
+
+def test_FAULT_5_slow_ops_that_wait_cost_wall_time_and_no_cpu_time() -> None:
+    import torch
+
+    a = torch.randn(96, 96)
+
+    def work() -> tuple[float, float]:
+        wall, cpu = time.perf_counter(), time.thread_time()
+        for _ in range(200):
+            torch.mm(a, a)
+        return time.perf_counter() - wall, time.thread_time() - cpu
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with faults.SlowOps(1.0, waits=True) as same:
+            work()
+            plain = min(work())
+        with faults.SlowOps(2.0, waits=True) as slow:
+            waited = [work() for _ in range(3)]
+    finally:
+        torch.set_num_threads(threads)
+    assert same.waited_s == 0.0 and slow.operations >= 600
+    wall_s, cpu_s = min(w for w, _ in waited), min(c for _, c in waited)
+    # The extra time is slept: wall time about doubles, CPU time hardly moves.
+    assert wall_s >= 1.6 * plain and cpu_s <= 1.4 * plain, (plain, waited)
+    assert slow.waited_s >= 0.8 * sum(c for _, c in waited), (slow.waited_s, waited)
+    with pytest.raises(ValueError, match="wait_quantum_s must be a finite number > 0, got 0"):
+        faults.SlowOps(2.0, waits=True, wait_quantum_s=0)
