@@ -129,18 +129,19 @@ def loop_timing_lines(summary: Mapping[str, Any] | None) -> list[str]:
                          f"{rank['above']}/{rank['checks']}")
         if summary["ranks_not_shown"]:
             lines.append(f"  ... {summary['ranks_not_shown']} more rank(s), each with a lower median ratio")
-    confirmations = summary["confirmed"]
-    for confirmed in confirmations[:TIMING_RANKS_SHOWN]:
-        ratio = confirmed["performance_ratio"]
-        lines.append(f"  confirmed {confirmed['kind']}: rank(s) {confirmed['ranks']} at step {confirmed['step']}"
-                     + (f" (ratio {ratio:.2f})" if ratio is not None else ""))
-    if len(confirmations) > TIMING_RANKS_SHOWN:
-        lines.append(f"  ... {len(confirmations) - TIMING_RANKS_SHOWN} more confirmation(s) in reports.jsonl")
     for kind, replay in summary["replay"].items():
         slowest = replay["slowest"]
         lines.append(f"replay {kind} timing: {replay['checks']} check(s)" + (
             f"; slowest rank {slowest['rank']}: median {slowest['median']:.2f}, max {slowest['max']:.2f}, above the "
             f"slow ratio at {slowest['above']}/{slowest['checks']}" if slowest else "; no ratio (never decided)"))
+    # Every kind's confirmations last: loop, device and communication alike (reports.jsonl).
+    confirmations = summary["confirmed"]
+    for confirmed in confirmations[:TIMING_RANKS_SHOWN]:
+        ratio = confirmed["performance_ratio"]
+        lines.append(f"straggler confirmed {confirmed['kind']}: rank(s) {confirmed['ranks']} at step "
+                     f"{confirmed['step']}" + (f" (ratio {ratio:.2f})" if ratio is not None else ""))
+    if len(confirmations) > TIMING_RANKS_SHOWN:
+        lines.append(f"... {len(confirmations) - TIMING_RANKS_SHOWN} more confirmation(s) in reports.jsonl")
     return lines
 
 
