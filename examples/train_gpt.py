@@ -20,8 +20,10 @@ neither a torchrun restart nor a Slurm requeue -- so a restart runs clean):
 - ``hang-in-backward:RANK:STEP:SECONDS``      RANK sleeps inside backward (a block's gradient);
 - ``freeze:RANK:STEP:SECONDS``  RANK's process is stopped (SIGSTOP) before backward, and continued
                                 SECONDS later (a frozen process: swapped out, stuck in the kernel);
-- ``slow:RANK:FACTOR``          every torch operation of RANK takes FACTOR times as long (a slow
-                                device, throttled or degraded);
+- ``slow:RANK:FACTOR[:HOW]``    every torch operation of RANK takes FACTOR times as long (a slow
+                                device, throttled or degraded): it computes the extra time (HOW
+                                ``spin``, the default) or waits for it (HOW ``sleep``: a device
+                                that answers late, a throttled rank);
 - ``loop-slow:RANK:FACTOR``     RANK's host-side loop work takes FACTOR times the step (a slow
                                 data path);
 - ``raise:RANK:STEP``           RANK (-1: every rank) raises an exception of the training loop
@@ -146,7 +148,8 @@ class Faults:
                        and int(os.environ.get("SLURM_RESTART_COUNT", "0")) == 0)
         self.exit_slowed = False
         self.forward_s = 0.0
-        self.how = fields.pop() if self.kind in ("slow-forward", "slow-loop") and len(fields) == 3 else "sleep"
+        self.how = (fields.pop() if self.kind in ("slow-forward", "slow-loop", "slow") and len(fields) == 3
+                    else "spin" if self.kind == "slow" else "sleep")
         if self.how not in ("sleep", "spin"):
             raise SystemExit(f"--fault {spec}: HOW must be sleep or spin, got {self.how!r}")
         if self.kind == "jitter":  # every rank, and not a fault: no target
@@ -158,7 +161,7 @@ class Faults:
             self.mine = self.active and (rank == self.target
                                          or (self.kind in ("raise", "slow-exit") and self.target == -1))
         if self.mine and self.kind == "slow":
-            self._slow_device(self.values[0])
+            self._slow_device(self.values[0], self.how)
         if self.mine and self.kind == "slow-forward":
             for block in model.layers:
                 self._slow_forward(block, self.values[0])
@@ -185,15 +188,25 @@ class Faults:
         block.register_forward_pre_hook(before)
         block.register_forward_hook(after)
 
-    def _slow_device(self, factor: float) -> None:
+    def _slow_device(self, factor: float, how: str) -> None:
         from torch.overrides import TorchFunctionMode
+
+        owed = [0.0]  # sleep: seconds owed; slept once there is half a millisecond of it
 
         class Slow(TorchFunctionMode):
             def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
                 started = time.thread_time()
                 result = func(*args, **(kwargs or {}))
-                # A slow device computes longer: spin on this thread's CPU clock, not sleep.
-                until = time.thread_time() + (factor - 1.0) * (time.thread_time() - started)
+                extra = (factor - 1.0) * (time.thread_time() - started)
+                if how == "sleep":  # a device that answers late: the time passes, not the CPU's
+                    owed[0] += extra
+                    if owed[0] >= 5e-4:
+                        began = time.perf_counter()
+                        time.sleep(owed[0])
+                        owed[0] -= time.perf_counter() - began
+                    return result
+                # A slow device computes longer: spin on this thread's CPU clock.
+                until = time.thread_time() + extra
                 while time.thread_time() < until:
                     pass
                 return result
