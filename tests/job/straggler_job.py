@@ -70,34 +70,24 @@ class _DeviceWait(torch.autograd.Function):
         return gradient, None
 
 
-class _BackwardBegins(torch.autograd.Function):
-    """On a block's output: its backward runs first in the block's backward, and notes when."""
+class _BackwardMark(torch.autograd.Function):
+    """A mark in a block's backward, at no cost in its forward: on the block's output
+    (``begins``) it runs first in the block's backward and notes when; on its input it runs
+    last and waits for the stretch of what ran between."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, slow: _SlowLayer) -> torch.Tensor:  # type: ignore[override]
-        ctx.slow = slow
+    def forward(ctx: Any, x: torch.Tensor, slow: _SlowLayer, begins: bool) -> torch.Tensor:  # type: ignore[override]
+        ctx.slow, ctx.begins = slow, begins
         return x.view_as(x)
 
     @staticmethod
-    def backward(ctx: Any, gradient: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
-        ctx.slow.backward_began.append(ctx.slow.clock_ns())
-        return gradient, None
-
-
-class _BackwardEnds(torch.autograd.Function):
-    """On a block's input: its backward runs last in the block's backward, and waits."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, slow: _SlowLayer) -> torch.Tensor:  # type: ignore[override]
-        ctx.slow = slow
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: Any, gradient: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+    def backward(ctx: Any, gradient: torch.Tensor) -> tuple[torch.Tensor, None, None]:  # type: ignore[override]
         slow = ctx.slow
-        if slow.backward_began:
+        if ctx.begins:
+            slow.backward_began.append(slow.clock_ns())
+        elif slow.backward_began:
             slow.wait(slow.backward_began.pop())
-        return gradient, None
+        return gradient, None, None
 
 
 class _SlowLayer:
@@ -139,11 +129,11 @@ class EmulatedBlock(nn.Module):
         # input that takes a gradient (every block's, live and replayed) slows it.
         timed_backward = x.requires_grad
         if timed_backward:
-            x = _BackwardEnds.apply(x, slow)
+            x = _BackwardMark.apply(x, slow, False)
         began = slow.clock_ns()
         y = _DeviceWait.apply(self.block(x), self.device_s)
         slow.wait(began)
-        return _BackwardBegins.apply(y, slow) if timed_backward else y
+        return _BackwardMark.apply(y, slow, True) if timed_backward else y
 
 
 def _wait(seconds: float, how: str) -> None:

@@ -8,6 +8,7 @@ import json
 import math
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -100,31 +101,28 @@ def test_STRAG_1_each_check_times_repetitions_after_a_warm_up() -> None:
         ReplayConfig(timing_clock="gpu")
 
 
+def _waited_and_computed(**settings: Any) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+    """Replay compute times (ms) of three steps: plain, with 30 ms slept inside each timed
+    replay, and with 30 ms computed there instead."""
+    model, optimizer, replayer = _setup(ScriptedPeers(), timing_repetitions=1, **settings)
+    _train_step(model, optimizer, 1)
+    baseline = replayer.after_optimizer_step().compute_ms
+    sleeper = replayer.add_compute_hook(lambda elapsed_s: time.sleep(0.03))
+    _train_step(model, optimizer, 2)
+    slept = replayer.after_optimizer_step().compute_ms
+    sleeper.remove()
+    replayer.add_compute_hook(lambda elapsed_s: faults.compute_for(0.03))
+    _train_step(model, optimizer, 3)
+    return baseline, slept, replayer.after_optimizer_step().compute_ms
+
+
 def test_STRAG_1_on_a_cpu_a_replay_that_waits_is_as_slow_as_one_that_computes() -> None:
     """A straggler is the wall time a rank costs (issue 24): at the default clock a replay that
     waits (sleeps) is as slow as one that computes longer; the CPU clock sees only the second."""
-    model, optimizer, replayer = _setup(ScriptedPeers(), timing_repetitions=1)
-    _train_step(model, optimizer, 1)
-    baseline = replayer.after_optimizer_step().compute_ms
-    sleeper = replayer.add_compute_hook(lambda elapsed_s: time.sleep(0.03))
-    _train_step(model, optimizer, 2)
-    slept = replayer.after_optimizer_step().compute_ms
-    sleeper.remove()
-    replayer.add_compute_hook(lambda elapsed_s: faults.compute_for(0.03))
-    _train_step(model, optimizer, 3)
-    computed = replayer.after_optimizer_step().compute_ms
+    baseline, slept, computed = _waited_and_computed()
     for name in ("embedding", "output", "optimizer.0"):
         assert slept[name] >= baseline[name] + 25 and computed[name] >= baseline[name] + 25
-    model, optimizer, replayer = _setup(ScriptedPeers(), timing_repetitions=1, timing_clock="cpu")
-    _train_step(model, optimizer, 1)
-    baseline = replayer.after_optimizer_step().compute_ms
-    sleeper = replayer.add_compute_hook(lambda elapsed_s: time.sleep(0.03))
-    _train_step(model, optimizer, 2)
-    slept = replayer.after_optimizer_step().compute_ms
-    sleeper.remove()
-    replayer.add_compute_hook(lambda elapsed_s: faults.compute_for(0.03))
-    _train_step(model, optimizer, 3)
-    computed = replayer.after_optimizer_step().compute_ms
+    baseline, slept, computed = _waited_and_computed(timing_clock="cpu")
     for name in ("embedding", "output", "optimizer.0"):
         assert slept[name] < baseline[name] + 10 and computed[name] >= baseline[name] + 25
     model, optimizer, wall = _setup(ScriptedPeers(), timing_repetitions=1, timing_clock="wall")
