@@ -9,8 +9,8 @@ shared host is contention, not the rank; ``own`` is the wall clock less that run
 
 Per clock, interleaved in rounds (so a drift of the host hits every clock alike): a healthy
 4-rank DDP job (bench/stragglers.py's small GPT, gloo, a replay of every recipe class at every
-step) -- the spread of healthy peers' per-check evidence (STRAG-2: standard deviation, 99th
-percentile, the largest); then rank 1 slowed 1.5x by *waiting* (``faults.SlowOps(waits=True)``:
+step) -- the spread of healthy peers' per-check evidence (STRAG-2: standard deviation and 99th
+percentile); then rank 1 slowed 1.5x by *waiting* (``faults.SlowOps(waits=True)``:
 after each of its operations the thread sleeps half the operation's time) and by *computing*
 (``faults.SlowOps``: it spins as long) -- the check at which replay first confirms it
 (``device-slow``), and any other rank confirmed.
