@@ -12,11 +12,13 @@ measure on its own monotonic clock is
   :meth:`LoopTimer.end_step`), the same on every rank once the step's collectives equalise it,
   less the time the host kept the training thread waiting for a CPU (Linux run-queue delay,
   as COMM-1: host contention is not loop work, and on a shared host it is the largest noise);
-* ``wait``: the longest time it spent waiting in one of the step's collectives -- from its
-  entry to its exit (:meth:`LoopTimer.collective`), or, where a collective returns at enqueue
-  (NCCL, the emulated backend), from its enqueue to its completion, timed by marks of the
-  device's timer and resolved later (:meth:`LoopTimer.collective_started`, LOOP-5) -- long for
-  the ranks that arrived early, short for the one they waited for.
+* ``wait``: the time during which at least one of the step's collectives was in flight on
+  this rank, the union of their spans -- each from its entry to its exit
+  (:meth:`LoopTimer.collective`), or, where a collective returns at enqueue (NCCL, the emulated
+  backend), from its enqueue to its completion, timed by marks of the device's timer and
+  resolved later (:meth:`LoopTimer.collective_started`, LOOP-5) -- long for the ranks that
+  arrived early, short for the one they waited for. The union, not the longest span: an FSDP2
+  step has dozens of collectives, and their ordinary lengths are nobody's own work.
 
 A rank's *loop time* is ``period - wait`` (LOOP-1): its own work in the step, the time its
 peers waited for it included. At a check step every peer exchanges the median of its loop
@@ -98,6 +100,19 @@ class PendingWait:
         seconds = self._timer.elapsed_s(self.start, end)
         return None if seconds is None else max(0, round(seconds * 1e9))
 
+    def placed_ns(self, origin: Mark) -> tuple[int, int] | None:
+        """The wait's start and end in ns after ``origin`` (a mark of the same timer recorded
+        no later than this wait's start), or None while unfinished or unresolved."""
+        end = self.end
+        if end is None:
+            return None
+        start_s = 0.0 if origin is self.start else self._timer.elapsed_s(origin, self.start)
+        end_s = self._timer.elapsed_s(origin, end)
+        if start_s is None or end_s is None:
+            return None
+        start_ns = max(0, round(start_s * 1e9))
+        return start_ns, max(start_ns, round(end_s * 1e9))
+
 
 def _default_timer(clock_ns: Callable[[], int]) -> Timer:
     """TIMING-4: events on the current CUDA device when this process uses CUDA, else the wall
@@ -165,6 +180,36 @@ class LoopCheck:
     reason: str | None = None  # why the check said nothing (None when it was decided)
 
 
+def union_ns(spans: list[tuple[int, int]]) -> int:
+    """LOOP-1: how long at least one of ``spans`` (start, end pairs on one clock) covered."""
+    total = 0
+    covered_to: int | None = None
+    for start, end in sorted(spans):
+        if covered_to is None or start > covered_to:
+            total += end - start
+            covered_to = end
+        elif end > covered_to:
+            total += end - covered_to
+            covered_to = end
+    return total
+
+
+def _marked_union_ns(timer: Timer, pending: list[PendingWait]) -> int | None:
+    """LOOP-1, LOOP-5: the union of the spans timed by marks, each placed by its distance from
+    the step's first mark (a device's marks have no common origin of their own); None while a
+    mark is unfinished or unresolved."""
+    if not pending:
+        return 0
+    origin = min(pending, key=lambda wait: wait.start.sequence).start
+    spans = []
+    for wait in pending:
+        placed = wait.placed_ns(origin)
+        if placed is None:
+            return None
+        spans.append(placed)
+    return union_ns(spans)
+
+
 def _nothing() -> None:
     return None
 
@@ -202,12 +247,13 @@ class LoopTimer:
         )
         self._delay_at_start_s = 0.0
         self._body_started_ns: int | None = None
-        self._wait_ns = 0  # the longest collective of the current body
+        self._spans: list[tuple[int, int]] = []  # the current body's (entry_ns, exit_ns)
         self._collectives = 0
         self._pending: list[PendingWait] = []  # LOOP-5: the current body's waits timed by marks
         # (period_ns, wait_ns) of each step since the last check.
         self._window: deque[tuple[int, int]] = deque(maxlen=self.config.window_steps_max)
-        # LOOP-5: (period_ns, longest known wait_ns, waits still unresolved) of ended steps.
+        # LOOP-5: (period_ns, union of the spans given by times in ns, waits timed by marks) of
+        # ended steps whose marks are not all resolved yet.
         self._unresolved: deque[tuple[int, int, list[PendingWait]]] = deque()
         self.dropped_steps = 0  # ended steps whose waits did not resolve within the bound
         self.disabled_reason: str | None = None
@@ -221,7 +267,7 @@ class LoopTimer:
         with self._lock:
             self._delay_at_start_s = delay_s
             self._body_started_ns = self._clock_ns()
-            self._wait_ns = 0
+            self._spans = []
             self._collectives = 0
             self._pending = []
 
@@ -250,7 +296,8 @@ class LoopTimer:
         with self._lock:
             if self._body_started_ns is None:
                 return
-            self._wait_ns = max(self._wait_ns, wait_ns)
+            if len(self._spans) < PENDING_WAITS_PER_STEP_MAX:
+                self._spans.append((entry_ns, exit_ns))
             self._collectives += 1
 
     def end_step(self, step: int) -> LoopCheck | None:
@@ -266,12 +313,14 @@ class LoopTimer:
         now_ns = self._clock_ns()
         delay_s = self._run_queue_delay()
         with self._lock:
-            started, wait_ns, pending = self._body_started_ns, self._wait_ns, self._pending
+            started, spans, pending = self._body_started_ns, self._spans, self._pending
             delayed_ns = round((delay_s - self._delay_at_start_s) * 1e9)
             self._body_started_ns = None
+            self._spans = []
             self._pending = []
         if started is not None and step > self.config.warmup_steps:
-            self._unresolved.append((max(0, now_ns - started - delayed_ns), wait_ns, pending))
+            period_ns = max(0, now_ns - started - delayed_ns)
+            self._unresolved.append((period_ns, union_ns(spans), pending))
             if len(self._unresolved) > self.config.window_steps_max:
                 self._unresolved.popleft()
                 self.dropped_steps += 1
@@ -288,12 +337,13 @@ class LoopTimer:
         """LOOP-5: steps whose waits all resolved join the window, oldest first; a step waiting
         for a mark keeps the later ones waiting (the window stays in step order)."""
         while self._unresolved:
-            period_ns, wait_ns, pending = self._unresolved[0]
-            waits = [w.elapsed_ns() for w in pending]
-            if any(w is None for w in waits):
+            period_ns, timed_ns, pending = self._unresolved[0]
+            marked_ns = _marked_union_ns(self.timer, pending)
+            if marked_ns is None:
                 return
             self._unresolved.popleft()
-            self._window.append((period_ns, max([wait_ns, *(w for w in waits if w is not None)])))
+            # LOOP-1: two clocks, two unions; the larger is the wait.
+            self._window.append((period_ns, max(timed_ns, marked_ns)))
 
     def _row(self, step: int) -> list[int]:
         window = list(self._window)

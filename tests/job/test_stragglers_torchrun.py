@@ -8,7 +8,7 @@ What a user reads -- ``reports.jsonl`` and ``timing.jsonl`` -- is what is checke
   ``device-slow`` within 5 replay checks -- replay is timed on the wall clock less the run-queue
   delay, so a rank that waits is as slow as one that computes.
 - **Loop** (LOOP-1..LOOP-3): a rank that waits 1.5 times its forward in its loop (sleeping or
-  spinning) is named ``loop-slow`` at the 4th loop check under DDP, the 5th-6th under FSDP2.
+  spinning) is named ``loop-slow`` within 5 loop checks (the 4th measured) under DDP and FSDP2.
 - A healthy job names nobody, of any kind.
 
 The sleep cases run in every suite (about 20 s each); the others are slow (each job 20 s to 40 s
@@ -36,7 +36,7 @@ pytestmark = [pytest.mark.torchdist]
 REPO = Path(__file__).resolve().parents[2]
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 CHECK_STEPS = 10
-DEVICE_CHECKS_MAX = 5  # issue 24: a 1.5x straggler is named within 5 checks
+CHECKS_MAX = 5  # issue 24: a 1.5x straggler is named within 5 checks
 
 
 def _job(tmp_path: Path, steps: int, fault: str = "", mesh: str = "ddp") -> list[dict[str, Any]]:
@@ -80,25 +80,21 @@ def test_STRAG_1_a_rank_whose_layers_are_1_5x_slow_is_named_device_slow_within_5
     devices = [r for r in read_timing(tmp_path / "run" / TIMING_FILE).records if r["kind"] == "device"]
     confirmed_at = next(i for i, r in enumerate(devices, 1) if 1 in r["confirmed"])
     assert devices[confirmed_at - 1]["step"] == named[0][2], (devices, named)
-    assert confirmed_at <= DEVICE_CHECKS_MAX, [(r["step"], r["performance_ratio"]) for r in devices]
+    assert confirmed_at <= CHECKS_MAX, [(r["step"], r["performance_ratio"]) for r in devices]
     ratios = [r["performance_ratio"][1] for r in devices[:confirmed_at] if r["performance_ratio"][1] is not None]
     assert sorted(ratios)[len(ratios) // 2] >= 1.3, ratios  # the slowdown, seen in wall time
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("mesh", "how", "checks_max"), [
-    ("ddp", "sleep", 5), ("ddp", "spin", 5),
-    # Under FSDP2 a step has many collectives and the loop time leaves out only the longest
-    # wait (LOOP-1), so the others dilute the ratio: 1.28-1.43 measured, named at the 5th and
-    # 6th check -- not the issue's 5. The bound here guards against a regression.
-    ("hsdp", "sleep", 7), ("hsdp", "spin", 7),
-])
-def test_LOOP_1_LOOP_3_a_rank_that_waits_in_its_loop_is_named(tmp_path: Path, mesh: str, how: str,
-                                                             checks_max: int) -> None:
+@pytest.mark.parametrize(("mesh", "how"), [("ddp", "sleep"), ("ddp", "spin"), ("hsdp", "sleep"), ("hsdp", "spin")])
+def test_LOOP_1_LOOP_3_a_rank_that_waits_in_its_loop_is_named_within_5_checks(tmp_path: Path, mesh: str,
+                                                                              how: str) -> None:
     """Rank 2 waits 1.5 times its forward's time after each forward, in its loop, outside any
-    module (a slow data path, a descheduled rank), asleep or busy: replay never sees it."""
+    module (a slow data path, a descheduled rank), asleep or busy: replay never sees it. Under
+    FSDP2 a step has dozens of collectives; the wait is their union (LOOP-1), so their ordinary
+    lengths do not dilute the ratio (measured: 4th check under both, spec/replay.md LOOP-3)."""
     named = _loop_slow(_job(tmp_path, 120, fault=f"slow-loop:2:2.5:{how}", mesh=mesh))
-    assert named and named[0][0] == [2] and named[0][1] <= checks_max * CHECK_STEPS, named
+    assert named and named[0][0] == [2] and named[0][1] <= CHECKS_MAX * CHECK_STEPS, named
     assert {tuple(ranks) for ranks, _ in named} == {(2,)}, named
     # LOOP-6: every check's ratios are in timing.jsonl -- rank 2's median ratio up to its
     # confirmation above the slow ratio (the test's allowance), and the lines from its

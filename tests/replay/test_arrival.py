@@ -10,8 +10,9 @@ from collections.abc import Sequence
 import pytest
 
 from scout.core.straggler import SequentialConfig
-from scout.replay.arrival import LOOP_ROW_LENGTH, LoopConfig, LoopTimer
+from scout.replay.arrival import LOOP_ROW_LENGTH, LoopConfig, LoopTimer, union_ns
 from scout.transport.base import DeadlineExceeded
+from scout.transport.nccl.timing import FakeTimer
 
 Rows = list[list[int]]
 MS = 1_000_000  # ns
@@ -53,14 +54,13 @@ def _timer(peers: LoopPeers, clock: Clock, **config: int) -> LoopTimer:
 
 
 def _step(timer: LoopTimer, clock: Clock, step: int, body_ms: float, wait_ms: float) -> object:
-    """A loop body of ``body_ms`` whose longest collective waited ``wait_ms``."""
+    """A loop body of ``body_ms`` whose collectives were in flight for ``wait_ms``."""
     timer.begin_step()
-    start = clock.now_ns
     clock.now_ns += round((body_ms - wait_ms) * MS)
     entry = clock.now_ns
     clock.now_ns += round(wait_ms * MS)
     timer.collective(entry, clock.now_ns)
-    timer.collective(start, start + MS)  # a shorter one: only the longest counts
+    timer.collective(entry + MS // 2, entry + MS)  # inside the other one: counted once (LOOP-1)
     return timer.end_step(step)
 
 
@@ -73,7 +73,7 @@ def test_LOOP_1_LOOP_2_a_check_sends_the_median_loop_time_in_one_fixed_size_row(
     assert results[:3] == [None, None, None]
     (row,) = peers.rows
     assert len(row) == LOOP_ROW_LENGTH
-    # Step 1 is warm-up; loop = body - longest wait: 20, 10, 18 ms -> median 18 ms.
+    # Step 1 is warm-up; loop = body - wait: 20, 10, 18 ms -> median 18 ms.
     assert row == [4, 3, 18_000, 30_000, 12_000]
     check = results[3]
     assert check is not None and check.loop_ms == (18.0,) * 4 and check.period_ms == (30.0,) * 4
@@ -125,6 +125,45 @@ def test_LOOP_2_a_deadline_disables_the_checks_and_never_raises() -> None:
     check = _step(timer, clock, 2, 40.0, 20.0)  # no further collective on a broken group
     assert len(peers.rows) == gathers and check is not None
     assert check.reason is not None and check.reason.startswith("disabled")
+
+
+def test_LOOP_1_the_wait_is_the_union_of_the_steps_collective_spans() -> None:
+    """An FSDP2 step has many collectives: their ordinary lengths add up (disjoint spans are
+    summed) and nothing is counted twice (overlapping spans count once); spans timed by marks
+    are a union of their own, and the larger union is the wait."""
+    assert union_ns([]) == 0
+    assert union_ns([(0, 10), (20, 25)]) == 15
+    assert union_ns([(20, 25), (0, 10), (5, 12), (6, 7), (25, 30)]) == 22
+    clock, peers = Clock(), LoopPeers()
+    timer = _timer(peers, clock, check_every_steps=1, warmup_steps=0)
+    timer.begin_step()
+    for entry_ms, exit_ms in ((5, 10), (20, 26), (22, 24), (30, 34)):  # 5 + 6 + 4 ms
+        timer.collective(entry_ms * MS, exit_ms * MS)
+    clock.now_ns += 50 * MS
+    timer.end_step(1)
+    assert peers.rows[-1] == [1, 1, 35_000, 50_000, 15_000]
+    # Marks on another clock: a span inside another and two disjoint ones, 8 + 3 ms; the spans
+    # given by times (2 ms) are the smaller union.
+    stream = FakeTimer(clock)  # type: ignore[arg-type]
+    marked = LoopTimer(peers, LoopConfig(check_every_steps=1, warmup_steps=0), clock_ns=clock,
+                       run_queue_delay_s=lambda: 0.0, timer=stream)
+    marked.begin_step()
+    start = clock.now_ns
+    outer = marked.collective_started()
+    clock.now_ns += 2 * MS
+    inner = marked.collective_started()
+    clock.now_ns += 3 * MS
+    inner()
+    clock.now_ns += 3 * MS
+    outer()
+    clock.now_ns += 10 * MS
+    last = marked.collective_started()
+    clock.now_ns += 3 * MS
+    last()
+    marked.collective(start, start + 2 * MS)
+    clock.now_ns += 9 * MS
+    marked.end_step(1)
+    assert peers.rows[-1] == [1, 1, 19_000, 30_000, 11_000]
 
 
 def test_LOOP_1_collectives_from_other_threads_and_outside_a_body() -> None:
