@@ -74,14 +74,14 @@ def test_LOOP_1_LOOP_2_a_check_sends_the_median_loop_time_in_one_fixed_size_row(
     (row,) = peers.rows
     assert len(row) == LOOP_ROW_LENGTH
     # Step 1 is warm-up; loop = body - wait: 20, 10, 18 ms -> median 18 ms.
-    assert row == [4, 3, 18_000, 30_000, 12_000]
+    assert row == [4, 3, 18_000, 30_000, 12_000, 0, 0]  # no forward window: LOOP-7
     check = results[3]
     assert check is not None and check.loop_ms == (18.0,) * 4 and check.period_ms == (30.0,) * 4
     assert check.evidence == (0.0,) * 4 and not check.events and check.reason is None
 
 
 def _loop_rows(step: int, loop_ms: Sequence[float]) -> list[list[int]]:
-    return [[step, 5, round(ms * 1000), 40_000, 10_000] for ms in loop_ms]
+    return [[step, 5, round(ms * 1000), 40_000, 10_000, 0, 0] for ms in loop_ms]
 
 
 def test_LOOP_3_the_rank_the_others_wait_for_is_confirmed_loop_slow_and_recovers_once() -> None:
@@ -102,13 +102,13 @@ def test_LOOP_3_the_rank_the_others_wait_for_is_confirmed_loop_slow_and_recovers
 
 def test_LOOP_3_a_check_with_a_missing_or_misaligned_peer_says_nothing() -> None:
     clock = Clock()
-    peers = LoopPeers(others=[[2, 0, 0, 0, 0], [2, 5, 30_000, 1, 1], [2, 5, 20_000, 1, 1]])
+    peers = LoopPeers(others=[[2, 0, 0, 0, 0, 0, 0], [2, 5, 30_000, 1, 1, 0, 0], [2, 5, 20_000, 1, 1, 0, 0]])
     timer = _timer(peers, clock, check_every_steps=2, warmup_steps=0)
     _step(timer, clock, 1, 40.0, 20.0)
     check = _step(timer, clock, 2, 40.0, 20.0)
     assert check is not None and check.loop_ms[1] is None
     assert check.evidence == (None,) * 4 and check.reason == "missing-evidence"
-    peers.others = [[3, 5, 20_000, 1, 1]] * 3  # peers at another step (a desync elsewhere)
+    peers.others = [[3, 5, 20_000, 1, 1, 0, 0]] * 3  # peers at another step (a desync elsewhere)
     _step(timer, clock, 3, 40.0, 20.0)
     check = _step(timer, clock, 4, 40.0, 20.0)
     assert check is not None and check.evidence == (None,) * 4
@@ -141,7 +141,7 @@ def test_LOOP_1_the_wait_is_the_union_of_the_steps_collective_spans() -> None:
         timer.collective(entry_ms * MS, exit_ms * MS)
     clock.now_ns += 50 * MS
     timer.end_step(1)
-    assert peers.rows[-1] == [1, 1, 35_000, 50_000, 15_000]
+    assert peers.rows[-1] == [1, 1, 35_000, 50_000, 15_000, 0, 0]
     # Marks on another clock: a span inside another and two disjoint ones, 8 + 3 ms; the spans
     # given by times (2 ms) are the smaller union.
     stream = FakeTimer(clock)  # type: ignore[arg-type]
@@ -163,7 +163,72 @@ def test_LOOP_1_the_wait_is_the_union_of_the_steps_collective_spans() -> None:
     marked.collective(start, start + 2 * MS)
     clock.now_ns += 9 * MS
     marked.end_step(1)
-    assert peers.rows[-1] == [1, 1, 19_000, 30_000, 11_000]
+    assert peers.rows[-1] == [1, 1, 19_000, 30_000, 11_000, 0, 0]
+
+
+def test_LOOP_7_the_forward_time_is_its_window_less_the_waits_inside_it_and_the_time_off_a_cpu() -> None:
+    clock, peers = Clock(), LoopPeers()
+    delay_s = [0.0]
+    timer = LoopTimer(peers, LoopConfig(check_every_steps=2, warmup_steps=0), clock_ns=clock,
+                      run_queue_delay_s=lambda: delay_s[0])
+    for step in (1, 2):
+        timer.begin_step()
+        timer.forward_ended()  # before the window opens: nothing
+        clock.now_ns += 2 * MS  # FSDP2's all-gather before the first layer: not in the window
+        timer.forward_started()
+        clock.now_ns += 10 * MS
+        timer.forward_started()  # a second first-layer call (a recomputation): ignored
+        finish = timer.collective_started()  # an all-gather between two layers: a wait
+        clock.now_ns += 4 * MS
+        finish()
+        delay_s[0] += 0.001  # 1 ms off a CPU inside the window
+        clock.now_ns += 14 * MS
+        timer.forward_ended()  # the window closes: 28 ms, less 4 ms of wait, less 1 ms
+        clock.now_ns += 20 * MS
+        timer.forward_ended()  # the backward's recomputation of the last layer: ignored
+        late = timer.collective_started()  # the gradient all-reduce, after the window
+        clock.now_ns += 6 * MS
+        late()
+        timer.end_step(step)
+    assert peers.rows[-1][5:] == [2, 23_000]
+    # A window that never closed (the last layer not called): the step has no forward time.
+    timer.begin_step()
+    timer.forward_started()
+    clock.now_ns += 5 * MS
+    timer.end_step(3)
+    timer.begin_step()
+    clock.now_ns += 5 * MS
+    timer.end_step(4)
+    assert peers.rows[-1][5:] == [0, 0]
+
+
+def test_LOOP_7_a_rank_with_a_slow_forward_is_confirmed_forward_slow_and_the_loop_test_is_apart() -> None:
+    clock, peers = Clock(), LoopPeers()
+    timer = _timer(peers, clock, check_every_steps=1, warmup_steps=0)
+    names = []
+    for step in range(1, 7):
+        # Loop times alike; peer 2's forward is 1.5x its peers' (a hook that waits).
+        peers.others = [[step, 1, 20_000, 40_000, 20_000, 1, forward] for forward in (10_100, 15_000, 9_900)]
+        timer.begin_step()
+        timer.forward_started()
+        clock.now_ns += 10 * MS
+        timer.forward_ended()
+        clock.now_ns += 10 * MS
+        finish = timer.collective_started()
+        clock.now_ns += 20 * MS
+        finish()
+        check = timer.end_step(step)
+        assert check is not None and check.forward is not None
+        names += [(e.step, e.rank, e.reason) for e in check.events]
+    assert names == [(4, 12, "forward-slow")]
+    assert check.forward.forward_ms == (10.0, 10.1, 15.0, 9.9) and check.forward.confirmed == {2}
+    assert check.confirmed == frozenset() and check.verdict is not None  # the loop test: nobody
+    # Peers without forward times (no hidden layers timed): the forward says nothing.
+    peers.others = [[7, 1, 20_000, 40_000, 20_000, 0, 0]] * 3
+    timer.begin_step()
+    clock.now_ns += 10 * MS
+    check = timer.end_step(7)
+    assert check is not None and check.forward is not None and check.forward.verdict is None
 
 
 def test_LOOP_1_collectives_from_other_threads_and_outside_a_body() -> None:
@@ -304,4 +369,4 @@ def test_LOOP_5_a_step_joins_the_window_when_its_waits_resolve_in_step_order_and
         clock.now_ns += 30 * MS
         timer.end_step(step)
     # The fifth ended step behind it drops it (step 7), and the rest flow into the window.
-    assert timer.dropped_steps == 1 and peers.rows[-1] == [12, 4, 30_000, 30_000, 0]
+    assert timer.dropped_steps == 1 and peers.rows[-1] == [12, 4, 30_000, 30_000, 0, 0, 0]
