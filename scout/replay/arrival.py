@@ -365,7 +365,9 @@ class LoopTimer:
             if self._body_started_ns is None or forward is None or forward.end is not None:
                 return
             forward.finish()
-            self._forward_delayed_ns = max(0, round((delay_s - self._forward_delay_s) * 1e9))
+            # LOOP-7: a thread kept off a CPU delays the host's clock, not a device's events.
+            host = isinstance(self.timer, WallTimer)
+            self._forward_delayed_ns = max(0, round((delay_s - self._forward_delay_s) * 1e9)) if host else 0
 
     def collective(self, entry_ns: int, exit_ns: int) -> None:
         """One collective of the current step on this rank: when it was entered and when it

@@ -200,6 +200,16 @@ def test_LOOP_7_the_forward_time_is_its_window_less_the_waits_inside_it_and_the_
     clock.now_ns += 5 * MS
     timer.end_step(4)
     assert peers.rows[-1][5:] == [0, 0]
+    # On a device's marks the host's run-queue delay is not taken out (the events do not see it).
+    device = LoopTimer(peers, LoopConfig(check_every_steps=1, warmup_steps=0), clock_ns=clock,
+                       run_queue_delay_s=lambda: delay_s[0], timer=FakeTimer(clock))  # type: ignore[arg-type]
+    device.begin_step()
+    device.forward_started()
+    delay_s[0] += 0.002
+    clock.now_ns += 10 * MS
+    device.forward_ended()
+    device.end_step(1)
+    assert peers.rows[-1][5:] == [1, 10_000]
 
 
 def test_LOOP_7_a_rank_with_a_slow_forward_is_confirmed_forward_slow_and_the_loop_test_is_apart() -> None:
