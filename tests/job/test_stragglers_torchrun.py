@@ -38,6 +38,13 @@ REPO = Path(__file__).resolve().parents[2]
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 CHECK_STEPS = 10
 CHECKS_MAX = 5  # issue 24: a 1.5x straggler is named within 5 checks
+#: (mesh, how) of the fault tests: the sleep cases in every suite, the spin cases slow.
+SLEEP_IN_EVERY_SUITE = [
+    ("ddp", "sleep"),
+    pytest.param("ddp", "spin", marks=pytest.mark.slow),
+    ("hsdp", "sleep"),
+    pytest.param("hsdp", "spin", marks=pytest.mark.slow),
+]
 
 
 def _job(tmp_path: Path, steps: int, fault: str = "", mesh: str = "ddp") -> list[dict[str, Any]]:
@@ -64,12 +71,7 @@ def test_STRAG_1_LOOP_1_LOOP_3_a_healthy_job_names_nobody(tmp_path: Path) -> Non
     assert _stragglers(_job(tmp_path, 200)) == []
 
 
-@pytest.mark.parametrize(("mesh", "how"), [
-    ("ddp", "sleep"),
-    pytest.param("ddp", "spin", marks=pytest.mark.slow),
-    ("hsdp", "sleep"),
-    pytest.param("hsdp", "spin", marks=pytest.mark.slow),
-])
+@pytest.mark.parametrize(("mesh", "how"), SLEEP_IN_EVERY_SUITE)
 def test_STRAG_1_a_rank_whose_layers_are_1_5x_slow_is_named_device_slow_within_5_checks(
         tmp_path: Path, mesh: str, how: str) -> None:
     """Rank 1's every block takes half again as long, forward and backward -- by sleeping (a
@@ -86,12 +88,7 @@ def test_STRAG_1_a_rank_whose_layers_are_1_5x_slow_is_named_device_slow_within_5
     assert sorted(ratios)[len(ratios) // 2] >= 1.3, ratios  # the slowdown, seen in wall time
 
 
-@pytest.mark.parametrize(("mesh", "how"), [
-    ("ddp", "sleep"),
-    pytest.param("ddp", "spin", marks=pytest.mark.slow),
-    ("hsdp", "sleep"),
-    pytest.param("hsdp", "spin", marks=pytest.mark.slow),
-])
+@pytest.mark.parametrize(("mesh", "how"), SLEEP_IN_EVERY_SUITE)
 def test_LOOP_7_a_rank_whose_forward_hooks_take_half_its_forward_is_named_forward_slow_within_5_checks(
         tmp_path: Path, mesh: str, how: str) -> None:
     """Rank 1's every block has a forward hook that waits half the block's forward (a user's
