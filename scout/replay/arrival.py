@@ -26,6 +26,12 @@ times over the steps since the last check in one fixed-size row over the replay 
 (deadline-bounded, LOOP-2); ``classify_timing`` decides the comparison, and each peer's log
 ratio to the centre feeds a sequential test of its own (``loop-slow``, LOOP-3).
 
+The same row carries the rank's *forward time* (LOOP-7): the live forward of the hidden layers,
+from the first layer's pre-hook to the last layer's forward hook (:meth:`LoopTimer.forward_started`,
+:meth:`LoopTimer.forward_ended`, timed by marks), less the waits inside it. A forward hook that
+waits or computes slows it, where replay -- which does not run a sharded unit's own hooks --
+cannot see it; it has a sequential test of its own (``forward-slow``).
+
 Wiring (the trainer, or ``scout.attach``'s per-step call)::
 
     loop = LoopTimer(peers)                     # the replay peer group, after it is built
@@ -473,18 +479,18 @@ class LoopTimer:
             return self._undecided(step, loop_ms, period_ms, None, f"steps differ: {steps}")
         verdict, evidence, events, reason = self._compare(self.tracker, step, loop_ms)
         forward_ms = tuple(r[6] / 1e3 if r[5] > 0 else None for r in rows)
-        forward = self._forward_check(step, forward_ms)
+        forward, forward_events = self._forward_check(step, forward_ms)
         return LoopCheck(
             step,
             loop_ms,
             period_ms,
             verdict,
             evidence,
-            (*events, *forward[1]),
+            (*events, *forward_events),
             self.tracker.confirmed,
             self.tracker.performance_ratios(),
             reason,
-            forward[0],
+            forward,
         )
 
     def _compare(
