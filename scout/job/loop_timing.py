@@ -156,9 +156,10 @@ class LoopSeries:
     runs: tuple[tuple[tuple[int, float], ...], ...]
 
 
-def loop_series(records: Sequence[Mapping[str, Any]]) -> tuple[list[LoopSeries], float | None]:
-    """What the picture's loop strip draws, and the slow ratio to mark."""
-    loops = _loop_records(records)
+def loop_series(records: Sequence[Mapping[str, Any]], kind: str = "loop") -> tuple[list[LoopSeries], float | None]:
+    """What the picture's loop strip (or, by ``kind``, its forward strip: LOOP-7) draws, and the
+    slow ratio to mark."""
+    loops = _loop_records(records, kind)
     slow = _slow_ratio(loops)
     points: dict[int | None, dict[int, list[tuple[int, float]]]] = {}
     for record in loops:

@@ -60,9 +60,9 @@ def _finish(program: Generator[Any, Any, Any]) -> Any:
 
 
 def _record(step: int, ratios: Sequence[float | None], *, generation: int = 0, group: str = "dp",
-            ranks: Sequence[int] = (0, 1, 2, 3), confirmed: Sequence[int] = ()) -> dict[str, Any]:
+            ranks: Sequence[int] = (0, 1, 2, 3), confirmed: Sequence[int] = (), kind: str = "loop") -> dict[str, Any]:
     evidence = [None if r is None else math.log(r) for r in ratios]
-    arguments = timing_arguments("loop", step=step, group=group, ranks=ranks,
+    arguments = timing_arguments(kind, step=step, group=group, ranks=ranks,
                                  times_ms=[None if r is None else 20.0 * r for r in ratios], evidence=evidence,
                                  confirmed=confirmed, status="AGREE", reason=None, slow_ratio=1.1)
     return make_timing_record(arguments, job_id="j", generation=generation, reporter_rank=0)
@@ -292,3 +292,17 @@ def test_LOOP_6_the_picture_draws_every_ranks_loop_ratio(tmp_path: Path) -> None
     assert main(["report", str(run), "--picture", str(without)]) == 1
     data = with_strip.read_bytes()
     assert data.startswith(b"\x89PNG") and len(data) > len(without.read_bytes()) + 5_000
+
+
+def test_LOOP_7_the_picture_draws_the_forward_checks_in_a_strip_of_their_own(tmp_path: Path) -> None:
+    loops = [_record(step, [1.0, 1.0, 1.0, 1.0]) for step in range(10, 70, 10)]
+    forwards = [_record(step, [1.0, 1.5, 1.0, 1.0], kind="forward") for step in range(10, 70, 10)]
+    run = _run_dir(tmp_path, loops + forwards)
+    series, _ = loop_series(load_run(run).timing, "forward")
+    assert [points[-1][1] for s in series for points in s.runs] == [1.0, 1.5, 1.0, 1.0]
+    assert [points[-1][1] for s in loop_series(load_run(run).timing)[0] for points in s.runs] == [1.0] * 4
+    both, loop_only = tmp_path / "both.png", tmp_path / "loop.png"
+    assert main(["report", str(run), "--picture", str(both)]) == 1  # exit 1: _run_dir's straggler report
+    (tmp_path / "again").mkdir()
+    assert main(["report", str(_run_dir(tmp_path / "again", loops)), "--picture", str(loop_only)]) == 1
+    assert both.read_bytes().startswith(b"\x89PNG") and len(both.read_bytes()) > len(loop_only.read_bytes()) + 5_000
