@@ -287,7 +287,7 @@ def build_checks(
     hosts: Sequence[str],
     exchange: Callable[[Any], list[Any]],
     run_dir: str,
-    add_collective_listener: Callable[[Callable[[], Callable[[], None]]], None],
+    add_collective_listener: Callable[[Callable[..., Callable[[], None]]], None],
 ) -> tuple[list[Any], Cycle]:
     """Every check the configuration asks for, in the order they run at a step, and the
     replay cycle (the longest schedule's, REC-4, with what sets it: REC-8). Collective over

@@ -12,13 +12,13 @@ measure on its own monotonic clock is
   :meth:`LoopTimer.end_step`), the same on every rank once the step's collectives equalise it,
   less the time the host kept the training thread waiting for a CPU (Linux run-queue delay,
   as COMM-1: host contention is not loop work, and on a shared host it is the largest noise);
-* ``wait``: the time during which at least one of the step's collectives was in flight on
-  this rank, the union of their spans -- each from its entry to its exit
-  (:meth:`LoopTimer.collective`), or, where a collective returns at enqueue (NCCL, the emulated
-  backend), from its enqueue to its completion, timed by marks of the device's timer and
-  resolved later (:meth:`LoopTimer.collective_started`, LOOP-5) -- long for the ranks that
-  arrived early, short for the one they waited for. The union, not the longest span: an FSDP2
-  step has dozens of collectives, and their ordinary lengths are nobody's own work.
+* ``wait``: the time it waited in the step's collectives -- each span from its entry to its
+  exit (:meth:`LoopTimer.collective`), or, where a collective returns at enqueue (NCCL, the
+  emulated backend), from its enqueue to its completion, timed by marks of the device's timer
+  and resolved later (:meth:`LoopTimer.collective_started`, LOOP-5) -- long for the ranks that
+  arrived early, short for the one they waited for: the union of the spans of the calls that
+  block the training thread (an FSDP2 step has dozens, and their ordinary lengths are nobody's
+  own work) with the longest of the asynchronous ones (those overlap the rank's computation).
 
 A rank's *loop time* is ``period - wait`` (LOOP-1): its own work in the step, the time its
 peers waited for it included. At a check step every peer exchanges the median of its loop
@@ -88,12 +88,13 @@ class PendingWait:
     and by :meth:`finish` when it completed (any thread; on NCCL from its work's future
     callback, whose current stream waits for the collective). Resolved later, never waited for."""
 
-    __slots__ = ("_timer", "end", "start")
+    __slots__ = ("_timer", "blocking", "end", "start")
 
-    def __init__(self, timer: Timer, start: Mark) -> None:
+    def __init__(self, timer: Timer, start: Mark, blocking: bool = False) -> None:
         self._timer = timer
         self.start = start
         self.end: Mark | None = None
+        self.blocking = blocking  # LOOP-1: the training thread (or its stream) waits in it
 
     def finish(self) -> None:
         if self.end is None:
@@ -254,10 +255,13 @@ class _EndedStep:
         if not starts:
             return self.period_ns, self.timed_ns, None
         origin = _origin(starts)
-        spans = _placed_spans(self.pending, origin)
-        if spans is None:
+        blocking = _placed_spans([wait for wait in self.pending if wait.blocking], origin)
+        others = _placed_spans([wait for wait in self.pending if not wait.blocking], origin)
+        if blocking is None or others is None:
             return None
-        # LOOP-1: two clocks, two unions; the larger is the wait.
+        # LOOP-1: the blocking waits add up; of the asynchronous ones, which may overlap the
+        # rank's computation, only the longest counts. Two clocks, two waits: the larger.
+        spans = [*blocking, *([max(others, key=lambda span: span[1] - span[0])] if others else [])]
         wait_ns = max(self.timed_ns, union_ns(spans))
         if self.forward is None:
             return self.period_ns, wait_ns, None
@@ -339,14 +343,16 @@ class LoopTimer:
             self._forward = None
             self._forward_delayed_ns = None
 
-    def collective_started(self) -> Callable[[], None]:
+    def collective_started(self, blocking: bool = False) -> Callable[[], None]:
         """LOOP-5: a collective of the current step was enqueued now; call the returned
-        function when it completed (from any thread). Outside a loop body it is ignored (the
-        returned function does nothing)."""
+        function when it completed (from any thread). ``blocking``: the training thread called
+        it without ``async_op`` and waits for it (LOOP-1: such waits add up; of the others only
+        the longest counts). Outside a loop body it is ignored (the returned function does
+        nothing)."""
         with self._lock:
             if self._body_started_ns is None or len(self._pending) >= PENDING_WAITS_PER_STEP_MAX:
                 return _nothing
-            wait = PendingWait(self.timer, self.timer.record())
+            wait = PendingWait(self.timer, self.timer.record(), blocking)
             self._pending.append(wait)
             self._collectives += 1
         return wait.finish

@@ -127,10 +127,11 @@ def test_LOOP_2_a_deadline_disables_the_checks_and_never_raises() -> None:
     assert check.reason is not None and check.reason.startswith("disabled")
 
 
-def test_LOOP_1_the_wait_is_the_union_of_the_steps_collective_spans() -> None:
-    """An FSDP2 step has many collectives: their ordinary lengths add up (disjoint spans are
-    summed) and nothing is counted twice (overlapping spans count once); spans timed by marks
-    are a union of their own, and the larger union is the wait."""
+def test_LOOP_1_the_wait_is_the_union_of_the_blocking_spans_and_the_longest_asynchronous_one() -> None:
+    """An FSDP2 step on a CPU has many blocking collectives: their ordinary lengths add up
+    (disjoint spans are summed) and nothing is counted twice (overlapping spans count once);
+    of the asynchronous ones, which may overlap the rank's computation, only the longest counts;
+    spans timed by marks are a wait of their own, and the larger is the wait."""
     assert union_ns([]) == 0
     assert union_ns([(0, 10), (20, 25)]) == 15
     assert union_ns([(20, 25), (0, 10), (5, 12), (6, 7), (25, 30)]) == 22
@@ -149,21 +150,38 @@ def test_LOOP_1_the_wait_is_the_union_of_the_steps_collective_spans() -> None:
                        run_queue_delay_s=lambda: 0.0, timer=stream)
     marked.begin_step()
     start = clock.now_ns
-    outer = marked.collective_started()
+    outer = marked.collective_started(blocking=True)
     clock.now_ns += 2 * MS
-    inner = marked.collective_started()
+    inner = marked.collective_started(blocking=True)
     clock.now_ns += 3 * MS
     inner()
     clock.now_ns += 3 * MS
     outer()
     clock.now_ns += 10 * MS
-    last = marked.collective_started()
+    last = marked.collective_started(blocking=True)
     clock.now_ns += 3 * MS
     last()
     marked.collective(start, start + 2 * MS)
     clock.now_ns += 9 * MS
     marked.end_step(1)
     assert peers.rows[-1] == [1, 1, 19_000, 30_000, 11_000, 0, 0]
+    # Asynchronous ones (DDP's buckets during the backward): 4 ms and 6 ms, disjoint, of which
+    # only the longest counts; it overlaps a blocking 5 ms one by 2 ms: 6 + 5 - 2 = 9 ms.
+    marked.begin_step()
+    first = marked.collective_started()
+    clock.now_ns += 4 * MS
+    first()
+    clock.now_ns += 6 * MS
+    second = marked.collective_started()
+    clock.now_ns += 4 * MS
+    blocked = marked.collective_started(blocking=True)
+    clock.now_ns += 2 * MS
+    second()
+    clock.now_ns += 3 * MS
+    blocked()
+    clock.now_ns += 11 * MS
+    marked.end_step(2)
+    assert peers.rows[-1] == [2, 1, 21_000, 30_000, 9_000, 0, 0]
 
 
 def test_LOOP_7_the_forward_time_is_its_window_less_the_waits_inside_it_and_the_time_off_a_cpu() -> None:
@@ -178,7 +196,7 @@ def test_LOOP_7_the_forward_time_is_its_window_less_the_waits_inside_it_and_the_
         timer.forward_started()
         clock.now_ns += 10 * MS
         timer.forward_started()  # a second first-layer call (a recomputation): ignored
-        finish = timer.collective_started()  # an all-gather between two layers: a wait
+        finish = timer.collective_started(blocking=True)  # an all-gather between two layers: a wait
         clock.now_ns += 4 * MS
         finish()
         delay_s[0] += 0.001  # 1 ms off a CPU inside the window
