@@ -385,8 +385,13 @@ def replay_rank(rank: int, options: dict[str, Any], control: Any) -> None:
                     named.update(result.outliers)
                 elif result.status.value == "INCONCLUSIVE":
                     inconclusive += 1
-            confirmed.update(report.confirmed_stragglers)
-            communication.update(report.confirmed_communication_stragglers)
+            # Out of scope means named by no one: a detector "off" (a relative floor no ratio
+            # reaches) still feeds its sequential test from its AGREE verdicts (STRAG-2), so its
+            # confirmations are not counted either.
+            if timing in ("all", "compute"):
+                confirmed.update(report.confirmed_stragglers)
+            if timing in ("all", "communication"):
+                communication.update(report.confirmed_communication_stragglers)
             errors += list(report.errors)
             if faulty and kind == "bit flip: parameter" and step == fault_step:
                 weight = model.layers[layer].mlp[0].weight
