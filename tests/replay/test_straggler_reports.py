@@ -47,7 +47,6 @@ def test_STRAG_21_reason_codes_are_stable() -> None:
         "device-slow",
         "communication-slow",
         "loop-slow",
-        "forward-slow",
     }
     assert REASONS[(StragglerKind.LOOP, "recovered")] == "recovered-loop-slow"
 
