@@ -349,11 +349,12 @@ def replay_rank(rank: int, options: dict[str, Any], control: Any) -> None:
         peers = TorchPeerGroup(timeout_s=COLLECTIVE_TIMEOUT_S)
         # The detectors the job is about (see _TIMING): a timing detector out of scope names no one.
         off = TimingConfig(relative_floor=1e9)
-        timing = options["timing"]
+        compute_on = options["timing"] in ("all", "compute")
+        communication_on = options["timing"] in ("all", "communication")
         config = ReplayConfig(
             intervals=intervals,
-            timing=ReplayConfig().timing if timing in ("all", "compute") else off,
-            communication_timing=DEFAULT_COMMUNICATION_TIMING if timing in ("all", "communication") else off,
+            timing=ReplayConfig().timing if compute_on else off,
+            communication_timing=DEFAULT_COMMUNICATION_TIMING if communication_on else off,
         )
         replayer = Replayer(ddp, optimizer, peers, config, RecipeModules.discover(ddp))
         layer = options["layer"]
@@ -388,9 +389,9 @@ def replay_rank(rank: int, options: dict[str, Any], control: Any) -> None:
             # Out of scope means named by no one: a detector "off" (a relative floor no ratio
             # reaches) still feeds its sequential test from its AGREE verdicts (STRAG-2), so its
             # confirmations are not counted either.
-            if timing in ("all", "compute"):
+            if compute_on:
                 confirmed.update(report.confirmed_stragglers)
-            if timing in ("all", "communication"):
+            if communication_on:
                 communication.update(report.confirmed_communication_stragglers)
             errors += list(report.errors)
             if faulty and kind == "bit flip: parameter" and step == fault_step:
