@@ -263,7 +263,12 @@ def process_alive(pid: int, start_ticks: int) -> bool:
 
 
 def _lock_path() -> str:
-    return os.path.join(tempfile.gettempdir(), f"scout-progress-{os.getuid()}.lock")
+    """The lock lives where the records do (PROGRESS-12): every process that can see a record
+    must take the same lock, and ``TMPDIR`` differs between processes that share ``/dev/shm``
+    (two torchrun agents on one host, two jobs). The temporary directory only where the
+    platform has no ``/dev/shm``."""
+    directory = SHM_DIR if os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK) else tempfile.gettempdir()
+    return os.path.join(directory, f"scout-progress-{os.getuid()}.lock")
 
 
 @contextlib.contextmanager

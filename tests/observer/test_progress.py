@@ -7,6 +7,8 @@ import multiprocessing
 import os
 import signal
 import struct
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -404,3 +406,27 @@ def test_PROGRESS_12_a_start_removes_the_records_of_dead_trainers_of_any_job_and
         assert progress.remove_dead_records() >= 2
         assert [name for name in names if os.path.exists(os.path.join(progress.SHM_DIR, name))] == []
         assert os.path.exists(os.path.join(progress.SHM_DIR, live.name))
+
+
+def test_PROGRESS_12_the_sweep_waits_for_a_creator_whose_TMPDIR_differs(tmp_path: Any) -> None:
+    """Two torchrun agents on one host give their trainers different TMPDIRs but one /dev/shm:
+    a sweep must take the creator's lock, or it removes a record between its creation and its
+    header (tests/job/test_multinode.py's healthy rank whose observer never attached)."""
+    other_tmp = tmp_path / "other-node-tmp"
+    other_tmp.mkdir()
+    name = record_name(unique_identity().job_id, 0, 0)
+    sweep = ("import sys; from scout.observer import progress; print('sweeping', flush=True); "
+             "print(progress.remove_dead_records(), flush=True)")
+    env = {**os.environ, "TMPDIR": str(other_tmp)}
+    with progress._claim_lock():
+        segment = progress._open_segment(name, create=True)  # created, its header not yet written
+        try:
+            child = subprocess.Popen([sys.executable, "-c", sweep], env=env, stdout=subprocess.PIPE, text=True)
+            assert child.stdout is not None and child.stdout.readline().strip() == "sweeping"
+            time.sleep(0.5)  # an unlocked sweep removes it well within this
+            assert os.path.exists(os.path.join(progress.SHM_DIR, name)), "swept while its creator held the lock"
+        finally:
+            segment.close()
+    out, _ = child.communicate(timeout=WAIT_S)
+    assert child.returncode == 0 and int(out.strip()) >= 1  # released without a header: a dead creator's
+    assert not os.path.exists(os.path.join(progress.SHM_DIR, name))
