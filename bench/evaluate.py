@@ -473,13 +473,14 @@ def _count_real(job: dict[str, Any], steps: int, threshold_s: float) -> dict[str
     false attributions (a rank named) and its false alarms (a report naming no one). Rounds come
     from the schedule at the defaults: a replay vote every 2 steps (plus embedding, output head
     and optimizer once per cycle), two timing comparisons (compute, communication) per replay
-    check plus a loop check every ``loop_check_steps`` (the default), and for the observers one window of the stall
-    threshold per rank over the training time (from the job's start report to its finished one)."""
+    check plus two (loop and forward times, LOOP-7) every ``loop_check_steps`` (the default), and
+    for the observers one window of the stall threshold per rank over the training time (from
+    the job's start report to its finished one)."""
     interval, cycle = 2, 2 * GPT_LAYERS
     votes = steps // interval + 3 * (steps // cycle)
     times = {r["kind"]: _report_time_s(r) for r in job["reports"] if r["kind"] in ("restart", "finished")}
     training_s = times["finished"] - times["restart"] if len(times) == 2 else 0.0
-    rounds = {"sdc": votes, "straggler": 2 * (steps // interval) + steps // Config().loop_check_steps,
+    rounds = {"sdc": votes, "straggler": 2 * (steps // interval) + 2 * (steps // Config().loop_check_steps),
               "hang": int(WORLD * training_s / threshold_s)}
     counts = {kind: {"rounds": n, "false_attributions": 0, "false_alarms": 0} for kind, n in rounds.items()}
     for record in job["reports"]:

@@ -114,7 +114,7 @@ def _instrument(model: nn.Module, identity: RecordIdentity) -> tuple[ProgressPub
     if "instrumentation" not in off:
         instrument.instrument_module(model)
 
-    def listen(listener: Callable[[], Callable[[], None]]) -> None:
+    def listen(listener: Callable[..., Callable[[], None]]) -> None:
         instrument.add_collective_listener(listener)
         if buckets:
             bucket_listeners.append(listener)

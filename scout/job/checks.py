@@ -156,10 +156,20 @@ class LoopStragglerCheck(_NoOps):
 
     name = "loop"
 
-    def __init__(self, timer: LoopTimer, layout: Layout, hosts: Sequence[str]) -> None:
+    def __init__(self, timer: LoopTimer, layout: Layout, hosts: Sequence[str], hidden: Sequence[Any] = ()) -> None:
         self.timer = timer
         self.layout = layout
         self.hosts = tuple(hosts)
+        # LOOP-7: the forward window, from the first hidden layer's pre-hook to the last one's
+        # forward hook -- registered now, after the hooks the layers already have.
+        self._handles = [] if not hidden else [
+            hidden[0].register_forward_pre_hook(lambda _module, _inputs: timer.forward_started()),
+            hidden[-1].register_forward_hook(lambda _module, _inputs, _output: timer.forward_ended())]
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
 
     def gate_recipes(self) -> list[Recipe]:
         return []
@@ -168,24 +178,34 @@ class LoopStragglerCheck(_NoOps):
         self.timer.begin_step()
 
     def straggler_trackers(self) -> Mapping[str, Any]:
-        return {"loop": self.timer.tracker}
+        return {"loop": self.timer.tracker, "forward": self.timer.forward_tracker}
 
     def run(self, step: int) -> Generator[Any, Any, CheckOutput | None]:
         check = self.timer.end_step(step)
         if check is None:
             return None
-        output = replay_output(self.name, self.layout, (), check.events, {"loop": check.performance_ratios},
-                               self.hosts)
+        forward = check.forward
+        ratios = {"loop": check.performance_ratios}
+        if forward is not None:
+            ratios["forward"] = forward.performance_ratios
+        output = replay_output(self.name, self.layout, (), check.events, ratios, self.hosts)
         if check.verdict is None:  # LOOP-6: nothing was compared (a group of one, disabled, steps differ)
             return output
-        ranks = self.layout.groups[self.layout.index]
-        timing = timing_arguments(
-            "loop", step=check.step, group=self.layout.names[self.layout.index], ranks=ranks, times_ms=check.loop_ms,
-            evidence=check.evidence, confirmed=[ranks[p] for p in sorted(check.confirmed)],
-            status=check.verdict.status.value, reason=check.reason,
-            slow_ratio=self.timer.config.straggler.slow_ratio)
-        return attrs.evolve(output, timing=(timing,))
+        timing = [self._timing("loop", check.step, check.loop_ms, check.evidence, check.confirmed,
+                               check.verdict.status.value, check.reason)]
+        if forward is not None and forward.verdict is not None:  # LOOP-7
+            timing.append(self._timing("forward", check.step, forward.forward_ms, forward.evidence, forward.confirmed,
+                                       forward.verdict.status.value, forward.reason))
+        return attrs.evolve(output, timing=tuple(timing))
         yield  # a rank program
+
+    def _timing(self, kind: str, step: int, times_ms: Sequence[float | None], evidence: Sequence[float | None],
+                confirmed: frozenset[int], status: str, reason: str | None) -> dict[str, Any]:
+        ranks = self.layout.groups[self.layout.index]
+        return timing_arguments(
+            kind, step=step, group=self.layout.names[self.layout.index], ranks=ranks, times_ms=times_ms,
+            evidence=evidence, confirmed=[ranks[p] for p in sorted(confirmed)], status=status, reason=reason,
+            slow_ratio=self.timer.config.straggler.slow_ratio)
 
 
 class CanaryCheck(_NoOps):
@@ -267,7 +287,7 @@ def build_checks(
     hosts: Sequence[str],
     exchange: Callable[[Any], list[Any]],
     run_dir: str,
-    add_collective_listener: Callable[[Callable[[], Callable[[], None]]], None],
+    add_collective_listener: Callable[[Callable[..., Callable[[], None]]], None],
 ) -> tuple[list[Any], Cycle]:
     """Every check the configuration asks for, in the order they run at a step, and the
     replay cycle (the longest schedule's, REC-4, with what sets it: REC-8). Collective over
@@ -298,7 +318,7 @@ def build_checks(
     if "loop_timer" not in bench_switches.parts_off():  # a benchmark's private switch, not a setting
         loop = LoopTimer(peers, LoopConfig(check_every_steps=config.loop_check_steps))
         add_collective_listener(loop.collective_started)  # LOOP-5: waits timed from enqueue to completion
-        checks.insert(0, LoopStragglerCheck(loop, dense, hosts))
+        checks.insert(0, LoopStragglerCheck(loop, dense, hosts, modules.hidden))
     if config.moe_catalog is not None:  # spec/moe.md: experts replicated like the dense layers (EP = 1)
         from scout.replay.moe import ExpertLayers, ExpertReplayConfig, ExpertReplayer
         from scout.replay.moe_catalog import load_catalog

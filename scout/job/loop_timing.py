@@ -74,7 +74,7 @@ def loop_timing_json(records: Sequence[Mapping[str, Any]], skipped: int,
                      stragglers: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
     """The summary's ``loop_timing`` object (None without a loop record)."""
     loops = _loop_records(records)
-    replay = {kind: _replay_json(records, kind) for kind in ("device", "communication")}
+    replay = {kind: _replay_json(records, kind) for kind in ("forward", "device", "communication")}
     if not loops and not skipped and not any(replay.values()):
         return None
     ranks = loop_ranks(loops)
@@ -131,7 +131,8 @@ def loop_timing_lines(summary: Mapping[str, Any] | None) -> list[str]:
             lines.append(f"  ... {summary['ranks_not_shown']} more rank(s), each with a lower median ratio")
     for kind, replay in summary["replay"].items():
         slowest = replay["slowest"]
-        lines.append(f"replay {kind} timing: {replay['checks']} check(s)" + (
+        what = "live forward" if kind == "forward" else f"replay {kind}"  # LOOP-7's is timed live
+        lines.append(f"{what} timing: {replay['checks']} check(s)" + (
             f"; slowest rank {slowest['rank']}: median {slowest['median']:.2f}, max {slowest['max']:.2f}, above the "
             f"slow ratio at {slowest['above']}/{slowest['checks']}" if slowest else "; no ratio (never decided)"))
     # Every kind's confirmations last: loop, device and communication alike (reports.jsonl).
@@ -155,9 +156,10 @@ class LoopSeries:
     runs: tuple[tuple[tuple[int, float], ...], ...]
 
 
-def loop_series(records: Sequence[Mapping[str, Any]]) -> tuple[list[LoopSeries], float | None]:
-    """What the picture's loop strip draws, and the slow ratio to mark."""
-    loops = _loop_records(records)
+def loop_series(records: Sequence[Mapping[str, Any]], kind: str = "loop") -> tuple[list[LoopSeries], float | None]:
+    """What the picture's loop strip (or, by ``kind``, its forward strip: LOOP-7) draws, and the
+    slow ratio to mark."""
+    loops = _loop_records(records, kind)
     slow = _slow_ratio(loops)
     points: dict[int | None, dict[int, list[tuple[int, float]]]] = {}
     for record in loops:

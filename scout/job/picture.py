@@ -161,9 +161,10 @@ def render_picture(view: RunView, path: str | Path) -> Path:
     history = _checkpoint_history(view)
     drawn = [_checkpoints_of(view, attempt, history, len(attempts) == 1) for attempt in attempts]
     heights = [1.3 + 0.42 * ranks + _label_pad_pt(checkpoints) / 72 for checkpoints in drawn]
-    series, slow_ratio = loop_series(view.timing)
-    if series:
-        heights.append(2.4)
+    # LOOP-6, LOOP-7: a strip per kind of loop check that wrote lines.
+    strips = [(kind, *loop_series(view.timing, kind)) for kind in ("loop", "forward")]
+    strips = [strip for strip in strips if strip[1]]
+    heights.extend(2.4 for _ in strips)
     heights.append(1.2 + 0.25 * len(attempts))
     # Constrained layout spaces each panel by its own decorations (the checkpoint labels above an
     # attempt's panel), so the strips below keep a normal gap instead of the labels' pad.
@@ -172,8 +173,8 @@ def render_picture(view: RunView, path: str | Path) -> Path:
     legend: dict[str, Any] = {}
     for attempt, checkpoints, axes in zip(attempts, drawn, axes_list[:len(attempts), 0], strict=True):
         _attempt_panel(axes, attempt, checkpoints, ranks, last, legend)
-    if series:
-        _loop_strip(axes_list[-2, 0], series, slow_ratio, last)
+    for axes, (kind, series, slow_ratio) in zip(axes_list[len(attempts):-1, 0], strips, strict=True):
+        _loop_strip(axes, kind, series, slow_ratio, last)
     _wall_time_strip(axes_list[-1, 0], view, attempts, legend)
     figure.suptitle(f"scout: {view.run_dir.name} -- {len(view.faults)} fault report(s) in {len(attempts)} "
                     f"attempt(s)", fontsize=10)
@@ -317,14 +318,16 @@ def _stragglers(axes: Any, attempt: Attempt, legend: dict[str, Any], line: Any) 
         legend["straggler (confirmed)"] = line([], [], color=STRAGGLER_COLOUR, linewidth=4)
 
 
-def _loop_strip(axes: Any, series: Sequence[LoopSeries], slow_ratio: float | None, last: int) -> None:
-    """LOOP-6: each rank's loop performance ratio at each check (one run per attempt), the slow
-    ratio as a dashed line; a rank above it at many checks is the one the loop test watches."""
+def _loop_strip(axes: Any, kind: str, series: Sequence[LoopSeries], slow_ratio: float | None, last: int) -> None:
+    """LOOP-6: each rank's loop (or forward, LOOP-7) performance ratio at each check (one run per
+    attempt), the slow ratio as a dashed line; a rank above it at many checks is the one the
+    test watches."""
     axes.set_xlim(0, last * 1.2 + 2)
     axes.set_xlabel("training step")
-    axes.set_ylabel("loop ratio", fontsize=8)
+    axes.set_ylabel(f"{kind} ratio", fontsize=8)
     axes.grid(alpha=0.2)
-    axes.set_title("loop checks: each rank's loop time / the group's centre (timing.jsonl)", fontsize=9, loc="left")
+    what = "loop time" if kind == "loop" else "live forward time"
+    axes.set_title(f"{kind} checks: each rank's {what} / the group's centre (timing.jsonl)", fontsize=9, loc="left")
     if slow_ratio is not None:
         axes.axhline(slow_ratio, color=STRAGGLER_COLOUR, linestyle="--", linewidth=1)
         axes.text(last * 1.2 + 1, slow_ratio, f"slow ratio {slow_ratio:.2f}", fontsize=7, color=STRAGGLER_COLOUR,

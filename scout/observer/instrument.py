@@ -228,7 +228,7 @@ class _Instrumentation:
         self._fallback: dict[str, int] = {}
         # Called at the entry of every published collective (loop stragglers, LOOP-5); each
         # returns the function to call when that collective completed.
-        self.collective_listeners: list[Callable[[], Callable[[], None]]] = []
+        self.collective_listeners: list[Callable[..., Callable[[], None]]] = []
         # Completion tracking (INSTR-9..13), when it could be started; its tracker is fed here
         # when its source is markers.
         self.tracking: CompletionTracking | None = None
@@ -287,7 +287,9 @@ class _Instrumentation:
             if publish:
                 self.safely(self.publisher.enter_collective, fingerprint)
             entry = self.begin_tracked(tracker, fingerprint)
-            finishers = self.started_listeners()
+            asynchronous = bool(_arg(args, kwargs, index + 1, "async_op", False))
+            # LOOP-1: a call of the training thread without async_op blocks it (or its stream).
+            finishers = self.started_listeners(blocking=publish and not asynchronous)
             self.depth += 1
             result: Any = None
             try:
@@ -295,7 +297,6 @@ class _Instrumentation:
                 return result
             finally:
                 self.depth -= 1
-                asynchronous = bool(_arg(args, kwargs, index + 1, "async_op", False))
                 if tracker is not None:
                     self.safely(tracker.end, entry, result if asynchronous else None)
                 if publish:
@@ -305,11 +306,11 @@ class _Instrumentation:
         wrapper.__scout_instrumented__ = True  # type: ignore[attr-defined]
         return wrapper
 
-    def started_listeners(self) -> list[Callable[[], None]]:
+    def started_listeners(self, *, blocking: bool) -> list[Callable[[], None]]:
         finishers = []
         for listener in self.collective_listeners:
             try:
-                finishers.append(listener())
+                finishers.append(listener(blocking=True) if blocking else listener())
             except Exception:
                 self.failures += 1
         return finishers
@@ -430,9 +431,10 @@ def already_published() -> Iterator[None]:
         active.depth -= 1
 
 
-def add_collective_listener(listener: Callable[[], Callable[[], None]]) -> None:
+def add_collective_listener(listener: Callable[..., Callable[[], None]]) -> None:
     """Call ``listener()`` at the entry of every collective the wrappers publish or track (any
-    thread, on the tracked group), and the
+    thread, on the tracked group) -- ``listener(blocking=True)`` for a call of the training thread
+    without ``async_op``, which blocks it (LOOP-1) --, and the
     function it returns when that collective completed: when the call returned, or for an
     ``async_op`` call when its work's future completed (LOOP-5: on NCCL that callback's current
     stream waits for the collective, so a mark recorded there completes with it)."""

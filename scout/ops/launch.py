@@ -119,7 +119,7 @@ class NodeOps:
 
     def after_step(self, step: int, costs: Mapping[str, float], trackers: Mapping[str, Any]) -> None:
         """Once per ``job.step()``: rewrite this rank's stats file if a second has passed.
-        ``trackers``: the straggler trackers by kind (``device``, ``communication``, ``loop``)."""
+        ``trackers``: the straggler trackers by kind (``device``, ``communication``, ``loop``, ``forward``)."""
         if not self.write_stats:
             return
         now = time.monotonic()

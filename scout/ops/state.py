@@ -27,7 +27,7 @@ __all__ = ["ROUND_BUCKETS_S", "NodeState", "RankProgress", "RankStats", "RoundHi
 #: (``round_deadline_s``, 1 s by default) or when every peer answered (milliseconds on a LAN).
 ROUND_BUCKETS_S: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 #: Straggler kinds (spec/replay.md STRAG-21).
-STRAGGLER_KINDS: Final = ("device", "communication", "loop")
+STRAGGLER_KINDS: Final = ("device", "communication", "loop", "forward")
 
 
 @attrs.define

@@ -12,17 +12,25 @@ measure on its own monotonic clock is
   :meth:`LoopTimer.end_step`), the same on every rank once the step's collectives equalise it,
   less the time the host kept the training thread waiting for a CPU (Linux run-queue delay,
   as COMM-1: host contention is not loop work, and on a shared host it is the largest noise);
-* ``wait``: the longest time it spent waiting in one of the step's collectives -- from its
-  entry to its exit (:meth:`LoopTimer.collective`), or, where a collective returns at enqueue
-  (NCCL, the emulated backend), from its enqueue to its completion, timed by marks of the
-  device's timer and resolved later (:meth:`LoopTimer.collective_started`, LOOP-5) -- long for
-  the ranks that arrived early, short for the one they waited for.
+* ``wait``: the time it waited in the step's collectives -- each span from its entry to its
+  exit (:meth:`LoopTimer.collective`), or, where a collective returns at enqueue (NCCL, the
+  emulated backend), from its enqueue to its completion, timed by marks of the device's timer
+  and resolved later (:meth:`LoopTimer.collective_started`, LOOP-5) -- long for the ranks that
+  arrived early, short for the one they waited for: the union of the spans of the calls that
+  block the training thread (an FSDP2 step has dozens, and their ordinary lengths are nobody's
+  own work) with the longest of the asynchronous ones (those overlap the rank's computation).
 
 A rank's *loop time* is ``period - wait`` (LOOP-1): its own work in the step, the time its
 peers waited for it included. At a check step every peer exchanges the median of its loop
 times over the steps since the last check in one fixed-size row over the replay peer group
 (deadline-bounded, LOOP-2); ``classify_timing`` decides the comparison, and each peer's log
 ratio to the centre feeds a sequential test of its own (``loop-slow``, LOOP-3).
+
+The same row carries the rank's *forward time* (LOOP-7): the live forward of the hidden layers,
+from the first layer's pre-hook to the last layer's forward hook (:meth:`LoopTimer.forward_started`,
+:meth:`LoopTimer.forward_ended`, timed by marks), less the waits inside it. A forward hook that
+waits or computes slows it, where replay -- which does not run a sharded unit's own hooks --
+cannot see it; it has a sequential test of its own (``forward-slow``).
 
 Wiring (the trainer, or ``scout.attach``'s per-step call)::
 
@@ -64,12 +72,13 @@ from scout.replay.stragglers import StragglerEvent, StragglerKind, StragglerTrac
 from scout.transport.base import DeadlineExceeded, TransportError
 from scout.transport.nccl.timing import Mark, Timer, WallTimer, timer_for
 
-__all__ = ["LOOP_ROW_LENGTH", "LoopCheck", "LoopConfig", "LoopTimer", "PendingWait"]
+__all__ = ["LOOP_ROW_LENGTH", "ForwardCheck", "LoopCheck", "LoopConfig", "LoopTimer", "PendingWait", "union_ns"]
 
 logger = logging.getLogger("scout.replay")
 
-#: LOOP-2: step, steps in the window, median loop, period and wait (microseconds).
-LOOP_ROW_LENGTH: Final = 5
+#: LOOP-2: step, steps in the window, median loop, period and wait (microseconds); LOOP-7: steps
+#: with a forward time and their median forward time (microseconds).
+LOOP_ROW_LENGTH: Final = 7
 #: LOOP-5: waits of one step awaiting their marks, and steps awaiting their waits.
 PENDING_WAITS_PER_STEP_MAX: Final = 1024
 
@@ -79,12 +88,13 @@ class PendingWait:
     and by :meth:`finish` when it completed (any thread; on NCCL from its work's future
     callback, whose current stream waits for the collective). Resolved later, never waited for."""
 
-    __slots__ = ("_timer", "end", "start")
+    __slots__ = ("_timer", "blocking", "end", "start")
 
-    def __init__(self, timer: Timer, start: Mark) -> None:
+    def __init__(self, timer: Timer, start: Mark, blocking: bool = False) -> None:
         self._timer = timer
         self.start = start
         self.end: Mark | None = None
+        self.blocking = blocking  # LOOP-1: the training thread (or its stream) waits in it
 
     def finish(self) -> None:
         if self.end is None:
@@ -97,6 +107,19 @@ class PendingWait:
             return None
         seconds = self._timer.elapsed_s(self.start, end)
         return None if seconds is None else max(0, round(seconds * 1e9))
+
+    def placed_ns(self, origin: Mark) -> tuple[int, int] | None:
+        """The wait's start and end in ns after ``origin`` (a mark of the same timer recorded
+        no later than this wait's start), or None while unfinished or unresolved."""
+        end = self.end
+        if end is None:
+            return None
+        start_s = 0.0 if origin is self.start else self._timer.elapsed_s(origin, self.start)
+        end_s = self._timer.elapsed_s(origin, end)
+        if start_s is None or end_s is None:
+            return None
+        start_ns = max(0, round(start_s * 1e9))
+        return start_ns, max(start_ns, round(end_s * 1e9))
 
 
 def _default_timer(clock_ns: Callable[[], int]) -> Timer:
@@ -152,17 +175,103 @@ class LoopCheck:
     """One check of loop times (LOOP-3): per peer, by position, the median loop time and
     period over the window (ms; None if the peer had no step in it), the verdict, the
     evidence, this check's confirmations and recoveries, the peers confirmed now and every
-    peer's performance ratio."""
+    peer's performance ratio; ``forward`` the same comparison of forward times (LOOP-7)."""
 
     step: int
     loop_ms: tuple[float | None, ...]
     period_ms: tuple[float | None, ...]
     verdict: Verdict | None
     evidence: tuple[float | None, ...]
-    events: tuple[StragglerEvent, ...]
+    events: tuple[StragglerEvent, ...]  # the loop's and the forward's
     confirmed: frozenset[int]
     performance_ratios: tuple[float | None, ...]
     reason: str | None = None  # why the check said nothing (None when it was decided)
+    forward: ForwardCheck | None = None
+
+
+@attrs.frozen
+class ForwardCheck:
+    """LOOP-7: the check's comparison of forward times, per peer by position (ms; None if the
+    peer had no forward time in its window)."""
+
+    forward_ms: tuple[float | None, ...]
+    verdict: Verdict | None
+    evidence: tuple[float | None, ...]
+    confirmed: frozenset[int]
+    performance_ratios: tuple[float | None, ...]
+    reason: str | None = None
+
+
+def union_ns(spans: list[tuple[int, int]]) -> int:
+    """LOOP-1: how long at least one of ``spans`` (start, end pairs on one clock) covered."""
+    total = 0
+    covered_to: int | None = None
+    for start, end in sorted(spans):
+        if covered_to is None or start > covered_to:
+            total += end - start
+            covered_to = end
+        elif end > covered_to:
+            total += end - covered_to
+            covered_to = end
+    return total
+
+
+def _placed_spans(pending: list[PendingWait], origin: Mark) -> list[tuple[int, int]] | None:
+    """LOOP-1, LOOP-5: the spans timed by marks, each placed by its distance from ``origin``
+    (a device's marks have no common origin of their own); None while a mark is unfinished or
+    unresolved."""
+    spans = []
+    for wait in pending:
+        placed = wait.placed_ns(origin)
+        if placed is None:
+            return None
+        spans.append(placed)
+    return spans
+
+
+def _origin(pending: list[PendingWait]) -> Mark:
+    return min(pending, key=lambda wait: wait.start.sequence).start
+
+
+def _clipped(spans: list[tuple[int, int]], low_ns: int, high_ns: int) -> list[tuple[int, int]]:
+    """The parts of ``spans`` inside [low_ns, high_ns]."""
+    return [(max(start, low_ns), min(end, high_ns)) for start, end in spans if end > low_ns and start < high_ns]
+
+
+@attrs.frozen
+class _EndedStep:
+    """LOOP-5: an ended step whose waits (and forward window, LOOP-7) are timed by marks that
+    may not be resolved yet."""
+
+    period_ns: int
+    timed_ns: int  # the union of the spans given by times (LOOP-1)
+    pending: list[PendingWait]
+    forward: PendingWait | None  # a closed forward window, or None
+    forward_delayed_ns: int  # the run-queue delay inside it
+
+    def settle(self) -> tuple[int, int, int | None] | None:
+        """(period, wait, forward time or None) in ns, or None while a mark is unresolved."""
+        starts = [*self.pending, *([self.forward] if self.forward is not None else [])]
+        if not starts:
+            return self.period_ns, self.timed_ns, None
+        origin = _origin(starts)
+        blocking = _placed_spans([wait for wait in self.pending if wait.blocking], origin)
+        others = _placed_spans([wait for wait in self.pending if not wait.blocking], origin)
+        if blocking is None or others is None:
+            return None
+        # LOOP-1: the blocking waits add up; of the asynchronous ones, which may overlap the
+        # rank's computation, only the longest counts. Two clocks, two waits: the larger.
+        spans = [*blocking, *([max(others, key=lambda span: span[1] - span[0])] if others else [])]
+        wait_ns = max(self.timed_ns, union_ns(spans))
+        if self.forward is None:
+            return self.period_ns, wait_ns, None
+        window = self.forward.placed_ns(origin)
+        if window is None:
+            return None
+        low_ns, high_ns = window
+        # LOOP-7: the forward less the waits inside it and the time off a CPU.
+        inside_ns = union_ns(_clipped(spans, low_ns, high_ns))
+        return self.period_ns, wait_ns, max(0, high_ns - low_ns - inside_ns - self.forward_delayed_ns)
 
 
 def _nothing() -> None:
@@ -202,13 +311,20 @@ class LoopTimer:
         )
         self._delay_at_start_s = 0.0
         self._body_started_ns: int | None = None
-        self._wait_ns = 0  # the longest collective of the current body
+        self._spans: list[tuple[int, int]] = []  # the current body's (entry_ns, exit_ns)
         self._collectives = 0
         self._pending: list[PendingWait] = []  # LOOP-5: the current body's waits timed by marks
-        # (period_ns, wait_ns) of each step since the last check.
-        self._window: deque[tuple[int, int]] = deque(maxlen=self.config.window_steps_max)
-        # LOOP-5: (period_ns, longest known wait_ns, waits still unresolved) of ended steps.
-        self._unresolved: deque[tuple[int, int, list[PendingWait]]] = deque()
+        # LOOP-7: the current body's forward window (marks) and the run-queue delay at its start.
+        self._forward: PendingWait | None = None
+        self._forward_delay_s = 0.0
+        self._forward_delayed_ns: int | None = None
+        self.forward_tracker = StragglerTracker(
+            StragglerKind.FORWARD, peers.ranks, self.config.straggler, self.config.trail_checks
+        )
+        # (period_ns, wait_ns, forward_ns or None) of each step since the last check.
+        self._window: deque[tuple[int, int, int | None]] = deque(maxlen=self.config.window_steps_max)
+        # LOOP-5: the ended steps whose marks are not all resolved yet.
+        self._unresolved: deque[_EndedStep] = deque()
         self.dropped_steps = 0  # ended steps whose waits did not resolve within the bound
         self.disabled_reason: str | None = None
         self.last_step = 0
@@ -221,21 +337,49 @@ class LoopTimer:
         with self._lock:
             self._delay_at_start_s = delay_s
             self._body_started_ns = self._clock_ns()
-            self._wait_ns = 0
+            self._spans = []
             self._collectives = 0
             self._pending = []
+            self._forward = None
+            self._forward_delayed_ns = None
 
-    def collective_started(self) -> Callable[[], None]:
+    def collective_started(self, blocking: bool = False) -> Callable[[], None]:
         """LOOP-5: a collective of the current step was enqueued now; call the returned
-        function when it completed (from any thread). Outside a loop body it is ignored (the
-        returned function does nothing)."""
+        function when it completed (from any thread). ``blocking``: the training thread called
+        it without ``async_op`` and waits for it (LOOP-1: such waits add up; of the others only
+        the longest counts). Outside a loop body it is ignored (the returned function does
+        nothing)."""
         with self._lock:
             if self._body_started_ns is None or len(self._pending) >= PENDING_WAITS_PER_STEP_MAX:
                 return _nothing
-            wait = PendingWait(self.timer, self.timer.record())
+            wait = PendingWait(self.timer, self.timer.record(), blocking)
             self._pending.append(wait)
             self._collectives += 1
         return wait.finish
+
+    def forward_started(self) -> None:
+        """LOOP-7: the first hidden layer's forward starts (its pre-hook); only the first call
+        of a body counts."""
+        delay_s = self._run_queue_delay()
+        with self._lock:
+            if self._body_started_ns is None or self._forward is not None:
+                return
+            self._forward = PendingWait(self.timer, self.timer.record())
+            self._forward_delay_s = delay_s
+
+    def forward_ended(self) -> None:
+        """LOOP-7: the last hidden layer's forward returned (its forward hook); only the first
+        return after :meth:`forward_started` closes the window (a recomputation in the backward
+        is not a second forward)."""
+        delay_s = self._run_queue_delay()
+        with self._lock:
+            forward = self._forward
+            if self._body_started_ns is None or forward is None or forward.end is not None:
+                return
+            forward.finish()
+            # LOOP-7: a thread kept off a CPU delays the host's clock, not a device's events.
+            host = isinstance(self.timer, WallTimer)
+            self._forward_delayed_ns = max(0, round((delay_s - self._forward_delay_s) * 1e9)) if host else 0
 
     def collective(self, entry_ns: int, exit_ns: int) -> None:
         """One collective of the current step on this rank: when it was entered and when it
@@ -250,7 +394,8 @@ class LoopTimer:
         with self._lock:
             if self._body_started_ns is None:
                 return
-            self._wait_ns = max(self._wait_ns, wait_ns)
+            if len(self._spans) < PENDING_WAITS_PER_STEP_MAX:
+                self._spans.append((entry_ns, exit_ns))
             self._collectives += 1
 
     def end_step(self, step: int) -> LoopCheck | None:
@@ -266,12 +411,17 @@ class LoopTimer:
         now_ns = self._clock_ns()
         delay_s = self._run_queue_delay()
         with self._lock:
-            started, wait_ns, pending = self._body_started_ns, self._wait_ns, self._pending
+            started, spans, pending = self._body_started_ns, self._spans, self._pending
             delayed_ns = round((delay_s - self._delay_at_start_s) * 1e9)
+            forward, forward_delayed_ns = self._forward, self._forward_delayed_ns
             self._body_started_ns = None
+            self._spans = []
             self._pending = []
+            self._forward = None
         if started is not None and step > self.config.warmup_steps:
-            self._unresolved.append((max(0, now_ns - started - delayed_ns), wait_ns, pending))
+            period_ns = max(0, now_ns - started - delayed_ns)
+            closed = forward if forward is not None and forward_delayed_ns is not None else None
+            self._unresolved.append(_EndedStep(period_ns, union_ns(spans), pending, closed, forward_delayed_ns or 0))
             if len(self._unresolved) > self.config.window_steps_max:
                 self._unresolved.popleft()
                 self.dropped_steps += 1
@@ -288,25 +438,28 @@ class LoopTimer:
         """LOOP-5: steps whose waits all resolved join the window, oldest first; a step waiting
         for a mark keeps the later ones waiting (the window stays in step order)."""
         while self._unresolved:
-            period_ns, wait_ns, pending = self._unresolved[0]
-            waits = [w.elapsed_ns() for w in pending]
-            if any(w is None for w in waits):
+            ended = self._unresolved[0]
+            settled = ended.settle()
+            if settled is None:
                 return
             self._unresolved.popleft()
-            self._window.append((period_ns, max([wait_ns, *(w for w in waits if w is not None)])))
+            self._window.append(settled)
 
     def _row(self, step: int) -> list[int]:
         window = list(self._window)
         self._window.clear()
         if not window:
-            return [step, 0, 0, 0, 0]
-        loops = [max(0, period - wait) for period, wait in window]
+            return [step, 0, 0, 0, 0, 0, 0]
+        loops = [max(0, period - wait) for period, wait, _ in window]
+        forwards = [forward for _, _, forward in window if forward is not None]
         return [
             step,
             len(window),
             round(statistics.median(loops) / 1e3),
-            round(statistics.median(period for period, _ in window) / 1e3),
-            round(statistics.median(wait for _, wait in window) / 1e3),
+            round(statistics.median(period for period, _, _ in window) / 1e3),
+            round(statistics.median(wait for _, wait, _ in window) / 1e3),
+            len(forwards),
+            round(statistics.median(forwards) / 1e3) if forwards else 0,
         ]
 
     def _check(self, step: int) -> LoopCheck:
@@ -330,26 +483,50 @@ class LoopTimer:
             # Every peer calls end_step at the same step; a peer elsewhere says nothing here.
             steps = [r[0] for r in rows]
             return self._undecided(step, loop_ms, period_ms, None, f"steps differ: {steps}")
-        values = [MISSING if v is None else v for v in loop_ms]
-        verdict = classify_timing(values, self.config.timing)
-        evidence = check_evidence(
-            {"loop": values}, {"loop": verdict}, self.config.timing.absolute_floor_ms, size
-        )
-        events = self.tracker.observe(step, evidence)
-        reason = None
-        if verdict.status is Status.INCONCLUSIVE and verdict.reason is not None:
-            reason = verdict.reason.value
+        verdict, evidence, events, reason = self._compare(self.tracker, step, loop_ms)
+        forward_ms = tuple(r[6] / 1e3 if r[5] > 0 else None for r in rows)
+        forward, forward_events = self._forward_check(step, forward_ms)
         return LoopCheck(
             step,
             loop_ms,
             period_ms,
             verdict,
             evidence,
-            events,
+            (*events, *forward_events),
             self.tracker.confirmed,
             self.tracker.performance_ratios(),
             reason,
+            forward,
         )
+
+    def _compare(
+        self, tracker: StragglerTracker, step: int, times_ms: tuple[float | None, ...]
+    ) -> tuple[Verdict, tuple[float | None, ...], tuple[StragglerEvent, ...], str | None]:
+        """LOOP-3 (and LOOP-7 for forward times): one comparison and its sequential test."""
+        values = [MISSING if v is None else v for v in times_ms]
+        verdict = classify_timing(values, self.config.timing)
+        evidence = check_evidence(
+            {"loop": values}, {"loop": verdict}, self.config.timing.absolute_floor_ms, self.peers.size
+        )
+        events = tracker.observe(step, evidence)
+        reason = None
+        if verdict.status is Status.INCONCLUSIVE and verdict.reason is not None:
+            reason = verdict.reason.value
+        return verdict, evidence, events, reason
+
+    def _forward_check(
+        self, step: int, forward_ms: tuple[float | None, ...]
+    ) -> tuple[ForwardCheck, tuple[StragglerEvent, ...]]:
+        """LOOP-7: forward times are compared when some peer has one (a job whose hidden layers
+        are not timed says nothing about them)."""
+        tracker = self.forward_tracker
+        if all(v is None for v in forward_ms):
+            tracker.observe(step, (None,) * self.peers.size)
+            return ForwardCheck(forward_ms, None, (None,) * self.peers.size, tracker.confirmed,
+                                tracker.performance_ratios(), "no forward times"), ()
+        verdict, evidence, events, reason = self._compare(tracker, step, forward_ms)
+        return ForwardCheck(forward_ms, verdict, evidence, tracker.confirmed, tracker.performance_ratios(),
+                            reason), events
 
     def _undecided(
         self,
@@ -361,6 +538,7 @@ class LoopTimer:
     ) -> LoopCheck:
         evidence: tuple[float | None, ...] = (None,) * self.peers.size
         events = self.tracker.observe(step, evidence)  # STRAG-10: changes nothing
+        self.forward_tracker.observe(step, evidence)
         return LoopCheck(
             step,
             loop_ms,

@@ -42,7 +42,7 @@ logger = logging.getLogger("scout")
 TIMING_SCHEMA: Final = "scout.timing/1"
 TIMING_FILE: Final = "timing.jsonl"
 #: LOOP-6: the kinds of check that write lines (``StragglerKind`` values).
-TIMING_KINDS: Final = ("loop", "device", "communication")
+TIMING_KINDS: Final = ("loop", "forward", "device", "communication")
 #: LOOP-6: at most this many lines of each kind per file (100 000 loop checks: a million steps
 #: at the default loop_check_steps of 10), counted across attempts ...
 TIMING_LINES_MAX: Final = 100_000

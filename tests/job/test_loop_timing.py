@@ -60,9 +60,9 @@ def _finish(program: Generator[Any, Any, Any]) -> Any:
 
 
 def _record(step: int, ratios: Sequence[float | None], *, generation: int = 0, group: str = "dp",
-            ranks: Sequence[int] = (0, 1, 2, 3), confirmed: Sequence[int] = ()) -> dict[str, Any]:
+            ranks: Sequence[int] = (0, 1, 2, 3), confirmed: Sequence[int] = (), kind: str = "loop") -> dict[str, Any]:
     evidence = [None if r is None else math.log(r) for r in ratios]
-    arguments = timing_arguments("loop", step=step, group=group, ranks=ranks,
+    arguments = timing_arguments(kind, step=step, group=group, ranks=ranks,
                                  times_ms=[None if r is None else 20.0 * r for r in ratios], evidence=evidence,
                                  confirmed=confirmed, status="AGREE", reason=None, slow_ratio=1.1)
     return make_timing_record(arguments, job_id="j", generation=generation, reporter_rank=0)
@@ -83,7 +83,8 @@ def test_LOOP_6_the_pipeline_writes_one_timing_line_per_compared_loop_check_on_t
     pipeline.begin(RestoreDecision(0, None, None, None, 0))
     for step in range(1, 13):
         clock[0] += 20 * MS  # this rank's loop: 20 ms; rank 12's is 30 ms
-        peers.others = [[step, 2, 20_100, 20_100, 0], [step, 2, 30_000, 30_000, 0], [step, 2, 19_900, 19_900, 0]]
+        peers.others = [[step, 2, 20_100, 20_100, 0, 0, 0], [step, 2, 30_000, 30_000, 0, 0, 0],
+                        [step, 2, 19_900, 19_900, 0, 0, 0]]
         _finish(run_step(pipeline, step))
     reading = read_timing(tmp_path / "run" / TIMING_FILE)
     assert reading.skipped == 0
@@ -111,9 +112,40 @@ def test_LOOP_6_a_check_that_compared_nothing_writes_no_line(tmp_path: Path) -> 
                       run_queue_delay_s=lambda: 0.0)
     check = LoopStragglerCheck(timer, Layout.of((RANKS,), ("dp",), 10), ("h",) * 14)
     check.step_begins()
-    peers.others = [[2, 1, 1, 1, 0]] * 3  # peers at another step (LOOP-2)
+    peers.others = [[2, 1, 1, 1, 0, 0, 0]] * 3  # peers at another step (LOOP-2)
     output = _finish(check.run(1))
     assert output is not None and output.timing == ()
+
+
+def test_LOOP_7_the_forward_window_is_timed_by_hooks_on_the_hidden_layers_and_gets_its_own_line() -> None:
+    import torch
+    from torch import nn
+
+    peers = _Peers()
+    clock = [0]
+    timer = LoopTimer(peers, LoopConfig(check_every_steps=1, warmup_steps=0), clock_ns=lambda: clock[0],
+                      run_queue_delay_s=lambda: 0.0)
+    first, last = nn.Linear(2, 2), nn.Linear(2, 2)
+
+    def slow_hook(_module: Any, _inputs: Any, _output: Any) -> None:
+        clock[0] += 7 * MS  # a user's forward hook on the last layer, registered before attach
+
+    last.register_forward_hook(slow_hook)
+    check = LoopStragglerCheck(timer, Layout.of((RANKS,), ("dp",), 10), ("h",) * 14, [first, last])
+    check.step_begins()
+    clock[0] += 1 * MS
+    last(first(torch.zeros(1, 2)))
+    clock[0] += 30 * MS
+    peers.others = [[1, 1, 31_000, 31_000, 0, 1, 5_000]] * 3
+    output = _finish(check.run(1))
+    assert peers.others and output is not None
+    assert [(line["kind"], line["times_ms"][0]) for line in output.timing] == [("loop", 38.0), ("forward", 7.0)]
+    check.close()  # the hooks are removed: a later forward opens no window
+    check.step_begins()
+    last(first(torch.zeros(1, 2)))
+    peers.others = [[2, 1, 31_000, 31_000, 0, 0, 0]] * 3
+    output = _finish(check.run(2))
+    assert [line["kind"] for line in output.timing] == ["loop"]
 
 
 def test_LOOP_6_the_log_stops_at_its_line_bound_with_one_warning_across_attempts(
@@ -260,3 +292,17 @@ def test_LOOP_6_the_picture_draws_every_ranks_loop_ratio(tmp_path: Path) -> None
     assert main(["report", str(run), "--picture", str(without)]) == 1
     data = with_strip.read_bytes()
     assert data.startswith(b"\x89PNG") and len(data) > len(without.read_bytes()) + 5_000
+
+
+def test_LOOP_7_the_picture_draws_the_forward_checks_in_a_strip_of_their_own(tmp_path: Path) -> None:
+    loops = [_record(step, [1.0, 1.0, 1.0, 1.0]) for step in range(10, 70, 10)]
+    forwards = [_record(step, [1.0, 1.5, 1.0, 1.0], kind="forward") for step in range(10, 70, 10)]
+    run = _run_dir(tmp_path, loops + forwards)
+    series, _ = loop_series(load_run(run).timing, "forward")
+    assert [points[-1][1] for s in series for points in s.runs] == [1.0, 1.5, 1.0, 1.0]
+    assert [points[-1][1] for s in loop_series(load_run(run).timing)[0] for points in s.runs] == [1.0] * 4
+    both, loop_only = tmp_path / "both.png", tmp_path / "loop.png"
+    assert main(["report", str(run), "--picture", str(both)]) == 1  # exit 1: _run_dir's straggler report
+    (tmp_path / "again").mkdir()
+    assert main(["report", str(_run_dir(tmp_path / "again", loops)), "--picture", str(loop_only)]) == 1
+    assert both.read_bytes().startswith(b"\x89PNG") and len(both.read_bytes()) > len(loop_only.read_bytes()) + 5_000

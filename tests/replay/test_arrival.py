@@ -10,8 +10,9 @@ from collections.abc import Sequence
 import pytest
 
 from scout.core.straggler import SequentialConfig
-from scout.replay.arrival import LOOP_ROW_LENGTH, LoopConfig, LoopTimer
+from scout.replay.arrival import LOOP_ROW_LENGTH, LoopConfig, LoopTimer, union_ns
 from scout.transport.base import DeadlineExceeded
+from scout.transport.nccl.timing import FakeTimer
 
 Rows = list[list[int]]
 MS = 1_000_000  # ns
@@ -53,14 +54,13 @@ def _timer(peers: LoopPeers, clock: Clock, **config: int) -> LoopTimer:
 
 
 def _step(timer: LoopTimer, clock: Clock, step: int, body_ms: float, wait_ms: float) -> object:
-    """A loop body of ``body_ms`` whose longest collective waited ``wait_ms``."""
+    """A loop body of ``body_ms`` whose collectives were in flight for ``wait_ms``."""
     timer.begin_step()
-    start = clock.now_ns
     clock.now_ns += round((body_ms - wait_ms) * MS)
     entry = clock.now_ns
     clock.now_ns += round(wait_ms * MS)
     timer.collective(entry, clock.now_ns)
-    timer.collective(start, start + MS)  # a shorter one: only the longest counts
+    timer.collective(entry + MS // 2, entry + MS)  # inside the other one: counted once (LOOP-1)
     return timer.end_step(step)
 
 
@@ -73,15 +73,15 @@ def test_LOOP_1_LOOP_2_a_check_sends_the_median_loop_time_in_one_fixed_size_row(
     assert results[:3] == [None, None, None]
     (row,) = peers.rows
     assert len(row) == LOOP_ROW_LENGTH
-    # Step 1 is warm-up; loop = body - longest wait: 20, 10, 18 ms -> median 18 ms.
-    assert row == [4, 3, 18_000, 30_000, 12_000]
+    # Step 1 is warm-up; loop = body - wait: 20, 10, 18 ms -> median 18 ms.
+    assert row == [4, 3, 18_000, 30_000, 12_000, 0, 0]  # no forward window: LOOP-7
     check = results[3]
     assert check is not None and check.loop_ms == (18.0,) * 4 and check.period_ms == (30.0,) * 4
     assert check.evidence == (0.0,) * 4 and not check.events and check.reason is None
 
 
 def _loop_rows(step: int, loop_ms: Sequence[float]) -> list[list[int]]:
-    return [[step, 5, round(ms * 1000), 40_000, 10_000] for ms in loop_ms]
+    return [[step, 5, round(ms * 1000), 40_000, 10_000, 0, 0] for ms in loop_ms]
 
 
 def test_LOOP_3_the_rank_the_others_wait_for_is_confirmed_loop_slow_and_recovers_once() -> None:
@@ -102,13 +102,13 @@ def test_LOOP_3_the_rank_the_others_wait_for_is_confirmed_loop_slow_and_recovers
 
 def test_LOOP_3_a_check_with_a_missing_or_misaligned_peer_says_nothing() -> None:
     clock = Clock()
-    peers = LoopPeers(others=[[2, 0, 0, 0, 0], [2, 5, 30_000, 1, 1], [2, 5, 20_000, 1, 1]])
+    peers = LoopPeers(others=[[2, 0, 0, 0, 0, 0, 0], [2, 5, 30_000, 1, 1, 0, 0], [2, 5, 20_000, 1, 1, 0, 0]])
     timer = _timer(peers, clock, check_every_steps=2, warmup_steps=0)
     _step(timer, clock, 1, 40.0, 20.0)
     check = _step(timer, clock, 2, 40.0, 20.0)
     assert check is not None and check.loop_ms[1] is None
     assert check.evidence == (None,) * 4 and check.reason == "missing-evidence"
-    peers.others = [[3, 5, 20_000, 1, 1]] * 3  # peers at another step (a desync elsewhere)
+    peers.others = [[3, 5, 20_000, 1, 1, 0, 0]] * 3  # peers at another step (a desync elsewhere)
     _step(timer, clock, 3, 40.0, 20.0)
     check = _step(timer, clock, 4, 40.0, 20.0)
     assert check is not None and check.evidence == (None,) * 4
@@ -125,6 +125,138 @@ def test_LOOP_2_a_deadline_disables_the_checks_and_never_raises() -> None:
     check = _step(timer, clock, 2, 40.0, 20.0)  # no further collective on a broken group
     assert len(peers.rows) == gathers and check is not None
     assert check.reason is not None and check.reason.startswith("disabled")
+
+
+def test_LOOP_1_the_wait_is_the_union_of_the_blocking_spans_and_the_longest_asynchronous_one() -> None:
+    """An FSDP2 step on a CPU has many blocking collectives: their ordinary lengths add up
+    (disjoint spans are summed) and nothing is counted twice (overlapping spans count once);
+    of the asynchronous ones, which may overlap the rank's computation, only the longest counts;
+    spans timed by marks are a wait of their own, and the larger is the wait."""
+    assert union_ns([]) == 0
+    assert union_ns([(0, 10), (20, 25)]) == 15
+    assert union_ns([(20, 25), (0, 10), (5, 12), (6, 7), (25, 30)]) == 22
+    clock, peers = Clock(), LoopPeers()
+    timer = _timer(peers, clock, check_every_steps=1, warmup_steps=0)
+    timer.begin_step()
+    for entry_ms, exit_ms in ((5, 10), (20, 26), (22, 24), (30, 34)):  # 5 + 6 + 4 ms
+        timer.collective(entry_ms * MS, exit_ms * MS)
+    clock.now_ns += 50 * MS
+    timer.end_step(1)
+    assert peers.rows[-1] == [1, 1, 35_000, 50_000, 15_000, 0, 0]
+    # Marks on another clock: a span inside another and two disjoint ones, 8 + 3 ms; the spans
+    # given by times (2 ms) are the smaller union.
+    stream = FakeTimer(clock)  # type: ignore[arg-type]
+    marked = LoopTimer(peers, LoopConfig(check_every_steps=1, warmup_steps=0), clock_ns=clock,
+                       run_queue_delay_s=lambda: 0.0, timer=stream)
+    marked.begin_step()
+    start = clock.now_ns
+    outer = marked.collective_started(blocking=True)
+    clock.now_ns += 2 * MS
+    inner = marked.collective_started(blocking=True)
+    clock.now_ns += 3 * MS
+    inner()
+    clock.now_ns += 3 * MS
+    outer()
+    clock.now_ns += 10 * MS
+    last = marked.collective_started(blocking=True)
+    clock.now_ns += 3 * MS
+    last()
+    marked.collective(start, start + 2 * MS)
+    clock.now_ns += 9 * MS
+    marked.end_step(1)
+    assert peers.rows[-1] == [1, 1, 19_000, 30_000, 11_000, 0, 0]
+    # Asynchronous ones (DDP's buckets during the backward): 4 ms and 6 ms, disjoint, of which
+    # only the longest counts; it overlaps a blocking 5 ms one by 2 ms: 6 + 5 - 2 = 9 ms.
+    marked.begin_step()
+    first = marked.collective_started()
+    clock.now_ns += 4 * MS
+    first()
+    clock.now_ns += 6 * MS
+    second = marked.collective_started()
+    clock.now_ns += 4 * MS
+    blocked = marked.collective_started(blocking=True)
+    clock.now_ns += 2 * MS
+    second()
+    clock.now_ns += 3 * MS
+    blocked()
+    clock.now_ns += 11 * MS
+    marked.end_step(2)
+    assert peers.rows[-1] == [2, 1, 21_000, 30_000, 9_000, 0, 0]
+
+
+def test_LOOP_7_the_forward_time_is_its_window_less_the_waits_inside_it_and_the_time_off_a_cpu() -> None:
+    clock, peers = Clock(), LoopPeers()
+    delay_s = [0.0]
+    timer = LoopTimer(peers, LoopConfig(check_every_steps=2, warmup_steps=0), clock_ns=clock,
+                      run_queue_delay_s=lambda: delay_s[0])
+    for step in (1, 2):
+        timer.begin_step()
+        timer.forward_ended()  # before the window opens: nothing
+        clock.now_ns += 2 * MS  # FSDP2's all-gather before the first layer: not in the window
+        timer.forward_started()
+        clock.now_ns += 10 * MS
+        timer.forward_started()  # a second first-layer call (a recomputation): ignored
+        finish = timer.collective_started(blocking=True)  # an all-gather between two layers: a wait
+        clock.now_ns += 4 * MS
+        finish()
+        delay_s[0] += 0.001  # 1 ms off a CPU inside the window
+        clock.now_ns += 14 * MS
+        timer.forward_ended()  # the window closes: 28 ms, less 4 ms of wait, less 1 ms
+        clock.now_ns += 20 * MS
+        timer.forward_ended()  # the backward's recomputation of the last layer: ignored
+        late = timer.collective_started()  # the gradient all-reduce, after the window
+        clock.now_ns += 6 * MS
+        late()
+        timer.end_step(step)
+    assert peers.rows[-1][5:] == [2, 23_000]
+    # A window that never closed (the last layer not called): the step has no forward time.
+    timer.begin_step()
+    timer.forward_started()
+    clock.now_ns += 5 * MS
+    timer.end_step(3)
+    timer.begin_step()
+    clock.now_ns += 5 * MS
+    timer.end_step(4)
+    assert peers.rows[-1][5:] == [0, 0]
+    # On a device's marks the host's run-queue delay is not taken out (the events do not see it).
+    device = LoopTimer(peers, LoopConfig(check_every_steps=1, warmup_steps=0), clock_ns=clock,
+                       run_queue_delay_s=lambda: delay_s[0], timer=FakeTimer(clock))  # type: ignore[arg-type]
+    device.begin_step()
+    device.forward_started()
+    delay_s[0] += 0.002
+    clock.now_ns += 10 * MS
+    device.forward_ended()
+    device.end_step(1)
+    assert peers.rows[-1][5:] == [1, 10_000]
+
+
+def test_LOOP_7_a_rank_with_a_slow_forward_is_confirmed_forward_slow_and_the_loop_test_is_apart() -> None:
+    clock, peers = Clock(), LoopPeers()
+    timer = _timer(peers, clock, check_every_steps=1, warmup_steps=0)
+    names = []
+    for step in range(1, 7):
+        # Loop times alike; peer 2's forward is 1.5x its peers' (a hook that waits).
+        peers.others = [[step, 1, 20_000, 40_000, 20_000, 1, forward] for forward in (10_100, 15_000, 9_900)]
+        timer.begin_step()
+        timer.forward_started()
+        clock.now_ns += 10 * MS
+        timer.forward_ended()
+        clock.now_ns += 10 * MS
+        finish = timer.collective_started()
+        clock.now_ns += 20 * MS
+        finish()
+        check = timer.end_step(step)
+        assert check is not None and check.forward is not None
+        names += [(e.step, e.rank, e.reason) for e in check.events]
+    assert names == [(4, 12, "forward-slow")]
+    assert check.forward.forward_ms == (10.0, 10.1, 15.0, 9.9) and check.forward.confirmed == {2}
+    assert check.confirmed == frozenset() and check.verdict is not None  # the loop test: nobody
+    # Peers without forward times (no hidden layers timed): the forward says nothing.
+    peers.others = [[7, 1, 20_000, 40_000, 20_000, 0, 0]] * 3
+    timer.begin_step()
+    clock.now_ns += 10 * MS
+    check = timer.end_step(7)
+    assert check is not None and check.forward is not None and check.forward.verdict is None
 
 
 def test_LOOP_1_collectives_from_other_threads_and_outside_a_body() -> None:
@@ -265,4 +397,4 @@ def test_LOOP_5_a_step_joins_the_window_when_its_waits_resolve_in_step_order_and
         clock.now_ns += 30 * MS
         timer.end_step(step)
     # The fifth ended step behind it drops it (step 7), and the rest flow into the window.
-    assert timer.dropped_steps == 1 and peers.rows[-1] == [12, 4, 30_000, 30_000, 0]
+    assert timer.dropped_steps == 1 and peers.rows[-1] == [12, 4, 30_000, 30_000, 0, 0, 0]

@@ -47,6 +47,7 @@ def test_STRAG_21_reason_codes_are_stable() -> None:
         "device-slow",
         "communication-slow",
         "loop-slow",
+        "forward-slow",
     }
     assert REASONS[(StragglerKind.LOOP, "recovered")] == "recovered-loop-slow"
 

@@ -18,7 +18,10 @@ Kinds (STRAG-21), each with its own reason code:
   (COMM-2);
 * ``loop`` (``loop-slow``): its peers wait for it at the step's collectives, step after step
   -- its training loop is slow (host-side work, a slow data path; LOOP-1..LOOP-4). A device
-  straggler slows its loop too; ``loop-slow`` without ``device-slow`` points at the host side.
+  straggler slows its loop too; ``loop-slow`` without ``device-slow`` points at the host side;
+* ``forward`` (``forward-slow``): its live forward of the hidden layers takes longer than its
+  peers' (LOOP-7) -- a forward hook that waits or computes, a unit whose live work replay does
+  not repeat; ``forward-slow`` without ``device-slow`` points at the live path.
 
 A recovery has the reason ``recovered-<kind>-slow``; a slow link or host named by live
 cross-group localization (STRAG-20), ``localized-<kind>-slow``.
@@ -64,6 +67,7 @@ class StragglerKind(str, enum.Enum):
     DEVICE = "device"
     COMMUNICATION = "communication"
     LOOP = "loop"
+    FORWARD = "forward"
 
 
 #: STRAG-21: stable reason codes (dashboards key on these).
