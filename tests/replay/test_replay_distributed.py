@@ -269,28 +269,42 @@ def _evidence(ranks: dict[int, dict[str, Any]], kind: str) -> list[tuple[int, li
     return [(c["step"], c[kind]) for c in ranks[0]["checks"] if c[kind]]
 
 
-def test_STRAG_4_FAULT_5_a_1_5x_device_straggler_is_device_slow_and_recovers_exactly_once(
+def _compact_evidence(ranks: dict[int, dict[str, Any]], kind: str) -> str:
+    """Every check's evidence per rank, one short line each, so a failure message shows all of
+    it (pytest cuts a long list's repr)."""
+    return "\n" + "\n".join(
+        f"step {c['step']}: " + " ".join("-" if x is None else f"{x:+.2f}" for x in c[kind])
+        + f" confirmed {c['confirmed'][kind]}" for c in ranks[0]["checks"] if c[kind])
+
+
+def test_STRAG_4_FAULT_5_a_2x_device_straggler_is_device_slow_and_recovers_exactly_once(
     tmp_path: Path,
 ) -> None:
-    """Every operation of rank 1 -- forward, backward, optimizer and replay -- computes 1.5x
+    """Every operation of rank 1 -- forward, backward, optimizer and replay -- computes twice
     as long (FAULT-5) until step 32, then it is healthy again. Checks every 2 steps: rank 1 is
     confirmed ``device-slow`` while the fault lasts and reported recovered once, after it
     stops; nobody else is ever confirmed, and nobody is a communication straggler. (A device
-    straggler also slows its loop: ``loop-slow`` may name rank 1 too, and nobody else.) How
-    many checks a confirmation takes is measured by bench/stragglers.py, not here."""
+    straggler also slows its loop: ``loop-slow`` may name rank 1 too, and nobody else.)
+
+    This test is about the straggler's life -- confirmed once, recovered once, nobody else --
+    not its latency: 2x, not 1.5x, because 4 ranks on 2 shared cores make a 1.5x rank's
+    evidence scatter (0.16-1.03 a check here) and the noise guard (STRAG-2) then holds it back
+    for as many checks as the scatter says (one CI run saw no confirmation in 16 checks, with
+    two checks of no evidence). A 2x rank's evidence sits at the clip (ln 1.5) in most checks,
+    so its own noise is small. How many checks a 1.5x confirmation takes is measured by
+    bench/stragglers.py and bench/evaluate.py, and shown on real jobs by
+    tests/job/test_stragglers_torchrun.py."""
     ranks = run(
         tmp_path,
         scenario="train_stragglers",
-        # 16 checks while slow: 4 ranks on 2 shared cores make every rank's evidence noisy, and
-        # the noise guard then needs more checks (one CI run in nine saw no confirmation by 24).
-        # 19 checks after it: recovery needs about 7 checks at the centre (STRAG-9, recovery
-        # evidence 0.6 at ln 1.1 a check) and more when the recovered rank's evidence is noisy
-        # (one CI run had not recovered 13 checks after the fault; locally it took 7).
+        # 16 checks while slow; 19 checks after it: recovery needs about 7 checks at the centre
+        # (STRAG-9, recovery evidence 0.6 at ln 1.1 a check) and more when the recovered rank's
+        # evidence is noisy (one CI run had not recovered 13 checks after the fault).
         steps=72,
-        device_slow={"rank": 1, "factor": 1.5, "until_step": 33},
+        device_slow={"rank": 1, "factor": 2.0, "until_step": 33},
     )
     device = _events(ranks, "device")
-    evidence = _evidence(ranks, "device")
+    evidence = _compact_evidence(ranks, "device")
     assert [(reason, rank) for reason, rank, _ in device] == [
         ("device-slow", 1),
         ("recovered-device-slow", 1),
@@ -298,7 +312,7 @@ def test_STRAG_4_FAULT_5_a_1_5x_device_straggler_is_device_slow_and_recovers_exa
     (_, _, confirmed_at), (_, _, recovered_at) = device
     assert confirmed_at <= 32 < recovered_at, evidence
     ratio = next(e["ratio"] for e in ranks[0]["events"] if e["reason"] == "device-slow")
-    assert 1.3 <= ratio <= 1.8, evidence  # the per-rank performance ratio
+    assert 1.5 <= ratio <= 2.6, evidence  # the per-rank performance ratio
     assert _events(ranks, "communication") == [], _evidence(ranks, "communication")
     assert all(rank == 1 for _, rank, _ in _events(ranks, "loop")), _evidence(ranks, "loop")
 
