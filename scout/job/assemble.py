@@ -26,6 +26,7 @@ from scout.job import bench_switches
 from scout.job.checks import Cycle, ReplayCheck, build_checks
 from scout.job.config import Config
 from scout.job.control import ControlGroup
+from scout.job.idle_loops import IdleLoops, loop_threads
 from scout.job.gate_driver import GateDriver, Reporter, restarts_left
 from scout.job.hooks import publish_ddp_buckets
 from scout.job.pipeline import Pipeline
@@ -61,6 +62,8 @@ class Assembly:
     observer: ObserverHandle | None
     pipeline: Pipeline
     ops: NodeOps | None
+    #: WAIT-5: the event loops of scout's own gloo groups, idle except inside scout's calls.
+    idle_loops: IdleLoops
 
 
 def _rendezvous_backend(parent: int) -> str | None:
@@ -154,6 +157,7 @@ def assemble(model: nn.Module, optimizer: torch.optim.Optimizer | None, *, run_d
     rank, world_size = dist.get_rank(), dist.get_world_size()
     sink = RunDir(run_dir)
     _warn_about_the_launcher(rank)
+    loops_before = loop_threads()  # WAIT-5: the user's groups' event loops, never touched
     control = ControlGroup(config.collective_timeout_s)
     hostname = host_name()  # Slurm's node name under Slurm (spec/ops.md OPS-7)
     hosts = tuple(control.all_gather(hostname))
@@ -212,4 +216,5 @@ def assemble(model: nn.Module, optimizer: torch.optim.Optimizer | None, *, run_d
     ops = NodeOps.start(config, run_dir=sink.path, publisher=publisher, group=control.group, rank=rank,
                         host=hostname)  # metrics and on_report (docs/metrics.md)
     control.barrier()
-    return Assembly(rank, world_size, sink, ckpt, control, hosts, identity, publisher, observer, pipeline, ops)
+    return Assembly(rank, world_size, sink, ckpt, control, hosts, identity, publisher, observer, pipeline, ops,
+                    IdleLoops.since(loops_before))

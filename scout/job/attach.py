@@ -104,7 +104,8 @@ class Job:
             raise RuntimeError("restore() must come before the first job.step(), once")
         try:
             failure = attempt_failure(self._our_records()) if self.rank == 0 else None
-            self._begin(failure, checkpoints=self.parts.checkpoint_dir is not None)
+            with self.parts.idle_loops.awake():  # WAIT-5: scout's groups work now
+                self._begin(failure, checkpoints=self.parts.checkpoint_dir is not None)
         except BaseException as error:  # PROGRESS-11: say "exiting" before anything else
             self.leave(error)
             raise
@@ -182,7 +183,8 @@ class Job:
             logger.warning("scout: job.step() after an exception left rank %d: its observer no longer watches it "
                            "(spec/observer.md PROGRESS-11); let the exception end the process", self.rank)
         try:
-            self._run_step()
+            with self.parts.idle_loops.awake():  # WAIT-5: checks, the exchange, a checkpoint save
+                self._run_step()
         except BaseException as error:  # PROGRESS-11: say "exiting" before anything else
             self.leave(error)
             raise
@@ -290,7 +292,8 @@ class Job:
         if self._started and not self._leaving:
             self.pipeline.reporter.record(ReportKind.FINISHED, "closed", step=self._step)
         instrument.uninstrument()
-        self.pipeline.close()
+        with self.parts.idle_loops.awake():
+            self.pipeline.close()
         self.publisher.close()
         if self.observer is not None:
             self.observer.close()
