@@ -26,9 +26,9 @@ from scout.job import bench_switches
 from scout.job.checks import Cycle, ReplayCheck, build_checks
 from scout.job.config import Config
 from scout.job.control import ControlGroup
-from scout.job.idle_loops import IdleLoops, loop_threads
 from scout.job.gate_driver import GateDriver, Reporter, restarts_left
 from scout.job.hooks import publish_ddp_buckets
+from scout.job.idle_loops import IdleLoops, loop_threads
 from scout.job.pipeline import Pipeline
 from scout.job.run_dir import RunDir
 from scout.observer import instrument

@@ -71,6 +71,11 @@ __all__ = [
 #: Pending wake times kept at once; the machine asks for at most a few (a round deadline, the
 #: next recheck, a stall threshold).
 WAKE_TIMES_MAX: Final = 16
+#: A wait for a wake-up time ends this much after it: the machine's guards compare elapsed time
+#: with thresholds (``idle >= threshold``), and a wait that ends at the exact float sum of a
+#: publish time and a threshold can read an idle time a rounding error short of it -- with a
+#: long watch interval (DRIVER-6) the stall would then wait for the next read. 1 ms of latency.
+WAKE_MARGIN_S: Final = 0.001
 #: Bytes of one message body accepted for decoding (a report of a 4096-rank group fits).
 MESSAGE_BYTES_MAX: Final = 60_000
 
@@ -180,9 +185,9 @@ def drive(
     watch_s = poll_interval_s if watch_interval_s is None else watch_interval_s
     shortest_threshold_s = min(config.stall_threshold_s, config.data_stall_threshold_s,
                                config.checkpoint_stall_threshold_s)
-    if not 0 < watch_s <= min(1.0, shortest_threshold_s):
-        raise ValueError(f"watch_interval_s must be in (0, {min(1.0, shortest_threshold_s):g}] seconds (at most 1 s "
-                         f"and the shortest stage threshold, DRIVER-4), got {watch_interval_s!r}")
+    if not 0 < watch_s <= shortest_threshold_s:
+        raise ValueError(f"watch_interval_s must be in (0, {shortest_threshold_s:g}] seconds (at most the shortest "
+                         f"stage threshold, DRIVER-4), got {watch_interval_s!r}")
     machine = machine or load_observer_machine()
     run = ObserverRun(config.position)
     wakes: list[float] = []
@@ -269,19 +274,25 @@ def drive(
             yield Pause(poll_interval_s)
 
     # Joined and attached: watch, and answer rounds (OBS-5).
+    if state.control not in FINAL_STATES:
+        yield from progressed()
     while state.control not in FINAL_STATES:
         exit_event = exited()
         if exit_event is not None:
             yield from step(exit_event)
             break
-        yield from progressed()
         now = world.now()
         while wakes and wakes[0] <= now:
             wakes.pop(0)
-        timeout_s = min(watch_s, wakes[0] - now) if wakes else watch_s
+        # A deferral to a lower peer's round (OBS-5) ends without a WakeAt: wake then too, or a
+        # deferring observer would take up its own stall only at its next read (DRIVER-6).
+        due = [at for at in (wakes[0] if wakes else math.inf, state.context.deferred_until_s) if at > now]
+        timeout_s = min(watch_s, min(due, default=math.inf) - now + WAKE_MARGIN_S)
         deliveries = yield Receive(max(0.0, timeout_s))
-        if deliveries:  # DRIVER-5: answer with the trainer's position now, not at the last poll
-            yield from progressed()
+        # Read the record before stepping what ended the wait: a datagram is answered with the
+        # trainer's position now, not at the last read (DRIVER-5), and a wake-up -- a stall's
+        # threshold falling due, DRIVER-4 -- judges what the trainer published until now.
+        yield from progressed()
         for sender, body in deliveries:
             run.messages_received += 1
             if len(body) > MESSAGE_BYTES_MAX:

@@ -64,9 +64,11 @@ EXIT_DEADLINE_S: Final = 3.0
 WATCHDOG_INTERVAL_S: Final = 0.1
 #: DRIVER-6: while the trainer lives, the watchdog sleeps on a pidfd of the trainer (readable when
 #: it exits) and the signal wake-up pipe, and checks /proc only this often: polling every
-#: WATCHDOG_INTERVAL_S cost a healthy observer more CPU than its loop. Where pidfds do not
+#: WATCHDOG_INTERVAL_S cost a healthy observer more CPU than its loop. The pidfd and the pipes
+#: wake it for every way the trainer can go, so the recheck is a backstop only: once a second it
+#: cost as much as the whole watching loop (about 0.3 ms of CPU a second). Where pidfds do not
 #: exist, it polls every WATCHDOG_INTERVAL_S.
-WATCHDOG_RECHECK_S: Final = 1.0
+WATCHDOG_RECHECK_S: Final = 10.0
 _PR_SET_PDEATHSIG: Final = 1
 #: Round latencies kept in the rounds file (the ops sidecar reads it about once a second).
 ROUNDS_KEPT: Final = 64
@@ -273,14 +275,16 @@ class _World:
     def _changed_at(self, snapshot: Any, progress: Progress) -> float | None:
         """DRIVER-4: when what changed since the last read was published, in seconds of
         CLOCK_MONOTONIC (the clock of now()): the host fields at the record's publish, the
-        completion coordinate at its section's last publish (a heartbeat after the change, so
-        never early); None when neither publish time is known."""
+        completion coordinate at the publish that first carried it (PROGRESS-10's
+        ``changed_ns``: a heartbeat since then would date it as late as the read), a section
+        gone stale at its last publish; None when neither publish time is known."""
         host = (progress.step, progress.op, progress.fingerprint, progress.stage)
         times = []
         if host != self._last_host and snapshot.publish_ns > 0:
             times.append(snapshot.publish_ns)
         if progress.completion != self._last_completion and snapshot.completion is not None:
-            times.append(snapshot.completion.publish_ns)
+            section = snapshot.completion
+            times.append(section.changed_ns if progress.completion is not None else section.publish_ns)
         self._last_host, self._last_completion = host, progress.completion
         return max(times) / 1e9 if times else None
 

@@ -121,7 +121,7 @@ class _Life(enum.IntEnum):
 
 
 MAGIC: Final = b"SCOUTPR1"
-LAYOUT_VERSION: Final = 2
+LAYOUT_VERSION: Final = 3
 RECORD_BYTES: Final = 384
 TOKEN_BYTES: Final = 16
 
@@ -141,10 +141,10 @@ _PAYLOAD: Final = struct.Struct("<qqQIIQQqqQIxxxxQqQ")
 _CHECKSUM_MASK: Final = 2**64 - 1
 # The completion section (PROGRESS-8): its own sequence word on its own cache line, then source,
 # enqueued, completed, pending fingerprint, completed fingerprint, pending state, pending since
-# ns, publish ns, checksum.
+# ns, publish ns, changed ns (the publish that first carried this coordinate), checksum.
 _COMPLETION_SEQ_OFFSET: Final = 256
 _COMPLETION_OFFSET: Final = 264
-_COMPLETION: Final = struct.Struct("<QQQQQIxxxxqqQ")
+_COMPLETION: Final = struct.Struct("<QQQQQIxxxxqqqQ")
 assert _HEADER.size <= _SEQ_OFFSET and _PAYLOAD_OFFSET + _PAYLOAD.size <= _COMPLETION_SEQ_OFFSET
 assert _COMPLETION_OFFSET + _COMPLETION.size <= RECORD_BYTES
 
@@ -384,6 +384,9 @@ class CompletionSnapshot:
     pending_state: int
     pending_since_ns: int
     publish_ns: int
+    #: PROGRESS-10: when the coordinate last changed -- the publish that first carried it; a
+    #: heartbeat moves ``publish_ns``, never this.
+    changed_ns: int
 
 
 @attrs.frozen
@@ -722,6 +725,8 @@ class CompletionWriter:
         self._publisher = publisher
         self._seq = 0
         self._released = False
+        self._coordinate: tuple[int, ...] | None = None  # the last published, without its times
+        self._changed_ns = 0
 
     def publish(self, source: int, enqueued: int, completed: int, pending_fingerprint: int, pending_state: int,
                 pending_since_ns: int, completed_fingerprint: int = 0) -> None:
@@ -742,8 +747,12 @@ class CompletionWriter:
         buffer = self._publisher._buffer
         if buffer is None:
             return
-        fields = (source, enqueued, completed, pending_fingerprint, completed_fingerprint, pending_state,
-                  pending_since_ns, time.monotonic_ns())
+        coordinate = (source, enqueued, completed, pending_fingerprint, completed_fingerprint, pending_state,
+                      pending_since_ns)
+        now_ns = time.monotonic_ns()
+        if coordinate != self._coordinate:
+            self._coordinate, self._changed_ns = coordinate, now_ns
+        fields = (*coordinate, now_ns, self._changed_ns)
         seq = self._seq + 1
         _SEQ.pack_into(buffer, _COMPLETION_SEQ_OFFSET, seq)
         _COMPLETION.pack_into(buffer, _COMPLETION_OFFSET, *fields, hash(fields) & _CHECKSUM_MASK)
@@ -757,6 +766,7 @@ class CompletionWriter:
         if buffer is not None:
             _SEQ.pack_into(buffer, _COMPLETION_SEQ_OFFSET, 0)
         self._seq = 0
+        self._coordinate = None
 
     def release(self) -> None:
         """Give the section back (the watcher stopped). Idempotent."""

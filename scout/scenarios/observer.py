@@ -47,7 +47,7 @@ OBSERVER_CONFIG: Final[dict[str, Any]] = dict(
     join_deadline_s=30.0, attach_deadline_s=30.0,
 )
 POLL_INTERVAL_S: Final = 0.05  # as the observer process polls while it joins and attaches
-WATCH_INTERVAL_S: Final = 0.5  # as it reads its record while it watches (DRIVER-6, launch.WATCH_INTERVAL_S)
+WATCH_INTERVAL_S: Final = 5.0  # as it reads its record while it watches (DRIVER-6, launch.WATCH_INTERVAL_S)
 STEPS: Final = 6
 HEALTHY_STEPS: Final = 40  # the healthy job runs several thresholds long
 LAYERS: Final = 3  # forward publishes per step

@@ -16,8 +16,9 @@ from scout.observer.launch import ObserverHandle, start_observer
 from scout.observer.progress import ProgressPublisher, RecordIdentity
 from scout.observer.rendezvous import DirectoryRendezvous
 
-WATCH_S = 1.0  # the longest watch interval allowed: a poll could not explain a prompt exit
+WATCH_S = 5.0  # the default watch interval: a poll could not explain a prompt exit
 PROMPT_S = 0.5
+INSIDE_S = 1.0  # into a watch interval, when the event comes
 
 
 @pytest.fixture
@@ -65,7 +66,7 @@ def _exit_after(handle: ObserverHandle, started: float, timeout_s: float = 10.0)
 
 def test_DRIVER_6_the_observer_wakes_at_once_when_its_trainers_pipe_closes(group: tuple) -> None:
     _publishers, handles = group
-    time.sleep(WATCH_S)  # well inside a watch interval
+    time.sleep(INSIDE_S)  # well inside a watch interval
     started = time.monotonic()
     assert handles[0].process.stdin is not None
     handles[0].process.stdin.close()  # as the kernel does when the trainer dies
@@ -74,7 +75,7 @@ def test_DRIVER_6_the_observer_wakes_at_once_when_its_trainers_pipe_closes(group
 
 def test_DRIVER_6_the_observer_wakes_at_once_on_a_stop_signal(group: tuple) -> None:
     _publishers, handles = group
-    time.sleep(WATCH_S)
+    time.sleep(INSIDE_S)
     started = time.monotonic()
     handles[1].process.send_signal(signal.SIGTERM)
     assert _exit_after(handles[1], started) < PROMPT_S

@@ -379,6 +379,31 @@ def test_PROGRESS_10_a_section_its_watcher_stopped_publishing_reads_absent_and_a
         watcher.stop()
 
 
+def test_PROGRESS_10_a_heartbeat_moves_the_publish_time_not_the_time_the_coordinate_changed() -> None:
+    """An observer that reads seldom (DRIVER-6) dates a completion change by ``changed_ns``:
+    heartbeats republish the same coordinate with a later ``publish_ns`` but keep it."""
+    import time
+
+    with ProgressPublisher(unique_identity()) as publisher, ProgressReader(publisher.name, publisher.token) as reader:
+        writer = publisher.completion_writer()
+        writer.publish(9, 4, 3, 0xF, 2, 1, 0xE)
+        first = reader.read().completion  # type: ignore[union-attr]
+        assert first is not None and first.changed_ns == first.publish_ns
+        time.sleep(0.01)
+        writer.publish(9, 4, 3, 0xF, 2, 1, 0xE)  # a heartbeat
+        beat = reader.read().completion  # type: ignore[union-attr]
+        assert beat is not None and beat.publish_ns > first.publish_ns and beat.changed_ns == first.changed_ns
+        time.sleep(0.01)
+        writer.publish(9, 4, 4, 0, 0, 0, 0xF)  # the collective completed: a change
+        changed = reader.read().completion  # type: ignore[union-attr]
+        assert changed is not None and changed.changed_ns == changed.publish_ns > beat.publish_ns
+        writer.withdraw()
+        writer.publish(9, 4, 4, 0, 0, 0, 0xF)  # after a withdrawal the same coordinate is new again
+        again = reader.read().completion  # type: ignore[union-attr]
+        assert again is not None and again.changed_ns == again.publish_ns > changed.changed_ns
+        writer.release()
+
+
 def test_PROGRESS_11_exiting_is_read_as_leaving_and_later_publishes_keep_it() -> None:
     with ProgressPublisher(unique_identity()) as publisher, ProgressReader(publisher.name, publisher.token) as reader:
         publisher.begin_step(3)
