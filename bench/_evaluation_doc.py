@@ -19,7 +19,7 @@ PART_TEXT = {
     "observer": "the observer process of each rank (`observer=False`)",
     "instrumentation": "per-layer forward hooks and collective wrappers: their publishes (and the completion "
                        "watcher, which needs the wrappers)",
-    "completion": "the completion watcher: a trainer thread polling every 0.1 s, markers on every collective",
+    "completion": "the completion watcher: a trainer thread polling every 0.25 s, markers on every collective",
     "ddp_hook": "the DDP communication hook publishing each gradient bucket",
     "loop_timer": "the loop-straggler timer's listeners (LOOP-1)",
     "replay": "replay, its timing, the gate and the loop timer (`replay=False`)",
@@ -113,16 +113,24 @@ def render(document: dict[str, Any], plots_dir: str = "evaluation") -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
+PAIRED_TEXT = (
+    "Each comparison is a *pair*: the two jobs run at once and take turns step by step -- a turn is one step of "
+    "every rank of one job, and the other job is frozen meanwhile (SIGSTOP to its whole process tree, so none of "
+    "its threads or observers takes CPU from the steps being timed) -- so every step of one arm has a step of "
+    "the other beside it in time and a slow minute of the shared machine falls on both "
+    "(bench/attach_overhead.py). A round is one pair run; which job steps first alternates by round. A run's "
+    "figure is its mean step time over the measured steps (a replay check every few steps is part of the cost); "
+    "the overhead is its ratio to its pair's reference, minus one: median over rounds (range).")
+
+
 def _overhead(section: dict[str, Any], plots_dir: str) -> list[str]:
     out = ["## 1. Overhead against the replay cadence", "",
            f"{_load(section)}.", "",
            "Two ranks (`torchrun --nproc-per-node 2`, gloo, one thread each) train examples/train_gpt.py's GPT with "
            "scout at its defaults except `replay_interval_steps` = k, against the same job without scout, in "
-           f"{section['rounds']} interleaved rounds (every arm once per round, the order rotated each round). A "
-           "run's figure is its mean step time over the measured steps (a replay check every k steps is part of "
-           "the cost); the overhead is its ratio to the same round's run without scout, minus one: median over "
-           "rounds (range). *Replay* is scout's own timing of replay inside `job.step()` as a share of a step; "
-           "*formula* is 1 / (k x layers x batch / replay_rows), the share the issue expects.", ""]
+           f"{section['rounds']} rounds. {PAIRED_TEXT} *Replay* is scout's own timing of replay inside `job.step()` "
+           "as a share of a step; *formula* is 1 / (k x layers x batch / replay_rows), the share the issue expects.",
+           ""]
     for size, entry in section["sizes"].items():
         out += [f"**{size}**: {entry['parameters'] / 1e6:.1f}M parameters, {entry['layers']} layers, batch "
                 f"{entry['batch']} x 128 tokens, {entry['steps']} measured steps per run; without scout "
@@ -149,25 +157,25 @@ def _parts(section: dict[str, Any], plots_dir: str) -> list[str]:
            f"{_load(section)}.", "",
            f"At the defaults on the {section['parameters'] / 1e6:.1f}M GPT ({section['layers']} layers, batch "
            f"{section['batch']} x 128 tokens, {section['ranks']} ranks, {section['steps']} measured steps per run, "
-           f"{section['rounds']} interleaved rounds; without scout {_spread(section['off_step_s'], 3, ' s')} per "
-           f"step): scout costs **{_spread_pct(defaults['overhead'])}**. Each other arm switches one part off "
-           "(`observer` and `replay` are settings; the others are the benchmark's private switches, "
-           "scout/job/bench_switches.py); a part's cost is, per round, the overhead at the defaults minus the "
-           "overhead without it (median, range). Costs need not add up to the total: parts interact (without "
-           "replay there is no gate and no loop timer), and each difference carries the noise of two runs.", ""]
-    rows = [[f"`{part}`", PART_TEXT.get(part, ""), _spread_pct(entry["without"]), _spread_pct(entry["cost"]),
-             _spread_pct(entry.get("without_cpu"))] for part, entry in section["parts"].items()]
-    out += _table(["part off", "what it removes", "overhead without it", "cost of the part",
-                   "CPU overhead without it"], rows)
-    out += [f"*CPU overhead*: the CPU time per step of rank 0's trainer (every thread) and its observer against "
-            f"the run without scout; at the defaults {_spread_pct(defaults.get('cpu_overhead'))}. It leaves out "
-            "waiting and moves far less with the machine's load than wall time, but it also leaves out what scout "
-            "costs the job by making a rank wait.", ""]
+           f"{section['rounds']} rounds; without scout {_spread(section['off_step_s'], 3, ' s')} per "
+           f"step): scout costs **{_spread_pct(defaults['overhead'])}**. {PAIRED_TEXT}", "",
+           "A part's cost is measured by a pair of its own: the defaults against the defaults with that one part "
+           "off (`observer` and `replay` are settings; the others are the benchmark's private switches, "
+           "scout/job/bench_switches.py), as a share of the step without the part. Costs need not add up to the "
+           "total: parts interact (without replay there is no gate and no loop timer).", ""]
+    rows = [[f"`{part}`", PART_TEXT.get(part, ""), _spread_pct(entry["cost"]),
+             _spread_pct(entry.get("cpu_against_defaults"))] for part, entry in section["parts"].items()]
+    out += _table(["part off", "what it removes", "cost of the part", "CPU without it, against the defaults"],
+                  rows)
+    out += [f"*CPU*: the CPU time per step of rank 0's trainer (every thread) and its observer against its pair's "
+            f"reference; at the defaults, against no scout, {_spread_pct(defaults.get('cpu_overhead'))}. It "
+            "leaves out waiting, but also what scout costs the job by making a rank wait.", ""]
     shares = defaults["shares"]
     names = {"step_cpu_s": "job.step, CPU time of the training thread", "replay_cpu_s": "replay, CPU time",
              "replay_s": "replay (inside job.step), wall time", "replay_compute_s": "of which replay compute",
              "replay_collectives_s": "of which replay collectives", "gate_and_reports_s": "gate and reports",
              "cycle_end_s": "cycle ends", "observer_cpu_s": "observer process CPU (rank 0's)",
+             "background_cpu_s": "CPU of rank 0's trainer and observer while frozen for the other job (about 0)",
              "trainer_cpu_s": "trainer CPU beyond the run without scout (rank 0, every thread)"}
     rows = [[label, _spread_pct(shares.get(key), 3)] for key, label in names.items() if key in shares]
     out += ["Inside the runs at the defaults, as shares of a step without scout (median over rounds, range):", ""]

@@ -1,15 +1,28 @@
-"""End-to-end overhead of ``scout.attach`` on a GPT trained with DDP, measured as interleaved
+"""End-to-end overhead of ``scout.attach`` on a GPT trained with DDP, measured in interleaved
 A/B runs of one training script (this file, under ``torchrun --nproc-per-node 2``, gloo on CPU).
 
 An *arm* is one way to run the same model, data and steps: without scout (``off``), with scout
 at its defaults, at another replay cadence, or with one part of scout switched off -- the
 ``observer`` and ``replay`` settings, or a private benchmark switch (scout/job/bench_switches.py:
-``instrumentation``, ``ddp_hook``, ``loop_timer``, ``gate``). A *round* runs every arm once, in
-an order that rotates from round to round (and reverses every other round), so drift on a
-shared machine falls on every arm alike. A run's figure is its **mean** step time over its
-measured steps -- a replay check every few steps is part of the cost, so a median would hide it
--- and an arm's overhead in a round is its mean over the ``off`` arm's mean of the same round,
-minus one; the result is the median over rounds, with the range.
+``instrumentation``, ``ddp_hook``, ``loop_timer``, ``gate``).
+
+Arms are compared in **pairs that take turns step by step** (:func:`paired`, :func:`pair_run`):
+the reference arm and the measured arm run as two torchrun jobs at once; a turn is one step of
+every rank of one job, and while one job has its turn the other is frozen (SIGSTOP to its whole
+process tree: agent, trainers with every thread, observers). The two alternate A, B, A, B, ...,
+so every step of one arm has a step of the other beside it in time, and drift on a shared
+machine -- a slow minute, a noisy neighbour -- falls on both arms alike, which whole runs one
+after the other cannot give: on this 2-core box, five separate runs of the same job without
+scout ranged from 5.28 to 6.31 s a step (the rounds design this replaced, 2026-12-02), a
+spread twenty times the 1 % goal. Freezing, not just waiting, matters: a waiting scout job's
+threads and processes would still run (gloo's loop threads wake 100 times a second, scout's
+completion watcher 10 times, its observer twice) and take their CPU from the other job's
+steps, making scout look cheaper. A *round* is one pair run; which arm steps first alternates
+from round to round. A run's figure is its **mean** step time over its measured steps -- a
+replay check every few steps is part of the cost, so a median would hide it -- and the arm's
+overhead in a round is its mean over the reference's mean, minus one; the result is the median
+over rounds, with the range. Each run also reports the CPU its processes spent outside its own
+turns (``background_cpu_s``, about zero when the freezing works).
 
 Each run also reports, from inside the measured window: scout's own accounting of
 ``job.step()`` (``job.costs``: replay, its compute and collectives, gate and reports, cycle
@@ -17,7 +30,7 @@ ends), the CPU time of rank 0's trainer process (every thread) and of its observ
 
 This file is three things: the benchmark of the overhead at defaults (``./dev py
 bench/attach_overhead.py``; goal <= 1.0 % on a CPU box, <= 0.5 % on a GPU, TARGETS.md), the
-library bench/evaluate.py measures cadences and parts with (:func:`interleaved`), and the
+library bench/evaluate.py measures cadences and parts with (:func:`paired`), and the
 torchrun worker (``--worker``).
 
     ./dev py bench/attach_overhead.py [--rounds 5] [--steps 24] [--batch 8] [--size large]
@@ -31,10 +44,13 @@ bench/results/attach_overhead_gpu.json unless ``--output`` says where.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
 import resource
+import select
+import shutil
 import statistics
 import subprocess
 import sys
@@ -127,6 +143,35 @@ def _time_on_this_thread(job: Any) -> None:
     job.step = timed(job.step, "step_cpu_s")
 
 
+class Baton:
+    """One rank's turns in a pair (:func:`pair_run`): ``wait`` blocks until the driver gives this
+    rank a turn, ``give`` tells the driver this rank has finished it. The rank's own FIFO and
+    its side's done FIFO are opened read-write, so that no open blocks and no read sees end of
+    file; every wait is bounded by ``timeout_s``."""
+
+    def __init__(self, directory: Path, side: int, rank: int, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.turns = os.open(go_path(directory, side, rank), os.O_RDWR)
+        self.done = os.open(done_path(directory, side), os.O_RDWR)
+
+    def wait(self) -> None:
+        ready, _, _ = select.select([self.turns], [], [], self.timeout_s)
+        if not ready:
+            raise TimeoutError(f"the pair's driver gave no turn within {self.timeout_s:g} s")
+        os.read(self.turns, 1)
+
+    def give(self) -> None:
+        os.write(self.done, b"d")
+
+
+def go_path(directory: Path, side: int, rank: int) -> Path:
+    return directory / f"go-side{side}-rank{rank}"
+
+
+def done_path(directory: Path, side: int) -> Path:
+    return directory / f"done-side{side}"
+
+
 def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
@@ -166,9 +211,23 @@ def worker(args: argparse.Namespace) -> None:
     times: list[float] = []
     train_cpu: list[float] = []  # this thread's CPU time of forward, backward and the optimizer
     window: dict[str, Any] = {}
+    baton = Baton(Path(args.baton), args.side, rank, RUN_TIMEOUT_S) if args.baton else None
+    in_turns_cpu_s = 0.0  # this job's processes' CPU inside its own turns (the measured steps)
+
+    def processes_cpu_s() -> float:
+        """CPU seconds of this trainer (every thread) and its observer."""
+        total = _own_cpu_s()
+        if job is not None and job.observer is not None:
+            total += _process_cpu_s(job.observer.pid)
+        return total
 
     def snapshot() -> dict[str, Any]:
-        taken: dict[str, Any] = {"cpu_s": _own_cpu_s(), "wall_s": time.perf_counter()}
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        taken: dict[str, Any] = {"cpu_s": _own_cpu_s(), "wall_s": time.perf_counter(),
+                                 "processes_cpu_s": processes_cpu_s(),
+                                 "usage": {"user_s": usage.ru_utime, "system_s": usage.ru_stime,
+                                           "minor_faults": usage.ru_minflt, "voluntary_switches": usage.ru_nvcsw,
+                                           "involuntary_switches": usage.ru_nivcsw}}
         if job is not None:
             taken["costs_s"] = dict(job.costs)
             if job.observer is not None:
@@ -176,8 +235,11 @@ def worker(args: argparse.Namespace) -> None:
         return taken
 
     for step in range(1, WARMUP_STEPS + args.steps + 1):
+        if baton is not None:
+            baton.wait()
         if step == WARMUP_STEPS + 1:
             window["start"] = snapshot()
+        turn_cpu_s = processes_cpu_s() if step > WARMUP_STEPS else 0.0
         generator = torch.Generator().manual_seed(1000 * step + rank)
         tokens = torch.randint(0, size["vocab"], (args.batch, SEQUENCE + 1), generator=generator).to(device)
         if device.type == "cuda":
@@ -196,12 +258,23 @@ def worker(args: argparse.Namespace) -> None:
         if step > WARMUP_STEPS:
             times.append(time.perf_counter() - started)
             train_cpu.append(trained_cpu)
-    end = snapshot()
+            in_turns_cpu_s += processes_cpu_s() - turn_cpu_s
+        if step == WARMUP_STEPS + args.steps:
+            window["end"] = snapshot()  # before the last turn is handed over
+        if baton is not None:
+            baton.give()
+    if baton is not None:
+        baton.wait()  # the release: nothing of this job runs beside the other job's last step
+    end = window["end"]
     start = window["start"]
     result: dict[str, Any] = {
         "rank": rank, "parameters": parameters, "layers": size["layers"], "batch": args.batch, "step_s": times,
         "train_cpu_s": train_cpu,
         "trainer_cpu_s": end["cpu_s"] - start["cpu_s"], "window_wall_s": end["wall_s"] - start["wall_s"],
+        # The trainer's user and system time, page faults and context switches over the window.
+        "trainer_usage": {name: end["usage"][name] - start["usage"][name] for name in end["usage"]},
+        # What this job's processes spent while the other job of a pair stepped (its turns).
+        "background_cpu_s": end["processes_cpu_s"] - start["processes_cpu_s"] - in_turns_cpu_s,
     }
     if job is not None:
         result["costs_s"] = {name: seconds - start["costs_s"].get(name, 0.0) for name, seconds in end["costs_s"].items()}
@@ -215,55 +288,203 @@ def worker(args: argparse.Namespace) -> None:
     dist.destroy_process_group()
 
 
-def one_run(arm: Arm, *, size: str, steps: int, batch: int, nproc: int, device: str, work: Path) -> dict[str, Any]:
-    """One torchrun job of ``arm``; rank 0's measurements."""
-    out = work / f"{arm.name}-{time.monotonic_ns()}.json"
+def _command(arm: Arm, *, size: str, steps: int, batch: int, nproc: int, device: str, work: Path,
+             out: Path, baton: Path | None = None, side: int = 0) -> list[str]:
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--standalone",
                __file__, "--worker", "--arm", json.dumps(arm.to_json()), "--size", size, "--steps", str(steps),
                "--batch", str(batch), "--device", device, "--out", str(out), "--run-dir", str(work / f"run-{out.stem}")]
+    if baton is not None:
+        command += ["--baton", str(baton), "--side", str(side)]
+    return command
+
+
+def _environment(arm: Arm) -> dict[str, str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     env.pop("SCOUT_BENCH_OFF", None)
     private = [part for part in arm.off if part not in SETTING_PARTS]
     if private:
         env["SCOUT_BENCH_OFF"] = ",".join(private)
-    completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False)
-    if completed.returncode != 0 or not out.exists():
-        raise RuntimeError(f"the {arm.name} run failed (exit {completed.returncode}): {completed.stderr[-3000:]}")
+    return env
+
+
+def _outcome(arm: Arm, process: subprocess.Popen[str], out: Path) -> dict[str, Any]:
+    _, stderr = process.communicate()
+    if process.returncode != 0 or not out.exists():
+        raise RuntimeError(f"the {arm.name} run failed (exit {process.returncode}): {stderr[-3000:]}")
     loaded: dict[str, Any] = json.loads(out.read_text())
     return loaded
 
 
-def round_order(arms: Sequence[Arm], index: int) -> list[Arm]:
-    """Round ``index``'s order: rotated by the round number, reversed every other round."""
-    shift = index % len(arms)
-    order = list(arms[shift:]) + list(arms[:shift])
-    return order[::-1] if index % 2 else order
+def one_run(arm: Arm, *, size: str, steps: int, batch: int, nproc: int, device: str, work: Path) -> dict[str, Any]:
+    """One torchrun job of ``arm`` on its own; rank 0's measurements."""
+    out = work / f"{arm.name}-{time.monotonic_ns()}.json"
+    process = subprocess.Popen(_command(arm, size=size, steps=steps, batch=batch, nproc=nproc, device=device,
+                                        work=work, out=out), env=_environment(arm), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        process.wait(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+    return _outcome(arm, process, out)
+
+
+def _process_tree(root: int) -> list[int]:
+    """``root`` and every process below it (the torchrun agent, its trainers, their observers),
+    from /proc's parent links."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # a process that just ended
+        children.setdefault(int(fields[1]), []).append(int(entry.name))
+    tree, frontier = [root], [root]
+    while frontier:
+        frontier = [child for pid in frontier for child in children.get(pid, ())]
+        tree += frontier
+    return tree
+
+
+def _signal_tree(root: int, signum: int) -> None:
+    for pid in _process_tree(root):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+
+
+def pair_run(reference: Arm, arm: Arm, *, first: int, size: str, steps: int, batch: int, nproc: int,
+             device: str, work: Path) -> dict[str, dict[str, Any]]:
+    """The two jobs of a pair at once, taking turns step by step: side 0 is ``reference``, side
+    1 ``arm``, side ``first`` steps first. A turn is one step of every rank of one job; the
+    driver gives it (:class:`Baton`), waits until every rank has finished it, then **freezes**
+    that job -- SIGSTOP to its whole process tree: the torchrun agent, the trainers and every
+    thread in them (gloo's loops, scout's completion watcher), their observers -- and lets the
+    other job continue. Nothing of a job runs while the other steps, so each job's step times
+    carry its own costs and only those. Both jobs start at once and meet at their first turn
+    (the warm-up steps absorb the start-up); after both have run every step they are released
+    to finish. A job that fails ends the other. Rank 0's measurements of each, by arm name."""
+    import signal
+
+    total_turns = WARMUP_STEPS + steps
+    baton = Path(tempfile.mkdtemp(prefix="pair-", dir=work))
+    for side in (0, 1):
+        os.mkfifo(done_path(baton, side))
+        for rank in range(nproc):
+            os.mkfifo(go_path(baton, side, rank))
+    fds = {path: os.open(path, os.O_RDWR) for path in sorted(baton.iterdir())}
+    arms = (reference, arm)
+    outs = [work / f"{a.name}-{time.monotonic_ns()}-side{side}.json" for side, a in enumerate(arms)]
+    processes = [subprocess.Popen(_command(a, size=size, steps=steps, batch=batch, nproc=nproc, device=device,
+                                           work=work, out=outs[side], baton=baton, side=side),
+                                  env=_environment(a), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                 for side, a in enumerate(arms)]
+    errors: list[list[str]] = [[], []]
+    import threading
+
+    # Read stderr as it comes, so a chatty job never fills its pipe and stalls.
+    readers = [threading.Thread(target=errors[side].extend, args=(process.stderr,), daemon=True)
+               for side, process in enumerate(processes)]
+    for reader in readers:
+        reader.start()
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+
+    def give(side: int) -> None:
+        for rank in range(nproc):
+            os.write(fds[go_path(baton, side, rank)], b"g")
+
+    def finished(side: int) -> bool:
+        """Wait (bounded) until every rank of ``side`` has finished its turn; False if a job
+        failed or the deadline passed."""
+        got = 0
+        done = fds[done_path(baton, side)]
+        while got < nproc:
+            if time.monotonic() > deadline or any(p.poll() not in (None, 0) for p in processes):
+                return False
+            ready, _, _ = select.select([done], [], [], 0.5)
+            if ready:
+                got += len(os.read(done, nproc - got))
+        return True
+
+    ok = True
+    try:
+        side = first
+        give(side)
+        turns = [0, 0]
+        while ok and min(turns) < total_turns:
+            ok = finished(side)
+            turns[side] += 1
+            other = 1 - side
+            if ok and turns[other] < total_turns:
+                _signal_tree(processes[side].pid, signal.SIGSTOP)
+                _signal_tree(processes[other].pid, signal.SIGCONT)
+                give(other)
+                side = other
+            elif ok and turns[side] < total_turns:
+                give(side)  # the other job has run all its turns (and waits for its release)
+        for side in (0, 1):
+            _signal_tree(processes[side].pid, signal.SIGCONT)
+            give(side)  # the release
+        while ok and any(p.poll() is None for p in processes):
+            ok = time.monotonic() < deadline and all(p.poll() in (None, 0) for p in processes)
+            time.sleep(0.2)
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                _signal_tree(process.pid, signal.SIGCONT)
+                _signal_tree(process.pid, signal.SIGKILL)
+            process.wait()
+        for reader in readers:
+            reader.join(timeout=10)
+        for fd in fds.values():
+            os.close(fd)
+        shutil.rmtree(baton, ignore_errors=True)
+    runs: dict[str, dict[str, Any]] = {}
+    for side, (a, process) in enumerate(zip(arms, processes, strict=True)):
+        if process.returncode != 0 or not outs[side].exists():
+            raise RuntimeError(f"the {a.name} run of the pair {reference.name}/{arm.name} failed (exit "
+                               f"{process.returncode}): {''.join(errors[side])[-3000:]}")
+        runs[a.name] = json.loads(outs[side].read_text())
+    return runs
 
 
 def mean_step_s(run: dict[str, Any]) -> float:
     return float(statistics.fmean(run["step_s"]))
 
 
-def interleaved(
-    arms: Sequence[Arm], *, rounds: int, size: str, steps: int, batch: int, nproc: int = 2, device: str = "cpu",
-    log: Callable[[str], None] = print,
+def paired(
+    pairs: Sequence[tuple[Arm, Arm]], *, rounds: int, size: str, steps: int, batch: int, nproc: int = 2,
+    device: str = "cpu", log: Callable[[str], None] = print,
 ) -> list[dict[str, Any]]:
-    """``rounds`` rounds of every arm (the first arm must be ``off``); per round and arm, the run
-    and its overhead against the round's ``off`` run. Also the load average around each round."""
-    if not arms or arms[0].scout:
-        raise ValueError(f"the first arm must be scout off (the reference), got {arms[:1]}")
+    """``rounds`` rounds; in each, every (reference, arm) of ``pairs`` runs as a pair
+    (:func:`pair_run`), the side that steps first alternating by round. Per round: the runs (the
+    arm's under its name, its reference's under ``"<reference>@<arm>"``), each arm's overhead
+    over its reference, and the load average around the round. Arm names must differ."""
+    names = [arm.name for _, arm in pairs]
+    if not pairs or len(set(names)) != len(names) or any(r.name == a.name for r, a in pairs):
+        raise ValueError(f"paired needs distinct arms, each with another reference, got "
+                         f"{[(r.name, a.name) for r, a in pairs]}")
     work = Path(tempfile.mkdtemp(prefix="scout-overhead-"))
     results: list[dict[str, Any]] = []
-    for index in range(rounds):
-        load_before = list(os.getloadavg())
-        runs = {arm.name: one_run(arm, size=size, steps=steps, batch=batch, nproc=nproc, device=device, work=work)
-                for arm in round_order(arms, index)}
-        reference = mean_step_s(runs[arms[0].name])
-        overheads = {name: mean_step_s(run) / reference - 1 for name, run in runs.items()}
-        results.append({"round": index, "order": [a.name for a in round_order(arms, index)], "runs": runs,
-                        "overhead": overheads, "load_before": load_before, "load_after": list(os.getloadavg())})
-        log(f"  round {index + 1}/{rounds} ({size}): off {reference:.3f} s/step; "
-            + ", ".join(f"{name} {100 * value:+.2f} %" for name, value in overheads.items() if name != arms[0].name))
+    try:
+        for index in range(rounds):
+            load_before = list(os.getloadavg())
+            runs: dict[str, dict[str, Any]] = {}
+            overheads: dict[str, float] = {}
+            for reference, arm in pairs:
+                pair = pair_run(reference, arm, first=index % 2, size=size, steps=steps, batch=batch, nproc=nproc,
+                                device=device, work=work)
+                runs[arm.name] = pair[arm.name]
+                runs[f"{reference.name}@{arm.name}"] = pair[reference.name]
+                overheads[arm.name] = mean_step_s(pair[arm.name]) / mean_step_s(pair[reference.name]) - 1
+                log(f"  round {index + 1}/{rounds} ({size}): {arm.name} against {reference.name} "
+                    f"{100 * overheads[arm.name]:+.2f} %, {reference.name} {mean_step_s(pair[reference.name]):.3f} "
+                    f"s/step")
+            results.append({"round": index, "first": "reference" if index % 2 == 0 else "arm",
+                            "references": {arm.name: reference.name for reference, arm in pairs}, "runs": runs,
+                            "overhead": overheads, "load_before": load_before, "load_after": list(os.getloadavg())})
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     return results
 
 
@@ -274,37 +495,40 @@ def summary(results: list[dict[str, Any]], arm: str) -> dict[str, float]:
 
 
 def driver(args: argparse.Namespace) -> int:
-    results = interleaved([OFF, DEFAULTS], rounds=args.rounds, size=args.size, steps=args.steps, batch=args.batch,
-                          nproc=args.nproc, device=args.device)
-    overheads = [r["overhead"]["defaults"] for r in results]
+    results = paired([(OFF, DEFAULTS)], rounds=args.rounds, size=args.size, steps=args.steps, batch=args.batch,
+                     nproc=args.nproc, device=args.device)
+    overhead = summary(results, "defaults")
     goal = GOAL_CPU if args.device == "cpu" else GOAL_GPU
     on_runs = [r["runs"]["defaults"] for r in results]
-    off_means = [mean_step_s(r["runs"]["off"]) for r in results]
+    off_means = [mean_step_s(r["runs"]["off@defaults"]) for r in results]
     breakdown: dict[str, float] = {}
     for run, reference in zip(on_runs, off_means, strict=True):
         window_s = reference * len(run["step_s"])
         parts = dict(run.get("costs_s", {}))
         parts["observer_cpu_s"] = run.get("observer_cpu_s", 0.0)
+        parts["background_cpu_s"] = run["background_cpu_s"]
         for name, seconds in parts.items():
             breakdown[name] = breakdown.get(name, 0.0) + seconds / window_s / len(on_runs)
     result = {
         "model_parameters": on_runs[0]["parameters"], "size": args.size,
         "ranks": args.nproc, "device": args.device, "batch": args.batch, "sequence": SEQUENCE,
         "steps_per_run": args.steps, "rounds": args.rounds,
+        "design": "pairs taking turns step by step, the waiting job frozen",
         "off_step_s": off_means, "on_step_s": [mean_step_s(run) for run in on_runs],
-        "overhead_median": statistics.median(overheads), "overhead_min": min(overheads),
-        "overhead_max": max(overheads), "breakdown_fraction_of_step": breakdown,
-        "goal": goal, "met": statistics.median(overheads) <= goal,
+        "overhead_median": overhead["median"], "overhead_min": overhead["min"], "overhead_max": overhead["max"],
+        "breakdown_fraction_of_step": breakdown,
+        "goal": goal, "met": overhead["median"] <= goal,
         "load_average": [r["load_after"] for r in results],
-        "note": "mean step time over the measured steps; replay at the defaults: one hidden layer every 2 "
-                "steps, 1 row of the batch (CAP-8); a cycle replays every recipe once in 2 x layers steps",
+        "note": "mean step time over the measured steps, the two arms taking turns step by step (the waiting job "
+                "frozen); replay at the defaults: one hidden layer every 2 steps, 1 row of the batch (CAP-8); a "
+                "cycle replays every recipe once in 2 x layers steps",
     }
     sys.path.insert(0, str(REPO / "bench"))
     from _goals import at_most, print_goals, write_results
 
     goals = [at_most("attach overhead at defaults (>= 50M GPT)", 100 * result["overhead_median"], 100 * goal, "%",
-                     f"median over {args.rounds} interleaved A/B rounds; min {100 * result['overhead_min']:.2f} %, "
-                     f"max {100 * result['overhead_max']:.2f} %")]
+                     f"median over {args.rounds} rounds of paired runs; min {100 * overhead['min']:.2f} %, "
+                     f"max {100 * overhead['max']:.2f} %")]
     name = "attach_overhead" if args.device == "cpu" else "attach_overhead_gpu"
     write_results(name, result, goals, Path(args.output) if args.output else None)
     print(json.dumps({k: v for k, v in result.items() if k not in ("off_step_s", "on_step_s")}, indent=2))
@@ -325,6 +549,8 @@ def main() -> int:
     parser.add_argument("--output", default="", help="where the result JSON goes")
     parser.add_argument("--out", default="")
     parser.add_argument("--run-dir", default="")
+    parser.add_argument("--baton", default="", help="the worker's pair directory (FIFOs; paired runs)")
+    parser.add_argument("--side", type=int, choices=(0, 1), default=0, help="the worker's side of its pair")
     args = parser.parse_args()
     if args.worker:
         worker(args)

@@ -188,23 +188,27 @@ def _replay_formula(run: dict[str, Any]) -> float:
 
 
 def _arm_row(results: list[dict[str, Any]], arm: str) -> dict[str, Any]:
-    """An arm over rounds: its overhead (median, range), and from inside its runs the shares of a
-    step (of the round's ``off`` mean step time) of scout's own parts and processes."""
+    """An arm over rounds: its overhead over its pair's reference (median, range), and from
+    inside its runs the shares of a step (of its reference's mean step time) of scout's own
+    parts and processes."""
     row: dict[str, Any] = {"overhead": attach_overhead.summary(results, arm)}
     shares: dict[str, list[float]] = {}
     cpu: list[float] = []
     for result in results:
-        run, reference = result["runs"][arm], attach_overhead.mean_step_s(result["runs"]["off"])
-        # The CPU the job spends per step, against the round's run without scout: rank 0's
-        # trainer (every thread) and its observer. Load moves it far less than wall time.
-        off = result["runs"]["off"]
+        run = result["runs"][arm]
+        reference_run = result["runs"][f"{result['references'][arm]}@{arm}"]
+        reference = attach_overhead.mean_step_s(reference_run)
+        # The CPU the job spends per step, against its reference's: rank 0's trainer (every
+        # thread) and its observer. Load moves it far less than wall time.
         cpu.append((run["trainer_cpu_s"] + run.get("observer_cpu_s", 0.0)) / len(run["step_s"])
-                   / (off["trainer_cpu_s"] / len(off["step_s"])) - 1)
+                   / ((reference_run["trainer_cpu_s"] + reference_run.get("observer_cpu_s", 0.0))
+                      / len(reference_run["step_s"])) - 1)
         window_s = reference * len(run["step_s"])
         parts = dict(run.get("costs_s", {}))
         if "observer_cpu_s" in run:
             parts["observer_cpu_s"] = run["observer_cpu_s"]
-        parts["trainer_cpu_s"] = run["trainer_cpu_s"] - result["runs"]["off"]["trainer_cpu_s"]
+        parts["background_cpu_s"] = run["background_cpu_s"]
+        parts["trainer_cpu_s"] = run["trainer_cpu_s"] - reference_run["trainer_cpu_s"]
         for name, seconds in parts.items():
             shares.setdefault(name, []).append(seconds / window_s)
         if "replay_interval_steps" in run:
@@ -214,51 +218,60 @@ def _arm_row(results: list[dict[str, Any]], arm: str) -> dict[str, Any]:
     return row
 
 
+def _reference_step_s(results: list[dict[str, Any]], arm: str) -> dict[str, Any]:
+    return _median_range([attach_overhead.mean_step_s(r["runs"][f"{r['references'][arm]}@{arm}"]) for r in results])
+
+
+def _round_detail(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{key: r[key] for key in ("round", "first", "overhead", "load_before", "load_after")}
+            for r in results]
+
+
 def run_overhead(section: dict[str, Any], quick: bool, rounds: int, log: Callable[[str], None]) -> None:
     sizes = {"tiny": 8} if quick else {"small": 80, "large": 24}  # measured steps: whole cycles where it can
     cadences = (2,) if quick else CADENCES
-    section.update({"cadences": list(cadences), "rounds": rounds, "sizes": {}})
+    section.update({"cadences": list(cadences), "rounds": rounds, "sizes": {}, "design": "paired"})
     for size, steps in sizes.items():
-        arms = [attach_overhead.OFF] + [attach_overhead.Arm(f"k{k}", cadence=k) for k in cadences]
-        log(f"== overhead: {size} model, arms {[a.name for a in arms]}, {rounds} rounds of {steps} steps")
-        results = attach_overhead.interleaved(arms, rounds=rounds, size=size, steps=steps, batch=2 if quick else 8,
-                                              log=log)
-        first = results[0]["runs"]
+        pairs = [(attach_overhead.OFF, attach_overhead.Arm(f"k{k}", cadence=k)) for k in cadences]
+        log(f"== overhead: {size} model, arms {[a.name for _, a in pairs]} each paired with off, {rounds} rounds "
+            f"of {steps} steps")
+        results = attach_overhead.paired(pairs, rounds=rounds, size=size, steps=steps, batch=2 if quick else 8,
+                                         log=log)
+        first = results[0]["runs"][f"k{cadences[0]}"]
         entry: dict[str, Any] = {
-            "parameters": first["off"]["parameters"], "layers": first["off"]["layers"],
-            "batch": first["off"]["batch"], "steps": steps, "off_step_s": _median_range(
-                [attach_overhead.mean_step_s(r["runs"]["off"]) for r in results]),
+            "parameters": first["parameters"], "layers": first["layers"], "batch": first["batch"], "steps": steps,
+            "off_step_s": _reference_step_s(results, f"k{cadences[0]}"),
             "arms": {f"k{k}": {"cadence": k, **_arm_row(results, f"k{k}")} for k in cadences},
-            "rounds": [{key: r[key] for key in ("round", "order", "overhead", "load_before", "load_after")}
-                       for r in results],
+            "rounds": _round_detail(results),
         }
         section["sizes"][size] = entry
 
 
 def run_parts(section: dict[str, Any], quick: bool, rounds: int, log: Callable[[str], None],
               only: Sequence[str] = ()) -> None:
+    """The defaults against no scout, and each part's cost: the defaults against the defaults
+    with that part off, each a pair taking turns (attach_overhead.paired)."""
     size, steps = ("tiny", 8) if quick else ("large", 24)
     # quick: one bench switch, to exercise the path; ``only``: the parts asked for (--parts)
     chosen = tuple(only) or (("ddp_hook",) if quick else PARTS)
-    arms = [attach_overhead.OFF, attach_overhead.DEFAULTS] + [attach_overhead.Arm(f"no-{p}", off=(p,)) for p in chosen]
-    log(f"== parts: {size} model, {len(arms)} arms, {rounds} rounds of {steps} steps")
-    results = attach_overhead.interleaved(arms, rounds=rounds, size=size, steps=steps, batch=2 if quick else 8,
-                                          log=log)
-    first = results[0]["runs"]
-    defaults = _arm_row(results, "defaults")
+    defaults = attach_overhead.DEFAULTS
+    pairs = [(attach_overhead.OFF, defaults)] + [(defaults, attach_overhead.Arm(f"no-{p}", off=(p,))) for p in chosen]
+    log(f"== parts: {size} model, {len(pairs)} pairs, {rounds} rounds of {steps} steps")
+    results = attach_overhead.paired(pairs, rounds=rounds, size=size, steps=steps, batch=2 if quick else 8, log=log)
+    first = results[0]["runs"]["defaults"]
     parts: dict[str, Any] = {}
     for part in chosen:
-        # What the part costs: the defaults' overhead minus the overhead without it, per round.
-        saved = [r["overhead"]["defaults"] - r["overhead"][f"no-{part}"] for r in results]
-        without = _arm_row(results, f"no-{part}")
-        parts[part] = {"cost": _median_range(saved), "without": without["overhead"], "without_cpu": without["cpu_overhead"]}
+        # What the part costs: the defaults' step over the step without it, minus one, per round.
+        row = _arm_row(results, f"no-{part}")
+        cost = [1 / (1 + r["overhead"][f"no-{part}"]) - 1 for r in results]
+        parts[part] = {"cost": _median_range(cost), "without_against_defaults": row["overhead"],
+                       "cpu_against_defaults": row["cpu_overhead"]}
     section.update({
-        "size": size, "parameters": first["off"]["parameters"], "layers": first["off"]["layers"],
-        "batch": first["off"]["batch"], "steps": steps, "rounds": rounds, "ranks": 2,
-        "off_step_s": _median_range([attach_overhead.mean_step_s(r["runs"]["off"]) for r in results]),
-        "defaults": defaults, "parts": parts,
-        "round_detail": [{key: r[key] for key in ("round", "order", "overhead", "load_before", "load_after")}
-                         for r in results],
+        "size": size, "parameters": first["parameters"], "layers": first["layers"],
+        "batch": first["batch"], "steps": steps, "rounds": rounds, "ranks": 2, "design": "paired",
+        "off_step_s": _reference_step_s(results, "defaults"),
+        "defaults": _arm_row(results, "defaults"), "parts": parts,
+        "round_detail": _round_detail(results),
     })
 
 
