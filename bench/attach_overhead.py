@@ -123,17 +123,20 @@ def _own_cpu_s() -> float:
 
 def _time_on_this_thread(job: Any) -> None:
     """Add to ``job.costs`` the CPU time this thread spends in ``job.step()`` and in the dense
-    replay (``step_cpu_s``, ``replay_cpu_s``): unlike their wall times they leave out waiting for
+    replay (``step_cpu_s``, ``replay_cpu_s``), and their wall times (``step_wall_s``,
+    ``replay_wall_s``): unlike their wall times the CPU times they leave out waiting for
     a slower peer in scout's collectives -- a wait the job would otherwise spend in its own next
     all-reduce -- and they hardly move with the machine's load. Wrapped here, in the benchmark,
     so that the product carries no second clock."""
     def timed(function: Callable[[], Any], name: str) -> Callable[[], Any]:
         def wrapper() -> Any:
-            started = time.thread_time()
+            started, started_wall = time.thread_time(), time.perf_counter()
             try:
                 return function()
             finally:
                 job.costs[name] = job.costs.get(name, 0.0) + time.thread_time() - started
+                wall = name.replace("_cpu_s", "_wall_s")
+                job.costs[wall] = job.costs.get(wall, 0.0) + time.perf_counter() - started_wall
 
         return wrapper
 
@@ -440,7 +443,11 @@ def pair_run(reference: Arm, arm: Arm, *, first: int, size: str, steps: int, bat
             os.close(fd)
         shutil.rmtree(baton, ignore_errors=True)
     runs: dict[str, dict[str, Any]] = {}
-    for side, (a, process) in enumerate(zip(arms, processes, strict=True)):
+    # A job that failed on its own is reported first, not the one this driver then killed.
+    killed = -signal.SIGKILL
+    order = sorted(range(2), key=lambda s: processes[s].returncode in (0, killed))
+    for side in order:
+        a, process = arms[side], processes[side]
         if process.returncode != 0 or not outs[side].exists():
             raise RuntimeError(f"the {a.name} run of the pair {reference.name}/{arm.name} failed (exit "
                                f"{process.returncode}): {''.join(errors[side])[-3000:]}")
@@ -488,6 +495,19 @@ def paired(
     return results
 
 
+def round_figures(run: dict[str, Any]) -> dict[str, Any]:
+    """What one run's steps say, per step: its mean wall time, the training thread's CPU time in
+    forward, backward and the optimizer, the wall time beside it (waiting for the other rank,
+    off a CPU, scout's own calls), and the trainer's system time and page faults."""
+    steps = len(run["step_s"])
+    usage = run.get("trainer_usage", {})
+    figures = {"step_s": mean_step_s(run), "train_cpu_s": statistics.fmean(run["train_cpu_s"])}
+    figures["beside_training_s"] = figures["step_s"] - figures["train_cpu_s"]
+    figures.update({f"{name}_per_step": value / steps for name, value in usage.items()})
+    figures.update({f"{name}_per_step": value / steps for name, value in run.get("costs_s", {}).items()})
+    return figures
+
+
 def summary(results: list[dict[str, Any]], arm: str) -> dict[str, float]:
     """An arm's overhead over rounds: median, min, max, n (fractions)."""
     values = [r["overhead"][arm] for r in results]
@@ -519,6 +539,10 @@ def driver(args: argparse.Namespace) -> int:
         "breakdown_fraction_of_step": breakdown,
         "goal": goal, "met": overhead["median"] <= goal,
         "load_average": [r["load_after"] for r in results],
+        # Per round, both runs' figures per step (round_figures): where a round's overhead went.
+        "rounds_detail": [{"overhead": r["overhead"]["defaults"], "first": r["first"],
+                           "off": round_figures(r["runs"]["off@defaults"]),
+                           "defaults": round_figures(r["runs"]["defaults"])} for r in results],
         "note": "mean step time over the measured steps, the two arms taking turns step by step (the waiting job "
                 "frozen); replay at the defaults: one hidden layer every 2 steps, 1 row of the batch (CAP-8); a "
                 "cycle replays every recipe once in 2 x layers steps",

@@ -28,7 +28,7 @@ from scout.job.config import Config
 from scout.job.control import ControlGroup
 from scout.job.gate_driver import GateDriver, Reporter, restarts_left
 from scout.job.hooks import publish_ddp_buckets
-from scout.job.idle_loops import IdleLoops, loop_threads
+from scout.job.idle_loops import IdleLoops
 from scout.job.pipeline import Pipeline
 from scout.job.run_dir import RunDir
 from scout.observer import instrument
@@ -43,6 +43,7 @@ from scout.observer.startup import start_job_observer
 from scout.ops.launch import NodeOps, observer_rounds_path
 from scout.ops.slurm import host_name
 from scout.replay.collectives import TorchPeerGroup
+from scout.transport import gloo_groups
 
 __all__ = ["Assembly", "assemble"]
 
@@ -157,7 +158,6 @@ def assemble(model: nn.Module, optimizer: torch.optim.Optimizer | None, *, run_d
     rank, world_size = dist.get_rank(), dist.get_world_size()
     sink = RunDir(run_dir)
     _warn_about_the_launcher(rank)
-    loops_before = loop_threads()  # WAIT-5: the user's groups' event loops, never touched
     control = ControlGroup(config.collective_timeout_s)
     hostname = host_name()  # Slurm's node name under Slurm (spec/ops.md OPS-7)
     hosts = tuple(control.all_gather(hostname))
@@ -217,4 +217,4 @@ def assemble(model: nn.Module, optimizer: torch.optim.Optimizer | None, *, run_d
                         host=hostname)  # metrics and on_report (docs/metrics.md)
     control.barrier()
     return Assembly(rank, world_size, sink, ckpt, control, hosts, identity, publisher, observer, pipeline, ops,
-                    IdleLoops.since(loops_before))
+                    IdleLoops(gloo_groups.own_loop_threads()))  # WAIT-5, WAIT-6: none on a gloo job

@@ -10,11 +10,11 @@ step yields; anything else is a bug and raises naming the op.
 from __future__ import annotations
 
 from collections.abc import Generator
-from datetime import timedelta
 from typing import Any, TypeVar
 
 import torch.distributed as dist
 
+from scout.transport import gloo_groups
 from scout.transport.program import AllGather, Broadcast
 
 __all__ = ["ControlGroup"]
@@ -26,7 +26,7 @@ class ControlGroup:
     """A gloo group spanning the world (creating it is collective over the world)."""
 
     def __init__(self, timeout_s: float) -> None:
-        self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+        self.group = gloo_groups.new_group(timeout_s=timeout_s)  # WAIT-6: no event loop of its own
         self.world_size = dist.get_world_size()
 
     def all_gather(self, value: Any) -> list[Any]:

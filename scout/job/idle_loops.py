@@ -1,10 +1,10 @@
-"""scout's own gloo groups' event-loop threads yield to training (spec/transport.md WAIT-5).
+"""scout's own gloo event loop yields to training (spec/transport.md WAIT-5).
 
-A gloo process group owns a ``gloo_tcp_loop`` thread that wakes every 10 ms whatever the group
-does. scout's groups are idle between scout's calls, so those wake-ups only take CPU from the
-training threads on a host whose cores they keep busy. :class:`IdleLoops` finds the loop threads
-that appeared while ``scout.attach`` built its groups (``snapshot`` before, ``since`` after),
-keeps them at ``SCHED_IDLE``, and puts them back at the normal policy for the length of each
+A gloo device owns a ``gloo_tcp_loop`` thread that wakes every 10 ms whatever its groups do. On
+a job whose default group is gloo, scout's groups share that group's device and add no loop
+(WAIT-6); elsewhere they share one device of scout's (``gloo_groups.own_loop_threads``), idle
+between scout's calls, whose wake-ups only take CPU from the training threads on a host whose
+cores they keep busy. :class:`IdleLoops` keeps those threads at ``SCHED_IDLE``, and puts them back at the normal policy for the length of each
 call that can run a collective on them (:meth:`IdleLoops.awake`), so they are never starved
 while scout needs them. Linux only; elsewhere, or where the kernel refuses, nothing changes.
 """
@@ -15,27 +15,12 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Final
+
+from scout.transport.gloo_groups import LOOP_THREAD_NAME, loop_threads
 
 __all__ = ["LOOP_THREAD_NAME", "IdleLoops", "loop_threads"]
 
 logger = logging.getLogger("scout")
-
-#: The name gloo's TCP transport gives its event-loop thread (``/proc/self/task/*/comm``).
-LOOP_THREAD_NAME: Final = "gloo_tcp_loop"
-_TASKS: Final = Path("/proc/self/task")
-
-
-def loop_threads(name: str = LOOP_THREAD_NAME) -> frozenset[int]:
-    """The ids of this process's threads called ``name`` (empty where /proc is absent)."""
-    found = set()
-    with contextlib.suppress(OSError):
-        for task in _TASKS.iterdir():
-            with contextlib.suppress(OSError, ValueError):
-                if (task / "comm").read_text(encoding="utf-8").strip() == name:
-                    found.add(int(task.name))
-    return frozenset(found)
 
 
 def _policies_available() -> bool:
@@ -60,11 +45,6 @@ class IdleLoops:
         if threads and not self.working:
             logger.debug("scout: the event loops of scout's gloo groups keep their scheduling policy (WAIT-5: "
                          "SCHED_IDLE is not available here)")
-
-    @classmethod
-    def since(cls, before: frozenset[int]) -> IdleLoops:
-        """The loop threads that exist now and did not in ``before`` (:func:`loop_threads`)."""
-        return cls(loop_threads() - before)
 
     def _set(self, policy: int | None) -> bool:
         """Every thread to ``policy`` (None: its normal one); False if the kernel refused one

@@ -16,7 +16,6 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
-from datetime import timedelta
 from pathlib import Path
 from typing import Final, TypeVar
 
@@ -96,7 +95,9 @@ def checked_on_every_rank(check: Callable[[], T]) -> T:
             raise ConfigError(problem)
         assert result is not None
         return result
-    group = dist.new_group(backend="gloo", timeout=timedelta(seconds=STARTUP_TIMEOUT_S))
+    from scout.transport import gloo_groups
+
+    group = gloo_groups.new_group(timeout_s=STARTUP_TIMEOUT_S)  # WAIT-6
     gathered: list[str | None] = [None] * dist.get_world_size()
     try:
         dist.all_gather_object(gathered, problem, group=group)

@@ -33,6 +33,7 @@ import attrs
 import torch
 import torch.distributed as dist
 
+from scout.transport import gloo_groups
 from scout.transport._binding import PollSettings
 from scout.transport.base import DeadlineExceeded, TransportError, check_timeout_s
 from scout.transport.nccl.work import WORK_POLL, TimedOut, wait_work
@@ -288,11 +289,14 @@ class TorchPeerGroup:
         own: tuple[tuple[int, ...], Any] | None = None
         # Every rank of the world takes part in creating every group, members or not.
         for members in groups:
-            group = dist.new_group(
-                list(members),
-                timeout=datetime.timedelta(seconds=self.backend_timeout_s),
-                backend=backend,
-            )
+            if backend == "gloo":  # WAIT-6: on the job's gloo device, no event loop of its own
+                group = gloo_groups.new_group(members, timeout_s=self.backend_timeout_s)
+            else:
+                group = dist.new_group(
+                    list(members),
+                    timeout=datetime.timedelta(seconds=self.backend_timeout_s),
+                    backend=backend,
+                )
             if rank in members:
                 own = (members, group)
         if own is None:

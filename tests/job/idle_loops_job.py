@@ -1,6 +1,8 @@
 """A rank of tests/job/test_idle_loops.py (run by tests.replay._launch, gloo, forked ranks):
 ``scout.attach`` on a small DDP model, and the scheduling policy of every gloo event-loop thread
-of the process, read around scout's calls (spec/transport.md WAIT-5)."""
+of the process, read around scout's calls (spec/transport.md WAIT-5, WAIT-6). ``own_device``:
+as a job whose default group has no gloo backend (NCCL only), scout's groups get a device of
+their own (the one seam: ``gloo_groups._default_gloo_devices`` answers none)."""
 
 from __future__ import annotations
 
@@ -9,11 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 import scout
 from scout.job.idle_loops import loop_threads
+from scout.transport import gloo_groups
 from tests.replay._scenarios import SEQUENCE, VOCAB, TinyLM, _batch
 
 
@@ -21,7 +25,9 @@ def _policies(threads: frozenset[int]) -> dict[int, int]:
     return {thread: os.sched_getscheduler(thread) for thread in sorted(threads)}
 
 
-def main(rank: int, world: int, *, steps: int = 6, fail_at: int | None = None) -> dict[str, Any]:
+def main(rank: int, world: int, *, steps: int = 6, fail_at: int | None = None, own_device: bool = False) -> dict[str, Any]:
+    if own_device:
+        gloo_groups._default_gloo_devices = lambda: []  # type: ignore[assignment]
     user_loops = loop_threads()  # the default process group's, made before attach
     torch.manual_seed(0)
     model = DistributedDataParallel(TinyLM())
@@ -58,6 +64,19 @@ def main(rank: int, world: int, *, steps: int = 6, fail_at: int | None = None) -
             break
     seen["inside_steps"] = inside
     seen["after_steps"] = _policies(scout_loops)
+    replay = next(check for check in job.pipeline.checks if check.name == "replay")
+    seen["replayed_steps"] = sorted({result.step for result in replay.runner.results})
+    seen["backend"] = str(dist.get_backend(control.group))
+    if failed is None:  # WAIT-6: a scout collective in flight on rank 0 delays no collective of the job's
+        pending = dist.all_reduce(torch.ones(2), group=control.group, async_op=True) if rank == 0 else None
+        user = torch.full((3,), float(rank + 1))
+        dist.all_reduce(user)
+        seen["user_sum_while_scout_pending"] = user.tolist()
+        seen["scout_pending_then"] = pending is not None and not pending.is_completed()
+        if pending is None:
+            dist.all_reduce(torch.ones(2), group=control.group)
+        else:
+            pending.wait()
     seen["failed"] = failed
     seen["idle_policy"], seen["normal_policy"] = os.SCHED_IDLE, os.SCHED_OTHER
     seen["sequence"] = SEQUENCE

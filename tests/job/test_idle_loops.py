@@ -1,5 +1,6 @@
-"""WAIT-5 (spec/transport.md): the event loops of scout's own gloo groups are at SCHED_IDLE except
-inside scout's calls, and the user's groups' loops are never touched. Real gloo ranks, forked by
+"""WAIT-5, WAIT-6 (spec/transport.md): scout's own gloo groups run on the job's gloo device (no
+event loop of their own); where the job's default group has no gloo, on one device of scout's,
+whose loop is at SCHED_IDLE except inside scout's calls; the user's groups' loops are never touched. Real gloo ranks, forked by
 tests.replay._launch, each attaching scout to a DDP model (tests/job/idle_loops_job.py)."""
 
 from __future__ import annotations
@@ -40,11 +41,21 @@ def _only(policies: dict[str, int]) -> set[int]:
     return set(policies.values())
 
 
-def test_WAIT_5_scouts_gloo_loops_idle_between_its_calls_and_awake_inside_them(tmp_path: Path) -> None:
+def test_WAIT_6_scouts_gloo_groups_share_the_jobs_device_and_add_no_event_loop(tmp_path: Path) -> None:
     for seen in _run(tmp_path).values():
+        assert seen["user_loops"] >= 1 and seen["scout_loops"] == 0, seen  # the default group's loop only
+        assert seen["backend"] == "scoutgloo" and seen["replayed_steps"] == [1, 2, 3, 4, 5, 6], seen  # replay worked
+        assert _only(seen["user_after_attach"]) == {seen["normal_policy"]}, seen
+        # A collective of scout's left in flight on one rank: the job's all-reduce goes through.
+        assert seen["user_sum_while_scout_pending"] == [3.0, 3.0, 3.0], seen
+    assert [seen["scout_pending_then"] for _, seen in sorted(_run(tmp_path).items())] == [True, False]
+
+
+def test_WAIT_5_scouts_gloo_loops_idle_between_its_calls_and_awake_inside_them(tmp_path: Path) -> None:
+    for seen in _run(tmp_path, own_device=True).values():
         idle, normal = seen["idle_policy"], seen["normal_policy"]
-        # The default group's loop existed before attach; scout made at least its control group.
-        assert seen["user_loops"] >= 1 and seen["scout_loops"] >= 1, seen
+        # The default group's loop existed before attach; scout's groups share one device of their own.
+        assert seen["user_loops"] >= 1 and seen["scout_loops"] == 1, seen
         assert _only(seen["after_attach"]) == {idle}, seen
         assert _only(seen["user_after_attach"]) == {normal}, seen  # never touched
         assert _only(seen["after_restore"]) == {idle}, seen
@@ -54,7 +65,7 @@ def test_WAIT_5_scouts_gloo_loops_idle_between_its_calls_and_awake_inside_them(t
 
 
 def test_WAIT_5_a_call_that_raises_leaves_the_loops_idle_again(tmp_path: Path) -> None:
-    for seen in _run(tmp_path, fail_at=3).values():
+    for seen in _run(tmp_path, fail_at=3, own_device=True).values():
         assert seen["failed"] == "a failure inside job.step()", seen
         assert _only(seen["inside_steps"][-1]) == {seen["normal_policy"]}, seen
         assert _only(seen["after_steps"]) == {seen["idle_policy"]}, seen
