@@ -120,6 +120,11 @@ def _non_negative(_instance: object, attribute: attrs.Attribute[int], value: int
         raise ValueError(f"{attribute.name} must be an int >= 0, got {value!r}")
 
 
+def _positive(_instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{attribute.name} must be an int >= 1, got {value!r}")
+
+
 def _expert_keys(value: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
     return tuple((int(slot), int(n_exec)) for slot, n_exec in value)
 
@@ -192,6 +197,12 @@ class Intervals:
     output_steps: int = attrs.field(default=50, validator=_non_negative)
     optimizer_steps: int = attrs.field(default=50, validator=_non_negative)
     expert_steps: int = attrs.field(default=50, validator=_non_negative)  # MOE-1
+    #: REC-3, MOE-10: expert recipes replayed at each expert check (every other class: one).
+    expert_recipes_per_check: int = attrs.field(default=1, validator=_positive)
+
+    def per_check(self, recipe_class: RecipeClass) -> int:
+        """REC-3's ``m_c``: recipes of ``recipe_class`` replayed at each of its checks."""
+        return self.expert_recipes_per_check if recipe_class is RecipeClass.EXPERT else 1
 
     def for_class(self, recipe_class: RecipeClass) -> int:
         return {
@@ -229,8 +240,9 @@ class Schedule:
 
     def due(self, step: int) -> tuple[DueRecipe, ...]:
         """REC-3: class ``c`` is due at step ``s >= 1`` iff ``s % interval_c == 0``; the
-        ``k``-th check of the class (``k = s // interval_c - 1``) replays recipe ``k mod n_c``.
-        At most one recipe per class, in class order."""
+        ``k``-th check of the class (``k = s // interval_c - 1``) replays recipes
+        ``(k * m_c + j) mod n_c`` for ``j < min(m_c, n_c)`` (``m_c`` = 1 but for the experts,
+        MOE-10). In class order, and within a class in ``j`` order."""
         if isinstance(step, bool) or not isinstance(step, int) or step < 1:
             raise ValueError(f"steps are numbered from 1, got {step!r}")
         due: list[DueRecipe] = []
@@ -239,20 +251,25 @@ class Schedule:
             if step % interval:
                 continue
             check_index = step // interval - 1
-            index = check_index % self.catalog.class_size(recipe_class)
-            due.append(DueRecipe(self.catalog.recipe_at(recipe_class, index), step, check_index))
+            size = self.catalog.class_size(recipe_class)
+            per_check = self.intervals.per_check(recipe_class)
+            for lane in range(min(per_check, size)):
+                index = (check_index * per_check + lane) % size
+                due.append(DueRecipe(self.catalog.recipe_at(recipe_class, index), step, check_index))
         return tuple(due)
+
+    def class_cycle_steps(self, recipe_class: RecipeClass) -> int:
+        """REC-4: ``ceil(n_c / m_c) * i_c``, the steps class ``c`` takes to replay every recipe
+        once (0 when it is not active)."""
+        if recipe_class not in self.active_classes():
+            return 0
+        size, per_check = self.catalog.class_size(recipe_class), self.intervals.per_check(recipe_class)
+        return -(-size // per_check) * self.intervals.for_class(recipe_class)
 
     def cycle_length_steps(self) -> int:
         """REC-4: any window of this many consecutive steps schedules every recipe of every
         active class at least once (0 when nothing is active)."""
-        return max(
-            (
-                self.catalog.class_size(c) * self.intervals.for_class(c)
-                for c in self.active_classes()
-            ),
-            default=0,
-        )
+        return max((self.class_cycle_steps(c) for c in self.active_classes()), default=0)
 
     def uncovered(self) -> tuple[RecipeId, ...]:
         """Applicable recipes that are never scheduled (their class interval is 0)."""
@@ -269,7 +286,9 @@ class Schedule:
                 for c in CLASS_ORDER
             ),
             self.catalog.expert_keys,
-        )
+        ) + (  # appended only when not 1, so the digests of schedules without lanes are unchanged
+            (("expert_recipes_per_check", self.intervals.expert_recipes_per_check),)
+             if self.intervals.expert_recipes_per_check != 1 else ())
 
 
 @attrs.frozen

@@ -66,6 +66,8 @@ __all__ = [
     "decide_readiness_rows",
     "evidence_position",
     "evidence_row",
+    "lanes",
+    "merge_outcomes",
     "own_communication_ms",
     "readiness_row",
     "replay_round",
@@ -154,6 +156,39 @@ class RoundOutcome:
     communication_ms: tuple[float, ...]  # COMM-2: every peer's own communication time (or empty)
     peer_compute_ms: dict[str, tuple[Any, ...]]  # every peer's compute time per recipe, MISSING if it failed
     repetitions_ms: dict[str, tuple[float, ...]]  # this peer's timed repetitions per recipe
+
+
+def lanes(due: Sequence[DueRecipe]) -> tuple[tuple[DueRecipe, ...], ...]:
+    """REC-3, REPLAY-9: the rounds of one check. Lane ``j`` holds every class's ``j``-th due
+    recipe (in ``due``'s order), so no round carries two recipes of one class; a check with at
+    most one recipe per class is one lane."""
+    by_lane: list[list[DueRecipe]] = []
+    seen: dict[RecipeClass, int] = {}
+    for recipe in due:
+        lane = seen.get(recipe.recipe.recipe_class, 0)
+        seen[recipe.recipe.recipe_class] = lane + 1
+        if lane == len(by_lane):
+            by_lane.append([])
+        by_lane[lane].append(recipe)
+    return tuple(tuple(lane) for lane in by_lane)
+
+
+def merge_outcomes(outcomes: Sequence[RoundOutcome]) -> RoundOutcome:
+    """The outcome of a check run as several lanes (:func:`lanes`), lane 0 first: every lane's
+    results in lane order and its per-recipe figures; the communication times are lane 0's (the
+    check's first collectives, as COMM-1 reads them for a check of one lane)."""
+    if not outcomes:
+        raise ValueError("a check has at least one round to merge")
+    if len(outcomes) == 1:
+        return outcomes[0]
+    merged = RoundOutcome((), {}, {}, outcomes[0].communication_ms, {}, {})
+    for outcome in outcomes:
+        merged = attrs.evolve(
+            merged, results=merged.results + outcome.results, timing={**merged.timing, **outcome.timing},
+            compute_ms={**merged.compute_ms, **outcome.compute_ms},
+            peer_compute_ms={**merged.peer_compute_ms, **outcome.peer_compute_ms},
+            repetitions_ms={**merged.repetitions_ms, **outcome.repetitions_ms})
+    return merged
 
 
 def _slot(recipe_class: RecipeClass) -> int:

@@ -36,7 +36,7 @@ from scout.replay.stragglers import StragglerKind
 from scout.reports.kinds import ReportKind
 from scout.reports.timing import timing_arguments
 
-__all__ = ["CanaryCheck", "Cycle", "LoopStragglerCheck", "ReplayCheck", "build_checks", "expert_interval_steps",
+__all__ = ["CanaryCheck", "Cycle", "LoopStragglerCheck", "ReplayCheck", "build_checks", "expert_cadence",
            "group_names", "running_statistics"]
 
 logger = logging.getLogger("scout")
@@ -258,23 +258,31 @@ class Cycle:
     @classmethod
     def of(cls, schedule: Schedule) -> Cycle:
         def length(c: RecipeClass) -> tuple[int, int]:  # a tie goes to the class with more recipes
-            size = schedule.catalog.class_size(c)
-            return size * schedule.intervals.for_class(c), size
+            return schedule.class_cycle_steps(c), schedule.catalog.class_size(c)
 
         longest = max(schedule.active_classes(), default=None, key=length)
         if longest is None:
             return cls(0, "no recipe class is active")
         size, interval = schedule.catalog.class_size(longest), schedule.intervals.for_class(longest)
-        return cls(schedule.cycle_length_steps(), f"{size} {longest.value} recipe(s), one every {interval} step(s)")
+        per_check = min(size, schedule.intervals.per_check(longest))
+        each = "one" if per_check == 1 else str(per_check)
+        return cls(schedule.cycle_length_steps(),
+                   f"{size} {longest.value} recipe(s), {each} every {interval} step(s)")
 
     def longest(self, other: Cycle) -> Cycle:
         return other if other.steps > self.steps else self
 
 
-def expert_interval_steps(dense_cycle_steps: int, expert_recipes: int) -> int:
-    """spec/moe.md MOE-10: the expert interval that fits the expert recipes into the dense
-    cycle, ``max(1, dense // n_e)`` (one expert recipe per step at most, REC-3)."""
-    return max(1, dense_cycle_steps // max(1, expert_recipes))
+def expert_cadence(dense_cycle_steps: int, expert_recipes: int, max_per_step: int) -> tuple[int, int]:
+    """spec/moe.md MOE-10: ``(interval, recipes per check)`` that fit the expert recipes into the
+    dense cycle ``C``: one recipe every ``C // n_e`` steps when ``n_e <= C``, else a check every
+    step replaying ``ceil(n_e / C)`` recipes, at most ``max_per_step``."""
+    if max_per_step < 1:
+        raise ValueError(f"max_expert_replays_per_step must be >= 1, got {max_per_step!r}")
+    dense, count = max(1, dense_cycle_steps), max(1, expert_recipes)
+    if count <= dense:
+        return dense // count, 1
+    return 1, min(-(-count // dense), max_per_step)
 
 
 def build_checks(
@@ -327,14 +335,17 @@ def build_checks(
         catalog = load_catalog(config.moe_catalog, layers_of_experts)
         expert_peers = TorchPeerGroup(partition=peers.partition, timeout_s=config.collective_timeout_s)
         keys = catalog.expert_keys()
+        interval, per_check = expert_cadence(cycle.steps, len(keys), config.max_expert_replays_per_step)
         experts = ExpertReplayer(layers_of_experts, expert_peers, keys,
-                                 ExpertReplayConfig(expert_steps=expert_interval_steps(cycle.steps, len(keys)),
+                                 ExpertReplayConfig(expert_steps=interval, expert_recipes_per_check=per_check,
                                                     timing_warmup_runs=warmup_runs, timing_repetitions=timed_runs))
         expert_cycle = Cycle.of(experts.schedule)
-        if expert_cycle.steps > cycle.steps:  # MOE-10: more expert recipes than dense cycle steps
+        if expert_cycle.steps > cycle.steps:  # MOE-10: the bound cut the expert recipes per step
             expert_cycle = attrs.evolve(expert_cycle, note=(
-                f"the dense recipes' cycle is {cycle.steps} steps and at most one expert recipe is due per step; "
-                "fewer --n-exec values in the MoE catalog or a larger replay_interval_steps bring it closer"))
+                f"the dense recipes' cycle is {cycle.steps} steps and at most max_expert_replays_per_step="
+                f"{config.max_expert_replays_per_step} expert recipes are replayed per step; a larger "
+                "max_expert_replays_per_step, fewer --n-exec values in the MoE catalog or a larger "
+                "replay_interval_steps bring it closer"))
         cycle = cycle.longest(expert_cycle)
         checks.append(ReplayCheck("experts", experts, Layout.of(peers.partition, group_names(
             "ep", len(peers.partition)), rank), hosts, _coverage_notes(catalog)))

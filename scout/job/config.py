@@ -204,6 +204,9 @@ class Config:
     #: The grouped-experts modules, comma-separated names as ``model.named_modules()`` gives them
     #: (spec/moe.md MOE-9); unset: modules named GroupedExperts (or subclasses), else by structure.
     moe_experts: str | None = attrs.field(default=None, validator=_module_names("moe_experts"))
+    #: Expert recipes replayed at most per step when a catalog has more recipes than the dense
+    #: cycle has steps (spec/moe.md MOE-10); a larger value keeps the cycle nearer the dense one.
+    max_expert_replays_per_step: int = attrs.field(default=8, validator=_count("max_expert_replays_per_step", 1, 4096))
     #: The golden canary (spec/canary.md): recorded at the first cycle end, re-checked at every
     #: cycle end on every rank; a change -- on one rank or on all (common mode) -- is SDC.
     canary: bool = attrs.field(default=False, validator=_flag("canary"))

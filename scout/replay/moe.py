@@ -165,6 +165,7 @@ class ExpertReplayConfig:
     dense replay's (:class:`~scout.replay.replay.ReplayConfig`, REPLAY-9)."""
 
     expert_steps: int = 50  # REC-2: steps between two expert checks
+    expert_recipes_per_check: int = 1  # REC-3, MOE-10: expert recipes replayed at each check
     source_position: int = 0  # REPLAY-1
     max_capture_bytes: int = 64 * 2**20  # CAP-2
     deterministic: bool = True  # REPLAY-4
@@ -177,6 +178,9 @@ class ExpertReplayConfig:
     def __attrs_post_init__(self) -> None:
         if self.expert_steps < 0 or self.source_position < 0 or self.max_capture_bytes < 0:
             raise ValueError(f"expert replay settings must be >= 0: {self}")
+        if isinstance(self.expert_recipes_per_check, bool) or not isinstance(self.expert_recipes_per_check, int) \
+                or self.expert_recipes_per_check < 1:
+            raise ValueError(f"expert_recipes_per_check must be an int >= 1, got {self.expert_recipes_per_check!r}")
         self.replay_config()  # the shared settings are checked where the dense replay checks them
 
     def replay_config(self) -> ReplayConfig:
@@ -210,8 +214,10 @@ class ExpertExecutor:
             experts.locate(slot)
         self.catalog = Catalog(hidden_layer_count=0, has_embedding=False, has_output=False,
                                optimizer_slice_count=0, expert_keys=tuple(expert_keys))
-        self._armed: DueRecipe | None = None
-        self._capture: _ExpertCapture | None = None
+        # REC-3, MOE-10: the expert recipes due at the armed step (several when a check replays
+        # more than one) and their captures, by recipe.
+        self._armed: tuple[DueRecipe, ...] = ()
+        self._captures: dict[RecipeId, _ExpertCapture] = {}
         self._suspended = False
         self._handles = [m.register_forward_pre_hook(self._hook_for(layer), with_kwargs=True)
                          for layer, m in enumerate(experts.layers)]
@@ -219,15 +225,14 @@ class ExpertExecutor:
     # -- capture (MOE-2, MOE-3) ---------------------------------------------------------------
 
     def arm(self, step: int, due: Sequence[DueRecipe]) -> None:
-        self._armed = due[0] if due else None
-        self._capture = None
+        self._armed = tuple(due)
+        self._captures = {}
 
     def held_bytes(self) -> int:
-        rows = self._capture.rows if self._capture is not None else None
-        return 0 if rows is None else rows.numel() * rows.element_size()
+        return sum(c.rows.numel() * c.rows.element_size() for c in self._captures.values() if c.rows is not None)
 
     def release(self) -> None:
-        self._capture = None
+        self._captures = {}
 
     def close(self) -> None:
         for handle in self._handles:
@@ -236,17 +241,19 @@ class ExpertExecutor:
 
     def _hook_for(self, layer: int) -> Callable[..., None]:
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            armed = self._armed
-            if armed is None or self._suspended or self._capture is not None:
+            if self._suspended:
                 return
-            slot_layer, expert = self.experts.locate(armed.recipe.index)
-            if slot_layer != layer:
-                return
-            try:
-                self._capture = self._record(armed, module, expert, args, kwargs)
-            except Exception as exc:  # CAP-6: never into the training loop
-                self._capture = _ExpertCapture(armed.recipe, armed.step, None, ReplayStatus.NOT_READY,
-                                               f"capture failed: {exc!r}")
+            for armed in self._armed:  # the first call of the layer in the step (CAP-1)
+                if armed.recipe in self._captures:
+                    continue
+                slot_layer, expert = self.experts.locate(armed.recipe.index)
+                if slot_layer != layer:
+                    continue
+                try:
+                    self._captures[armed.recipe] = self._record(armed, module, expert, args, kwargs)
+                except Exception as exc:  # CAP-6: never into the training loop
+                    self._captures[armed.recipe] = _ExpertCapture(armed.recipe, armed.step, None,
+                                                                  ReplayStatus.NOT_READY, f"capture failed: {exc!r}")
         return hook
 
     def _record(self, due: DueRecipe, module: nn.Module, expert: int, args: tuple[Any, ...],
@@ -273,8 +280,8 @@ class ExpertExecutor:
     # -- the round's executor (REPLAY-9) -------------------------------------------------------
 
     def _ready(self, due: DueRecipe) -> _ExpertCapture:
-        capture = self._capture
-        if capture is None or capture.step != due.step or capture.recipe != due.recipe:
+        capture = self._captures.get(due.recipe)
+        if capture is None or capture.step != due.step:
             return _ExpertCapture(due.recipe, due.step, None, ReplayStatus.NOT_READY,
                                   f"{due.recipe} was armed for step {due.step} but its layer was not called")
         return capture
@@ -371,7 +378,8 @@ class ExpertReplayer(ReplayRunner):
         self.config = config or ExpertReplayConfig()
         self.experts = experts
         executor = ExpertExecutor(experts, expert_keys, self.config)
-        schedule = Schedule(executor.catalog, Intervals(expert_steps=self.config.expert_steps))
+        schedule = Schedule(executor.catalog, Intervals(
+            expert_steps=self.config.expert_steps, expert_recipes_per_check=self.config.expert_recipes_per_check))
         # The dense replay's device and communication tests already judge these ranks' devices
         # and links; expert checks do not feed a second pair (the straggler statistics stay).
         super().__init__(executor, peers, schedule, self.config.replay_config().runner_settings(),

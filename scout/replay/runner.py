@@ -54,6 +54,8 @@ from scout.core.replay_round import (
     Prepared,
     RoundOutcome,
     communication_slot,
+    lanes,
+    merge_outcomes,
     replay_round,
 )
 from scout.core.straggler import Confirmed, Recovered, SequentialConfig
@@ -391,19 +393,28 @@ class ReplayRunner:
             results = self._inconclusive_all(due, f"replay-disabled: {self.disabled_reason}")
             return StepReport(step, results, {}, {}, 0.0, capture_bytes)
         timer = getattr(self.peers, "timer", None)
-        if timer is not None:
-            timer.take()
-        prepared = [self._prepare(d) for d in due]
-        try:
-            outcome = self._drive(replay_round(step, prepared, schedule_digest=self.schedule_digest,
-                                               group_size=self.peers.size, timing=self.settings.timing))
-        except TransportError as exc:  # a deadline, or a group the binding marked unusable (READY-4)
-            kind = "deadline" if isinstance(exc, DeadlineExceeded) else "transport failure"
-            self.disabled_reason = f"{kind} at step {step}: {exc}"
-            logger.warning("scout: %s disabled: %s", self.label, self.disabled_reason)
-            return StepReport(step, self._inconclusive_all(due, f"{kind}: {exc}"), {}, {}, 0.0, capture_bytes,
-                              (str(exc),))
-        collective_ms = timer.take().total_s * 1e3 if timer is not None else 0.0
+        collective_ms = 0.0
+        outcomes: list[RoundOutcome] = []
+        rounds = lanes(due)  # REC-3: one round per lane, lane 0 first (REPLAY-9)
+        for index, lane in enumerate(rounds):
+            if timer is not None:
+                timer.take()  # COMM-1: each round's communication slot holds its own collectives
+            prepared = [self._prepare(d) for d in lane]
+            try:
+                outcomes.append(self._drive(replay_round(step, prepared, schedule_digest=self.schedule_digest,
+                                                         group_size=self.peers.size, timing=self.settings.timing)))
+            except TransportError as exc:  # a deadline, or a group the binding marked unusable (READY-4)
+                kind = "deadline" if isinstance(exc, DeadlineExceeded) else "transport failure"
+                self.disabled_reason = f"{kind} at step {step}: {exc}"
+                logger.warning("scout: %s disabled: %s", self.label, self.disabled_reason)
+                done = tuple(r for outcome in outcomes for r in outcome.results)
+                self.results.extend(done)
+                left = [d for later in rounds[index:] for d in later]
+                return StepReport(step, done + self._inconclusive_all(left, f"{kind}: {exc}"), {}, {}, 0.0,
+                                  capture_bytes, (str(exc),))
+            if timer is not None:
+                collective_ms += timer.take().total_s * 1e3
+        outcome = merge_outcomes(outcomes)
         self.results.extend(outcome.results)
         return self._report(step, outcome, collective_ms, capture_bytes)
 

@@ -48,6 +48,8 @@ from scout.core.replay_round import (
     Prepared,
     RoundOutcome,
     communication_slot,
+    lanes,
+    merge_outcomes,
     replay_round,
 )
 from scout.core.self_check import LiveCheck
@@ -145,11 +147,14 @@ class SimReplayCheck:
         due = self.schedule.due(step)
         if not due:
             return None
-        prepared = [Prepared(d, ReplayStatus.OK, random.Random(f"describe:{d.recipe}:{step}").getrandbits(62))
-                    for d in due]
-        outcome = yield from self._drive(replay_round(step, prepared, schedule_digest=self.schedule_digest,
-                                                      group_size=len(self.group.ranks),
-                                                      timing=DEFAULT_TIMING_CONFIG))
+        outcomes = []
+        for lane in lanes(due):  # REC-3: one round per lane, as the runner does (REPLAY-9)
+            prepared = [Prepared(d, ReplayStatus.OK, random.Random(f"describe:{d.recipe}:{step}").getrandbits(62))
+                        for d in lane]
+            outcomes.append((yield from self._drive(replay_round(
+                step, prepared, schedule_digest=self.schedule_digest, group_size=len(self.group.ranks),
+                timing=DEFAULT_TIMING_CONFIG))))
+        outcome = merge_outcomes(outcomes)
         timing = self.stragglers.observe(step, outcome.peer_compute_ms, outcome.timing, outcome.communication_ms)
         return replay_output(self.name, self.layout, outcome.results, timing.events,
                              self.stragglers.performance_ratios(), self.hosts)

@@ -34,12 +34,13 @@ def _average_gradients(model: torch.nn.Module, group: Any, size: int) -> None:
 
 def moe_experts(rank: int, world: int, *, mesh_shape: tuple[int, int] = (4, 1), local_experts: int = 8,
                 flip_rank: int = 3, flip_expert: int = 2, flip_step: int = 3, a2a_fault_rank: int = 1,
-                a2a_fault_step: int = 4, steps: int = 0) -> dict[str, Any]:
+                a2a_fault_step: int = 4, steps: int = 0, per_check: int = 1) -> dict[str, Any]:
     """Mesh ``(edp, ep)``: ranks with the same ep coordinate hold the same experts (replicas
     along edp; a vote can attribute only in groups of 3 or more). A bit of expert
     ``flip_expert``'s weights flips on ``flip_rank`` after step ``flip_step``; the all-to-all
     receive path of ``a2a_fault_rank`` corrupts one bit from step ``a2a_fault_step`` on.
-    ``steps``: 0 = one pass over the compressed catalog."""
+    ``steps``: 0 = one pass over the compressed catalog; ``per_check``: expert recipes replayed
+    at each step (REC-3's lanes, MOE-10)."""
     mesh = init_device_mesh("cpu", tuple(mesh_shape), mesh_dim_names=("edp", "ep"))
     ep = mesh.get_local_rank("ep")
     torch.manual_seed(100 + ep)  # one expert shard per ep coordinate, replicated along edp
@@ -53,10 +54,11 @@ def moe_experts(rank: int, world: int, *, mesh_shape: tuple[int, int] = (4, 1), 
     ep_peers = TorchPeerGroup.from_mesh(mesh, "ep", timeout_s=60)  # one EP group: all-to-all
     sync = mesh.get_group("edp")
     edp_size = mesh.size(0)
-    replayer = ExpertReplayer(experts, expert_peers, catalog.expert_keys(), ExpertReplayConfig(expert_steps=1))
+    replayer = ExpertReplayer(experts, expert_peers, catalog.expert_keys(),
+                              ExpertReplayConfig(expert_steps=1, expert_recipes_per_check=per_check))
     ep_group = mesh.get_group("ep")
     a2a = AllToAllReplay(ep_peers, lambda outputs, inputs: dist.all_to_all(outputs, inputs, group=ep_group))
-    steps = steps or len(catalog.expert_keys())
+    steps = steps or -(-len(catalog.expert_keys()) // per_check)
     results = []
     dispatch = []
     for step in range(1, steps + 1):

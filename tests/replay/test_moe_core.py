@@ -188,17 +188,50 @@ def test_MOE_9_scout_moe_catalog_imports_the_users_module_from_the_current_direc
 
 
 def test_MOE_10_expert_recipes_share_the_dense_cycle_when_they_fit() -> None:
-    from scout.job.checks import Cycle, expert_interval_steps
+    from scout.job.checks import Cycle, expert_cadence
 
-    def cycle(experts: int, interval: int) -> Cycle:
+    def cycle(experts: int, cadence: tuple[int, int]) -> Cycle:
         keys = tuple((slot, 4) for slot in range(experts))
         return Cycle.of(Schedule(Catalog(hidden_layer_count=0, has_embedding=False, has_output=False,
-                                         optimizer_slice_count=0, expert_keys=keys), Intervals(expert_steps=interval)))
+                                         optimizer_slice_count=0, expert_keys=keys),
+                                 Intervals(expert_steps=cadence[0], expert_recipes_per_check=cadence[1])))
 
     dense = Cycle.of(Schedule(Catalog(hidden_layer_count=3, has_embedding=True, has_output=True,
                                       optimizer_slice_count=1), Intervals(6, 2, 6, 6)))
     assert dense == Cycle(6, "3 hidden recipe(s), one every 2 step(s)")
-    for experts, expected in ((2, 6), (4, 4), (6, 6), (7, 7), (12, 12), (36, 36)):
-        assert cycle(experts, expert_interval_steps(dense.steps, experts)).steps == expected
-        assert expected <= max(dense.steps, experts)  # within the dense cycle while the experts fit in it
-    assert expert_interval_steps(0, 0) == 1
+    # The newcomer's catalog: 72 expert recipes on a 6-step dense cycle took 72 steps with one
+    # expert recipe per step; 8 per step (the default bound) take 9, 12 (uncut) take 6.
+    for experts, bound, expected in ((2, 8, 6), (4, 8, 4), (6, 8, 6), (7, 8, 4), (12, 8, 6), (36, 8, 6),
+                                     (72, 8, 9), (72, 12, 6), (36, 4, 9)):
+        assert cycle(experts, expert_cadence(dense.steps, experts, bound)).steps == expected, (experts, bound)
+    assert cycle(72, expert_cadence(6, 72, 8)) == Cycle(9, "72 expert recipe(s), 8 every 1 step(s)")
+    assert expert_cadence(0, 0, 1) == (1, 1)
+    with pytest.raises(ValueError, match="max_expert_replays_per_step must be >= 1, got 0"):
+        expert_cadence(6, 7, 0)
+
+
+def test_MOE_10_REC_3_REC_4_the_expert_cycle_is_within_the_dense_cycle_unless_the_bound_cuts_it() -> None:
+    """Every dense cycle up to 16 steps, every catalog up to 60 expert recipes, bounds 1..9: the
+    cycle is at most the dense one when ceil(n_e / C) <= bound, else ceil(n_e / bound); and any
+    window of that many steps replays every expert recipe (REC-4), with no recipe twice in one
+    check."""
+    from scout.job.checks import expert_cadence
+
+    for dense in range(1, 17):
+        for experts in range(1, 61):
+            keys = tuple((slot, 2) for slot in range(experts))
+            catalog = Catalog(hidden_layer_count=0, has_embedding=False, has_output=False, optimizer_slice_count=0,
+                              expert_keys=keys)
+            for bound in range(1, 10):
+                interval, per_check = expert_cadence(dense, experts, bound)
+                schedule = Schedule(catalog, Intervals(expert_steps=interval, expert_recipes_per_check=per_check))
+                steps = schedule.cycle_length_steps()
+                fits = -(-experts // dense) <= bound
+                assert steps <= dense if fits else steps == -(-experts // bound), (dense, experts, bound, steps)
+                for first in (1, interval + 1, 7):
+                    seen = []
+                    for step in range(first, first + steps):
+                        due = [d.recipe for d in schedule.due(step)]
+                        assert len(set(due)) == len(due) <= bound
+                        seen += due
+                    assert set(seen) == set(catalog.recipes()), (dense, experts, bound, first)

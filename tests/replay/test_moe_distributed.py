@@ -39,6 +39,23 @@ def test_MOE_1_MOE_2_MOE_5_MOE_8_expert_bit_flip_on_one_ep_replica_is_attributed
         assert {r[0] for r in attributed} == {f"expert.2@{n}" for n in (1, 4, 64)}
 
 
+def test_MOE_10_REC_3_REPLAY_9_three_expert_recipes_a_check_run_as_three_lanes_and_name_the_flipped_expert(
+    tmp_path: Path,
+) -> None:
+    """Three expert recipes due at every step (one round per lane): the 24 recipes take 8 steps
+    instead of 24, each step decides all three, and the flipped expert is named as with one."""
+    ranks = _moe(tmp_path, mesh_shape=[4, 1], flip_rank=3, flip_expert=2, flip_step=3, a2a_fault_rank=-1,
+                 per_check=3)
+    for rank in range(4):
+        results = ranks[rank]["results"]
+        assert len(results) == 24 and {r[1] for r in results} == set(range(1, 9)), results
+        assert [r[0] for r in results] == [f"expert.{slot}@{n}" for slot in range(8) for n in (1, 4, 64)]
+        attributed = [r for r in results if r[2] == "ATTRIBUTED"]
+        assert {r[0] for r in attributed} == {f"expert.2@{n}" for n in (1, 4, 64)}, results
+        assert all(r[3] == [3] and r[1] == 3 for r in attributed)  # expert 2 is due at step 3, after the flip
+        assert all(r[2] == "AGREE" for r in results if r not in attributed)
+
+
 def test_MOE_8_PEER_1_all_to_all_replay_names_the_rank_whose_receive_path_corrupts(tmp_path: Path) -> None:
     """EP 4: one EP group of 4 for the all-to-all replay; expert replica groups of one rank
     (nothing to compare: Inconclusive 'singleton', never attributed). A 2 x 2 mesh would give

@@ -490,3 +490,53 @@ def test_REC_6_bad_optimizer_window_arguments_name_the_value() -> None:
         optimizer_window(-1, [4], 2)
     with pytest.raises(ValueError, match=re.escape("parameter sizes must be >= 0, got [3, -1]")):
         optimizer_window(0, [3, -1], 2)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    layers=st.integers(0, 5),
+    experts=st.integers(0, 13),
+    intervals=st.tuples(*[st.integers(0, 4)] * 5),
+    per_check=st.integers(1, 6),
+    start=st.integers(1, 40),
+)
+def test_REC_3_REC_4_MOE_10_lanes_replay_several_experts_a_check_and_a_window_of_a_cycle_covers_them(
+    layers: int, experts: int, intervals: tuple[int, ...], per_check: int, start: int
+) -> None:
+    """REC-3 with ``m_e`` expert recipes a check: the ``k``-th expert check replays recipes
+    ``(k m_e + j) mod n_e``, ``j < min(m_e, n_e)`` -- no recipe twice -- and any window of the
+    cycle (``ceil(n_e / m_e) i_e`` for the experts) covers every scheduled recipe. The lanes
+    (REPLAY-9) split a check into rounds with one recipe per class each, lane 0 first."""
+    from scout.core.replay_round import lanes
+
+    catalog = Catalog(layers, True, True, 1, expert_keys=[(slot, 4) for slot in range(experts)])
+    schedule = Schedule(catalog, Intervals(*intervals, expert_recipes_per_check=per_check))
+    length = schedule.cycle_length_steps()
+    seen = set()
+    for step in range(start, start + length):
+        due = schedule.due(step)
+        assert len({d.recipe for d in due}) == len(due)
+        split = lanes(due)
+        for index, lane in enumerate(split):  # lane j: every class's j-th due recipe, in due's order
+            expected = [d for d in due if [e for e in due if e.recipe.recipe_class is d.recipe.recipe_class]
+                        .index(d) == index]
+            assert list(lane) == expected
+        assert sum(len(lane) for lane in split) == len(due)
+        experts_due = [d for d in due if d.recipe.recipe_class is RecipeClass.EXPERT]
+        assert len(experts_due) in (0, min(per_check, experts))
+        assert len(split) == (max(1, len(experts_due)) if due else 0)
+        seen.update(d.recipe for d in due)
+    assert seen == set(catalog.recipes()) - set(schedule.uncovered())
+    if experts and intervals[4]:
+        assert schedule.class_cycle_steps(RecipeClass.EXPERT) == math.ceil(experts / per_check) * intervals[4]
+
+
+def test_REC_3_READY_1_the_recipes_a_check_is_part_of_the_schedule_contract() -> None:
+    """Peers that replay a different number of expert recipes a check disagree on the schedule
+    (READY-1); with one a check the contract is what it was before lanes."""
+    catalog = Catalog(0, False, False, 0, expert_keys=[(slot, 4) for slot in range(6)])
+    one, three = (Schedule(catalog, Intervals(expert_steps=1, expert_recipes_per_check=m)) for m in (1, 3))
+    assert one.describe() == Schedule(catalog, Intervals(expert_steps=1)).describe()
+    assert one.describe() != three.describe()
+    with pytest.raises(ValueError, match="expert_recipes_per_check must be an int >= 1, got 0"):
+        Intervals(expert_recipes_per_check=0)
