@@ -28,9 +28,10 @@ def test_MOE_1_MOE_10_REC_8_CANARY_5_CANARY_7_attach_certifies_experts_and_the_c
     assert built.returncode == 0, built.stderr
     run_dir = tmp_path / "run"
     settings = {"SCOUT_MOE_CATALOG": str(catalog), "SCOUT_CANARY": "true", "SCOUT_REPLAY_INTERVAL_STEPS": "8",
-                "SCOUT_CHECKPOINT_EVERY_CYCLES": "1"}
+                "SCOUT_CHECKPOINT_EVERY_CYCLES": "1", "SCOUT_MAX_EXPERT_REPLAYS_PER_STEP": "1"}
     # The dense recipes (one layer) take 8 steps; 8 experts x 2 regimes = 16 expert recipes, at
-    # most one per step (MOE-10): a cycle is 16 steps, within 2x of the dense cycle.
+    # most one per step by the bound set here (MOE-10; 2 a step by default, tests/job/
+    # test_moe_example.py): a cycle is 16 steps, and attach says why.
     run = subprocess.run([str(TORCHRUN), "--nproc-per-node", "4", "--standalone",
                           str(REPO / "tests/integrations/moe_attach_job.py"), "--steps", "64", "--run-dir", str(run_dir),
                           "--checkpoint-dir", str(tmp_path / "ckpt"), "--common-mode-step", "37"],
@@ -40,9 +41,9 @@ def test_MOE_1_MOE_10_REC_8_CANARY_5_CANARY_7_attach_certifies_experts_and_the_c
     said = [line for line in run.stderr.splitlines() if "scout: replay cycle" in line]
     assert len(said) == 1 and said[0].endswith(
         "scout: replay cycle 16 steps (set by 16 expert recipe(s), one every 1 step(s); the dense recipes' cycle is 8 "
-        "steps and at most one expert recipe is due per step; fewer --n-exec values in the MoE catalog or a larger "
-        "replay_interval_steps bring it closer); a checkpoint every 16 steps (checkpoint_every_cycles=1), verified "
-        "one cycle later"), said
+        "steps and at most max_expert_replays_per_step=1 expert recipes are replayed per step; a larger "
+        "max_expert_replays_per_step, fewer --n-exec values in the MoE catalog or a larger replay_interval_steps bring "
+        "it closer); a checkpoint every 16 steps (checkpoint_every_cycles=1), verified one cycle later"), said
     records = reports.read_records(run_dir / reports.REPORTS_FILE)
     # The vote never saw the common-mode fault; the canary did, at the end of its cycle.
     assert not [r for r in records if r["kind"] == "sdc" and r["reason"] == "replay-mismatch"]
