@@ -9,6 +9,7 @@ draws the PNGs the document links (matplotlib, Agg). Never edit docs/evaluation.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -156,13 +157,17 @@ def _parts(section: dict[str, Any], plots_dir: str) -> list[str]:
     out = ["## 2. Where the overhead goes: one part off at a time", "",
            f"{_load(section)}.", "",
            f"At the defaults on the {section['parameters'] / 1e6:.1f}M GPT ({section['layers']} layers, batch "
-           f"{section['batch']} x 128 tokens, {section['ranks']} ranks, {section['steps']} measured steps per run, "
-           f"{section['rounds']} rounds; without scout {_spread(section['off_step_s'], 3, ' s')} per "
-           f"step): scout costs **{_spread_pct(defaults['overhead'])}**. {PAIRED_TEXT}", "",
-           "A part's cost is measured by a pair of its own: the defaults against the defaults with that one part "
-           "off (`observer` and `replay` are settings; the others are the benchmark's private switches, "
-           "scout/job/bench_switches.py), as a share of the step without the part. Costs need not add up to the "
-           "total: parts interact (without replay there is no gate and no loop timer).", ""]
+           f"{section['batch']} x 128 tokens, {section['ranks']} ranks, {section['steps']} measured steps per run: "
+           f"one cycle, {section.get('goal_rounds', section['rounds'])} rounds; without scout "
+           f"{_spread(section['off_step_s'], 3, ' s')} per step): scout costs "
+           f"**{_spread_pct(defaults['overhead'])}**. {PAIRED_TEXT}", ""]
+    out += _where_it_goes(section)
+    out += [f"A part's cost is measured by a pair of its own, in {section['rounds']} rounds: the defaults against "
+            "the defaults with that one part off (`observer` and `replay` are settings; the others are the "
+            "benchmark's private switches, scout/job/bench_switches.py), as a share of the step without the part. "
+            "Costs need not add up to the total: parts interact (without replay there is no gate and no loop "
+            "timer), and a part that costs less than the rounds' spread reads as noise; its CPU column is the "
+            "steadier figure.", ""]
     rows = [[f"`{part}`", PART_TEXT.get(part, ""), _spread_pct(entry["cost"]),
              _spread_pct(entry.get("cpu_against_defaults"))] for part, entry in section["parts"].items()]
     out += _table(["part off", "what it removes", "cost of the part", "CPU without it, against the defaults"],
@@ -188,6 +193,34 @@ def _parts(section: dict[str, Any], plots_dir: str) -> list[str]:
                 "collectives for a slower peer).", ""]
     out += [f"![overhead by part]({plots_dir}/{PLOT_NAMES['parts']})", ""]
     return out
+
+
+def _where_it_goes(section: dict[str, Any]) -> list[str]:
+    """The goal's rounds, per step: what the run with scout spent beyond its pair's reference,
+    by kind of time (bench/attach_overhead.py round_figures), median over rounds."""
+    rounds = section.get("goal_rounds_figures") or []
+    if not rounds:
+        return []
+    kinds = {"step_s": "wall time of a step", "train_cpu_s": "the training thread's CPU in forward, backward, optimizer",
+             "beside_training_s": "wall time beside it (scout's calls, waiting for the other rank, off a CPU)",
+             "user_s_per_step": "the trainer's user CPU, every thread", "system_s_per_step": "the trainer's system CPU",
+             "minor_faults_per_step": "page faults (count)"}
+    rows = []
+    for key, label in kinds.items():
+        deltas = [r["defaults"][key] - r["off"][key] for r in rounds if key in r["defaults"] and key in r["off"]]
+        if not deltas:
+            continue
+        unit = "" if key == "minor_faults_per_step" else " ms"
+        scale = 1.0 if key == "minor_faults_per_step" else 1e3
+        rows.append([label, _spread({"median": statistics.median(deltas) * scale, "min": min(deltas) * scale,
+                                     "max": max(deltas) * scale}, 1, unit)])
+    inside = [r["defaults"].get("step_wall_s_per_step") for r in rounds if r["defaults"].get("step_wall_s_per_step")]
+    if inside:
+        rows.append(["of which `job.step()` (wall)", f"{1e3 * statistics.median(inside):.1f} ms"])
+    return ["Per step, the run with scout against its reference, in the goal's rounds (median, range): system "
+            "time and page faults are the noisy part of this machine (the allocator's large blocks are mapped "
+            "afresh at every step); user time is the steady one.", "", *_table(["per step", "with scout - without"],
+                                                                                rows), ""]
 
 
 def _latency(section: dict[str, Any], plots_dir: str) -> list[str]:

@@ -48,3 +48,11 @@ def test_ATTACH_the_docs_hsdp_layout_on_8_ranks_is_4_replicas_of_2_shards_and_na
     assert started["evidence"]["groups"] == [[0, 2, 4, 6], [1, 3, 5, 7]]
     named = {rank for r in records if r["kind"] == "sdc" for rank in r["ranks"]}
     assert named == {1}, [reports.record_line(r) for r in records if r["kind"] == "sdc"]
+    # Sharded for real (each rank holds half of every block): the flip in rank 1's live output
+    # is seen by the self-check alone (SELF-4, on the gathered parameters CAP-7 kept), and no
+    # checkpoint trained on it is certified (the same assertions as the 4-rank FSDP2 case).
+    sdc = [r for r in records if r["kind"] == "sdc"]
+    assert {(r["reason"], r["evidence"]["recipe"], tuple(r["evidence"]["sources"])) for r in sdc} == {
+        ("live-mismatch", "hidden.1", ("live",))}, sdc
+    assert [r for r in records if r["kind"] == "checkpoint" and r["reason"] == "recovery-verified"
+            and int(r["evidence"]["checkpoint"].split("/s")[1]) >= 6] == []

@@ -67,8 +67,10 @@ def _stragglers(records: list[dict[str, Any]]) -> list[tuple[str, list[int], int
 
 
 @pytest.mark.slow
-def test_STRAG_1_LOOP_1_LOOP_3_a_healthy_job_names_nobody(tmp_path: Path) -> None:
-    assert _stragglers(_job(tmp_path, 200)) == []
+@pytest.mark.parametrize("mesh", ["ddp", "hsdp"])
+def test_STRAG_1_LOOP_1_LOOP_3_a_healthy_job_names_nobody(tmp_path: Path, mesh: str) -> None:
+    """200 steps: 100 replay checks and 20 loop checks, under DDP and under FSDP2 (HSDP (4, 1))."""
+    assert _stragglers(_job(tmp_path, 200, mesh=mesh)) == []
 
 
 @pytest.mark.parametrize(("mesh", "how"), SLEEP_IN_EVERY_SUITE)
