@@ -271,9 +271,11 @@ class ExpertExecutor:
                                   "the packed input is empty: nothing to materialize")
         index = torch.tensor(materialize_rows(stop - start, due.recipe.n_exec), device=x.device) + start
         byte_count = due.recipe.n_exec * x[0].numel() * x.element_size()
-        if byte_count > self.config.max_capture_bytes:
+        held = self.held_bytes()  # CAP-2: the budget covers every capture of the step (lanes, MOE-10)
+        if held + byte_count > self.config.max_capture_bytes:
             return _ExpertCapture(due.recipe, due.step, None, ReplayStatus.CAPTURE_TOO_LARGE,
-                                  f"{byte_count} bytes > max_capture_bytes={self.config.max_capture_bytes}")
+                                  f"{byte_count} bytes, {held} already held > max_capture_bytes="
+                                  f"{self.config.max_capture_bytes}")
         rows = x.detach().index_select(0, index).contiguous()
         return _ExpertCapture(due.recipe, due.step, rows, ReplayStatus.OK)
 

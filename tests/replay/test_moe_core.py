@@ -235,3 +235,31 @@ def test_MOE_10_REC_3_REC_4_the_expert_cycle_is_within_the_dense_cycle_unless_th
                         assert len(set(due)) == len(due) <= bound
                         seen += due
                     assert set(seen) == set(catalog.recipes()), (dense, experts, bound, first)
+
+
+def test_MOE_2_MOE_10_CAP_2_lanes_capture_every_armed_expert_within_one_budget() -> None:
+    """Several expert recipes armed at one step (lanes): the grouped module's pre-hook captures
+    each armed expert of its layer at the layer's first call, and the capture budget covers them
+    together -- the capture that would pass it is refused, naming what is already held."""
+    import torch
+
+    from scout.core.recipes import DueRecipe, ReplayStatus
+    from scout.replay.moe import ExpertExecutor, ExpertLayers, ExpertReplayConfig
+    from tests.replay.moe_toy import DIM, ToyMoEModel
+
+    torch.manual_seed(0)
+    model = ToyMoEModel(4)
+    experts = ExpertLayers.discover(model)
+    keys = [(0, 2), (1, 2), (2, 2)]
+    one_capture = 2 * DIM * 4  # n_exec rows of DIM float32
+    executor = ExpertExecutor(experts, keys, ExpertReplayConfig(max_capture_bytes=2 * one_capture))
+    due = [DueRecipe(RecipeId(RecipeClass.EXPERT, slot, n), 1, 0) for slot, n in keys]
+    executor.arm(1, due)
+    model(torch.randn(2, 8, DIM))
+    statuses = [executor.prepare(d)[0] for d in due]
+    assert statuses == [ReplayStatus.OK, ReplayStatus.OK, ReplayStatus.CAPTURE_TOO_LARGE]
+    assert executor.held_bytes() == 2 * one_capture
+    assert "already held" in executor.prepare(due[2])[1][-1]
+    executor.release()
+    assert executor.held_bytes() == 0
+    executor.close()
