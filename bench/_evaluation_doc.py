@@ -176,10 +176,17 @@ def _parts(section: dict[str, Any], plots_dir: str) -> list[str]:
             f"reference; at the defaults, against no scout, {_spread_pct(defaults.get('cpu_overhead'))}. It "
             "leaves out waiting, but also what scout costs the job by making a rank wait.", ""]
     shares = defaults["shares"]
-    names = {"step_cpu_s": "job.step, CPU time of the training thread", "replay_cpu_s": "replay, CPU time",
+    names = {"step_wall_s": "job.step, wall time", "step_cpu_s": "job.step, CPU time of the training thread",
+             "replay_cpu_s": "replay, CPU time",
              "replay_s": "replay (inside job.step), wall time", "replay_compute_s": "of which replay compute",
              "replay_collectives_s": "of which replay collectives", "gate_and_reports_s": "gate and reports",
-             "cycle_end_s": "cycle ends", "observer_cpu_s": "observer process CPU (rank 0's)",
+             "cycle_end_s": "cycle ends",
+             "self_check_cpu_s": "the live path's self-check (SELF-1), inside the forward, CPU time",
+             "ddp_hook_division_cpu_s": "the gradients' division by the world size: DDP alone fuses it into its "
+                                        "copy into the bucket; under scout's hook the averaging all-reduce makes it "
+                                        "a pass of its own (one pass over the gradients, timed in the run's process)",
+             "completion_watcher_cpu_s": "the completion watcher thread, CPU time",
+             "observer_cpu_s": "observer process CPU (rank 0's)",
              "background_cpu_s": "CPU of rank 0's trainer and observer while frozen for the other job (about 0)",
              "trainer_cpu_s": "trainer CPU beyond the run without scout (rank 0, every thread)"}
     rows = [[label, _spread_pct(shares.get(key), 3)] for key, label in names.items() if key in shares]

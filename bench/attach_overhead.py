@@ -144,6 +144,51 @@ def _time_on_this_thread(job: Any) -> None:
         if check.name == "replay":  # scout/job/checks.py ReplayCheck: its runner steps the replay
             check.runner.step = timed(check.runner.step, "replay_cpu_s")
     job.step = timed(job.step, "step_cpu_s")
+    # The live path's self-check (SELF-1) runs inside the forward, where job.costs does not look.
+    from scout.replay import capture
+
+    check_live_call = capture.check_live_call
+
+    def self_check(*args: Any, **kwargs: Any) -> Any:
+        started = time.thread_time()
+        try:
+            return check_live_call(*args, **kwargs)
+        finally:
+            job.costs["self_check_cpu_s"] = job.costs.get("self_check_cpu_s", 0.0) + time.thread_time() - started
+
+    capture.check_live_call = self_check  # type: ignore[assignment]
+
+
+def _thread_cpu_s(name: str) -> float:
+    """CPU seconds of this process's Python threads called ``name`` (their schedstat, to the ns)."""
+    import threading
+
+    total_ns = 0
+    for thread in threading.enumerate():
+        if thread.name != name or thread.native_id is None:
+            continue
+        try:
+            total_ns += int(Path(f"/proc/self/task/{thread.native_id}/schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # it just ended
+    return total_ns / 1e9
+
+
+def _division_pass_s(ddp: Any, world: int, repeats: int = 5) -> float:
+    """What one pass dividing every gradient by the world size costs a thread: DDP without a
+    communication hook fuses the division into its copy into the bucket, while under scout's
+    hook the averaging all-reduce (or the division before a sum) makes it a pass of its own.
+    Timed here, in the same process, on buffers of the model's size."""
+    import torch
+
+    buffers = [torch.ones(p.numel(), dtype=p.dtype) for p in ddp.parameters() if p.requires_grad]
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.thread_time()
+        for buffer in buffers:
+            buffer.div_(world)
+        best = min(best, time.thread_time() - started)
+    return best
 
 
 class Baton:
@@ -233,6 +278,7 @@ def worker(args: argparse.Namespace) -> None:
                                            "involuntary_switches": usage.ru_nivcsw}}
         if job is not None:
             taken["costs_s"] = dict(job.costs)
+            taken["costs_s"]["completion_watcher_cpu_s"] = _thread_cpu_s("scout-completion")
             if job.observer is not None:
                 taken["observer_cpu_s"] = _process_cpu_s(job.observer.pid)
         return taken
@@ -286,6 +332,8 @@ def worker(args: argparse.Namespace) -> None:
         result["replay_interval_steps"] = job.config.replay_interval_steps
         result["replay_rows"] = job.config.replay_rows
         job.close()
+        if device.type == "cpu" and "ddp_hook" not in arm.off:
+            result["costs_s"]["ddp_hook_division_cpu_s"] = len(times) * _division_pass_s(ddp, dist.get_world_size())
     if rank == 0:
         Path(args.out).write_text(json.dumps(result))
     dist.destroy_process_group()
