@@ -90,7 +90,7 @@ class RunPage:
             entries = list(os.scandir(gate))
         except OSError:
             return [], None
-        key = (len(entries), max((entry.stat().st_mtime_ns for entry in entries), default=0))
+        key = _entries_key(entries)
         if key == self._gate_key:
             return self._checkpoints, self._gate_problem
         from scout.gate.codec import CodecError, certificate_to_json
@@ -121,6 +121,20 @@ class RunPage:
         except OSError:
             return []
         return [value for value in (paths.read_state(name) for name in names) if value is not None]
+
+
+def _entries_key(entries: list[os.DirEntry[str]]) -> tuple[int, int]:
+    """How many entries there are and the newest modification among them: what says the gate
+    changed. The job writes the gate while the page reads it, so an entry listed and gone before
+    its stat (a manifest's temporary file, renamed into place) is skipped (OPS-6)."""
+    present, newest_ns = 0, 0
+    for entry in entries:
+        try:
+            modified_ns = entry.stat().st_mtime_ns
+        except FileNotFoundError:
+            continue
+        present, newest_ns = present + 1, max(newest_ns, modified_ns)
+    return present, newest_ns
 
 
 def _exclude_hosts(run_dir: Path) -> list[str]:

@@ -25,8 +25,8 @@ from scout.core.verdict import Status
 from scout.gate.model import CheckpointCaptured, CycleBoundary, GateConfig
 from scout.gate.recorder import GateWriter
 from scout.gate.results import recipe_verdicts
-from scout.ops import paths
-from scout.ops.web import CONTENT_SECURITY_POLICY, make_server
+from scout.ops import paths, web
+from scout.ops.web import CONTENT_SECURITY_POLICY, RunPage, make_server
 
 pytest.importorskip("prometheus_client", reason="the metrics extra (prometheus_client) is not installed")
 
@@ -205,3 +205,26 @@ def test_OPS_6_the_page_is_read_only_self_contained_and_incremental(tmp_path: Pa
         thread.join(5)
     with pytest.raises(FileNotFoundError):
         make_server(tmp_path / "nothing", "127.0.0.1", 0)
+
+
+def test_OPS_6_a_gate_file_gone_between_listing_and_reading_is_skipped(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # The race CI met: the page listed the gate while the job's manifest writer renamed its
+    # temporary file into place; the stat of the listed name failed and the answer was empty.
+    run_dir = tmp_path / "run"
+    _gate_with_a_verified_checkpoint(run_dir)
+    temporary = run_dir / "gate" / ".manifest.head.28505.tmp"
+    temporary.write_bytes(b"being written")
+    listed = web.os.scandir
+
+    def listing_then_rename(path: Any) -> Iterator[Any]:
+        entries = list(listed(path))
+        temporary.unlink(missing_ok=True)  # gone after the listing, before the stat
+        return iter(entries)
+
+    monkeypatch.setattr(web.os, "scandir", listing_then_rename)
+    state = RunPage(run_dir).state(0)
+    assert not temporary.exists()
+    assert {c["checkpoint"]: c["trust"] for c in state["checkpoints"]} == {
+        "t0/s8": "RECOVERY_VERIFIED", "t0/s16": "CANDIDATE"}
+    assert state["manifest_problem"] is None
