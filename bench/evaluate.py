@@ -19,7 +19,9 @@ bench/results/evaluation.json, then rendered into docs/evaluation.md with its pl
 Every section records the machine (CPU model, cores) and the load average before and after;
 timings are ratios measured side by side. ``--quick`` runs every path at toy sizes (CI: a test
 runs it and checks the JSON's shape and the document generator, not the figures); the full run
-takes hours on 2 cores and should run on a quiet machine.
+takes hours on 2 cores and should run on a quiet machine, detached from the shell that starts it
+by ``setsid`` (``nohup`` is not enough: torchrun's agent installs its own SIGHUP handler, so the
+shell's hang-up ends every job the run has going).
 
     ./dev bench evaluate                          # full run: JSON, plots, docs/evaluation.md
     ./dev py bench/evaluate.py --sections latency # one section again; the others are kept
