@@ -4,9 +4,10 @@ A gloo device owns a ``gloo_tcp_loop`` thread that wakes every 10 ms whatever it
 a job whose default group is gloo, scout's groups share that group's device and add no loop
 (WAIT-6); elsewhere they share one device of scout's (``gloo_groups.own_loop_threads``), idle
 between scout's calls, whose wake-ups only take CPU from the training threads on a host whose
-cores they keep busy. :class:`IdleLoops` keeps those threads at ``SCHED_IDLE``, and puts them back at the normal policy for the length of each
-call that can run a collective on them (:meth:`IdleLoops.awake`), so they are never starved
-while scout needs them. Linux only; elsewhere, or where the kernel refuses, nothing changes.
+cores they keep busy. :class:`IdleLoops` keeps those threads at ``SCHED_IDLE``, and puts them
+back at the normal policy for the length of each call that can run a collective on them
+(:meth:`IdleLoops.awake`), so they are never starved while scout needs them. Linux only;
+elsewhere, or where the kernel refuses, nothing changes.
 """
 
 from __future__ import annotations
@@ -16,9 +17,7 @@ import logging
 import os
 from collections.abc import Iterator
 
-from scout.transport.gloo_groups import LOOP_THREAD_NAME, loop_threads
-
-__all__ = ["LOOP_THREAD_NAME", "IdleLoops", "loop_threads"]
+__all__ = ["IdleLoops"]
 
 logger = logging.getLogger("scout")
 

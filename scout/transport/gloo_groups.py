@@ -20,7 +20,7 @@ from typing import Any, Final
 import torch
 import torch.distributed as dist
 
-__all__ = ["BACKEND", "LOOP_THREAD_NAME", "loop_threads", "new_group", "own_loop_threads", "shares_the_default_device"]
+__all__ = ["BACKEND", "LOOP_THREAD_NAME", "loop_threads", "new_group", "own_loop_threads"]
 
 #: The backend name scout's gloo groups are created with (``torch.distributed.get_backend``).
 BACKEND: Final = "scoutgloo"
@@ -69,11 +69,6 @@ def _default_gloo_devices() -> list[Any]:
     if not isinstance(backend, dist.ProcessGroupGloo):
         return []
     return list(getattr(backend.options, "_devices", None) or [])  # torch's stubs lack the field
-
-
-def shares_the_default_device() -> bool:
-    """True when scout's groups run on the default group's gloo device (no loop of their own)."""
-    return bool(_default_gloo_devices())
 
 
 def _devices() -> list[Any]:

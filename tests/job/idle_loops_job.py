@@ -16,7 +16,6 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 import scout
-from scout.job.idle_loops import loop_threads
 from scout.transport import gloo_groups
 from tests.replay._scenarios import SEQUENCE, VOCAB, TinyLM, _batch
 
@@ -28,13 +27,13 @@ def _policies(threads: frozenset[int]) -> dict[int, int]:
 def main(rank: int, world: int, *, steps: int = 6, fail_at: int | None = None, own_device: bool = False) -> dict[str, Any]:
     if own_device:
         gloo_groups._default_gloo_devices = lambda: []  # type: ignore[assignment]
-    user_loops = loop_threads()  # the default process group's, made before attach
+    user_loops = gloo_groups.loop_threads()  # the default process group's, made before attach
     torch.manual_seed(0)
     model = DistributedDataParallel(TinyLM())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     run_dir = Path(os.environ["SCOUT_TEST_SCRATCH"]) / "run"
     job = scout.attach(model, optimizer, run_dir=str(run_dir), observer=False, replay_interval_steps=1)
-    scout_loops = loop_threads() - user_loops
+    scout_loops = gloo_groups.loop_threads() - user_loops
     seen: dict[str, Any] = {"user_loops": len(user_loops), "scout_loops": len(scout_loops),
                             "after_attach": _policies(scout_loops), "user_after_attach": _policies(user_loops)}
     inside: list[dict[int, int]] = []
