@@ -7,6 +7,9 @@ bench/results/evaluation.json, then rendered into docs/evaluation.md with its pl
 2. ``parts``: at the defaults on the >= 50M GPT, the A/B table of parts -- one part of scout off
    at a time (observer, instrumentation, DDP hook, loop timer, replay, gate) -- and the goal:
    overhead <= 1.0 %, and replay's share within 1.5x of its formula;
+   ``batch``: the goal's pair again at larger batches (``--batches``, default 16): scout's work
+   per step does not grow with the batch (one row replayed, one pass over the gradients), so its
+   share falls as 1 / batch -- the batch from which the goal is met, measured;
 3. ``latency``: detection latency -- hang (seconds past the stall threshold) and SDC (steps
    after onset) in real 4-rank jobs of examples/train_gpt.py, straggler (checks to confirm at
    1.2x, 1.5x, 2x) on the simulator and in real jobs -- over seeds;
@@ -66,11 +69,13 @@ RESULTS = BENCH / "results" / "evaluation.json"
 DOC = REPO / "docs" / "evaluation.md"
 PLOTS = REPO / "docs" / "evaluation"
 SCHEMA = "scout.evaluation/1"
-SECTIONS = ("overhead", "parts", "latency", "recovery", "false_alarms", "campaign")
+SECTIONS = ("overhead", "parts", "batch", "latency", "recovery", "false_alarms", "campaign")
 TRAIN_GPT = REPO / "examples" / "train_gpt.py"
 WORLD = 4  # ranks of the real jobs (examples/train_gpt.py)
 GPT_LAYERS = 4  # examples/train_gpt.py's GPT
 CADENCES = (1, 2, 5, 10, 20)
+BATCHES = (16,)  # the batch section's batches (the parts section's goal is at batch 8)
+PARTS_BATCH = 8
 FACTORS = (1.2, 1.5, 2.0)
 CHECKPOINT_EVERY = (1, 2, 5)
 #: The parts of the A/B table: attach settings (observer, replay) or bench switches
@@ -263,9 +268,10 @@ def run_parts(section: dict[str, Any], quick: bool, rounds: int, log: Callable[[
     log(f"== parts: {size} model, the defaults against no scout in {goal_rounds} rounds, {len(chosen)} part(s) in "
         f"{rounds} rounds, of {steps} steps")
     goal = attach_overhead.paired([(attach_overhead.OFF, defaults)], rounds=goal_rounds, size=size, steps=steps,
-                                  batch=2 if quick else 8, log=log)
+                                  batch=2 if quick else PARTS_BATCH, log=log)
     results = attach_overhead.paired([(defaults, attach_overhead.Arm(f"no-{p}", off=(p,))) for p in chosen],
-                                     rounds=rounds, size=size, steps=steps, batch=2 if quick else 8, log=log)
+                                     rounds=rounds, size=size, steps=steps, batch=2 if quick else PARTS_BATCH,
+                                     log=log)
     first = goal[0]["runs"]["defaults"]
     parts: dict[str, Any] = {}
     for part in chosen:
@@ -284,6 +290,24 @@ def run_parts(section: dict[str, Any], quick: bool, rounds: int, log: Callable[[
                                  "off": attach_overhead.round_figures(r["runs"]["off@defaults"]),
                                  "defaults": attach_overhead.round_figures(r["runs"]["defaults"])} for r in goal],
     })
+
+
+def run_batch(section: dict[str, Any], quick: bool, rounds: int, batches: Sequence[int],
+              log: Callable[[str], None]) -> None:
+    """The parts section's goal pair (the defaults against no scout, one whole cycle per run) at
+    each of ``batches``, in ``rounds`` rounds each."""
+    size, steps = ("tiny", 8) if quick else ("large", 24)
+    section.update({"size": size, "steps": steps, "rounds": rounds, "ranks": 2, "design": "paired", "batches": {}})
+    for batch in batches:
+        log(f"== batch: {size} model at batch {batch}, the defaults against no scout in {rounds} rounds of {steps} "
+            "steps")
+        goal = attach_overhead.paired([(attach_overhead.OFF, attach_overhead.DEFAULTS)], rounds=rounds, size=size,
+                                      steps=steps, batch=batch, log=log)
+        first = goal[0]["runs"]["defaults"]
+        section.update({"parameters": first["parameters"], "layers": first["layers"]})
+        section["batches"][str(batch)] = {
+            "batch": batch, "off_step_s": _reference_step_s(goal, "defaults"),
+            "defaults": _arm_row(goal, "defaults"), "rounds": _round_detail(goal)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -636,6 +660,14 @@ def goals(document: dict[str, Any]) -> list[Goal]:
             found.append(at_most("replay share within 1.5x of its formula", max(ratio, 1 / ratio),
                                  REPLAY_FORMULA_FACTOR, "x", f"replay's CPU time {100 * replay['median']:.3f} % of a "
                                  f"step, formula {100 * formula:.3f} %"))
+    batch_section = sections.get("batch")
+    if batch_section:
+        for entry in batch_section["batches"].values():
+            overhead = entry["defaults"]["overhead"]
+            found.append(at_most(f"attach overhead at defaults, batch {entry['batch']} "
+                                 f"({batch_section['parameters'] / 1e6:.1f}M GPT, 2 ranks)", 100 * overhead["median"],
+                                 100 * OVERHEAD_GOAL, "%", f"median of {overhead['n']} paired rounds, range "
+                                 f"{100 * overhead['min']:.2f} to {100 * overhead['max']:.2f} %"))
     latency = sections.get("latency")
     if latency:
         hang = latency["hang"]
@@ -686,6 +718,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="rounds of the defaults against no scout, the overhead goal's (default 10; quick 1)")
     parser.add_argument("--parts", default="", help=f"the parts section's parts off, comma-separated, of "
                         f"{', '.join(PARTS)} (default: all; quick: ddp_hook)")
+    parser.add_argument("--batches", default=",".join(map(str, BATCHES)),
+                        help="the batch section's batches, comma-separated (default %(default)s; quick: 4)")
     parser.add_argument("--output", type=Path, default=RESULTS, help="the JSON (default bench/results/evaluation.json)")
     parser.add_argument("--doc", type=Path, default=None, help="the document (default docs/evaluation.md; "
                         "not written by --quick unless given)")
@@ -707,6 +741,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     only = [part.strip() for part in args.parts.split(",") if part.strip()]
     if sorted(set(only) - set(PARTS)):
         parser.error(f"unknown part(s) {sorted(set(only) - set(PARTS))}; the parts are {', '.join(PARTS)}")
+    try:
+        batches = [int(b) for b in args.batches.split(",") if b.strip()]
+    except ValueError:
+        batches = []
+    if not batches or min(batches) < 1:
+        parser.error(f"--batches must be positive integers, comma-separated, got {args.batches!r}")
+    if args.quick:
+        batches = [4]
     seeds = list(range(args.seeds if args.seeds is not None else (1 if args.quick else 5)))
     rounds = args.rounds if args.rounds is not None else (1 if args.quick else 5)
     goal_rounds = args.goal_rounds if args.goal_rounds is not None else (1 if args.quick else 10)
@@ -737,6 +779,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     run_overhead(section, args.quick, rounds, log)
                 elif name == "parts":
                     run_parts(section, args.quick, rounds, log, only, goal_rounds)
+                elif name == "batch":
+                    run_batch(section, args.quick, goal_rounds, batches, log)
                 elif name == "latency":
                     run_latency(section, args.quick, seeds, work, log)
                 elif name == "recovery":
