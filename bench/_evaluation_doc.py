@@ -214,9 +214,9 @@ def _fixed_budget(section: dict[str, Any]) -> list[str]:
     fixed amount of work per step, so its share falls as 1 / batch."""
     defaults = section["defaults"]
     formula, shares = defaults.get("replay_formula"), defaults["shares"]
-    if formula is None or any(shares.get(key, {}).get("median") is None for key in FIXED_SHARES):
+    fixed = _by_construction(defaults)
+    if formula is None or fixed is None:
         return []
-    fixed = formula + sum(shares[key]["median"] for key in FIXED_SHARES)
     overhead = defaults["overhead"]["median"]
     return [f"*By construction*: at batch {section['batch']}, replay's formula ({_pct(formula, 2)}), the self-check "
             f"({_pct(shares['self_check_cpu_s']['median'], 2)}: one forward of the replayed row of the captured "
@@ -228,24 +228,49 @@ def _fixed_budget(section: dict[str, Any]) -> list[str]:
             "its share falls as 1 / batch (section *The goal against the batch*).", ""]
 
 
+def _by_construction(defaults: dict[str, Any]) -> float | None:
+    """Replay's formula plus the measured self-check and division shares (:data:`FIXED_SHARES`)."""
+    formula, shares = defaults.get("replay_formula"), defaults["shares"]
+    if formula is None or any(shares.get(key, {}).get("median") is None for key in FIXED_SHARES):
+        return None
+    return float(formula + sum(shares[key]["median"] for key in FIXED_SHARES))
+
+
 def _batch(section: dict[str, Any], _plots_dir: str) -> list[str]:
     out = ["### The goal against the batch", "", f"{_load(section)}.", "",
            f"The goal's pair again (the defaults against no scout, {section['ranks']} ranks, "
            f"{section['parameters'] / 1e6:.1f}M GPT, {section['steps']} measured steps per run: one cycle, "
-           f"{section['rounds']} rounds each) at larger batches of 128-token rows. Scout's work per step does not "
-           "grow with the batch (replay and the self-check take one row of one layer, the division one pass over "
-           "the gradients), the step does.", ""]
+           f"{section['rounds']} rounds each) at larger batches of 128-token rows. Scout's work by construction "
+           "does not grow with the batch (replay and the self-check take one row of one layer, the division one "
+           "pass over the gradients), the step does. *By construction*: replay's formula plus the self-check's and "
+           "the division's measured shares; *job.step* and *trainer CPU*: measured inside the runs, shares of the "
+           "step without scout (the trainer's CPU, every thread, beyond its reference's).", ""]
     rows = []
     for entry in section["batches"].values():
         defaults = entry["defaults"]
         shares = defaults["shares"]
-        rows.append([str(entry["batch"]), _spread(entry["off_step_s"], 3, " s"), f"**{_spread_pct(defaults['overhead'])}**",
-                     _spread_pct(defaults.get("cpu_overhead")), _pct(defaults.get("replay_formula"), 3),
-                     _spread_pct(shares.get("replay_cpu_s"), 3), _spread_pct(shares.get("self_check_cpu_s"), 3),
-                     _spread_pct(shares.get("ddp_hook_division_cpu_s"), 3)])
-    out += _table(["batch", "step without scout", "overhead", "CPU overhead", "replay formula", "replay CPU",
-                   "self-check CPU", "division pass"], rows)
+        each = ", ".join(f"{100 * r['overhead']['defaults']:+.2f}" for r in entry.get("rounds", ()))
+        rows.append([str(entry["batch"]), _spread(entry["off_step_s"], 3, " s"),
+                     f"**{_spread_pct(defaults['overhead'])}**", each, _pct(_by_construction(defaults), 2),
+                     _spread_pct(shares.get("step_wall_s"), 2), _pct(_accounted(shares), 2),
+                     _spread_pct(shares.get("trainer_cpu_s"), 2)])
+    out += _table(["batch", "step without scout", "overhead", "each round (%)", "by construction", "job.step",
+                   "scout's accounting", "trainer CPU"], rows)
+    out += ["*Scout's accounting*: what scout times of itself -- job.step's wall time, the self-check, the division "
+            "pass, the completion watcher's and the observer's CPU. Where the trainer's CPU beyond its reference "
+            "exceeds it, the job spent CPU that none of scout's parts accounts for.", ""]
     return out
+
+
+#: What scout times of itself at a step (the shares' keys; medians summed).
+ACCOUNTED_SHARES = ("step_wall_s", "self_check_cpu_s", "ddp_hook_division_cpu_s", "completion_watcher_cpu_s",
+                    "observer_cpu_s")
+
+
+def _accounted(shares: dict[str, Any]) -> float | None:
+    if any(shares.get(key, {}).get("median") is None for key in ACCOUNTED_SHARES):
+        return None
+    return float(sum(shares[key]["median"] for key in ACCOUNTED_SHARES))
 
 
 def _where_it_goes(section: dict[str, Any]) -> list[str]:

@@ -307,7 +307,9 @@ def run_batch(section: dict[str, Any], quick: bool, rounds: int, batches: Sequen
         section.update({"parameters": first["parameters"], "layers": first["layers"]})
         section["batches"][str(batch)] = {
             "batch": batch, "off_step_s": _reference_step_s(goal, "defaults"),
-            "defaults": _arm_row(goal, "defaults"), "rounds": _round_detail(goal)}
+            "defaults": _arm_row(goal, "defaults"), "rounds": _round_detail(goal),
+            "rounds_figures": [{"off": attach_overhead.round_figures(r["runs"]["off@defaults"]),
+                                "defaults": attach_overhead.round_figures(r["runs"]["defaults"])} for r in goal]}
 
 
 # --------------------------------------------------------------------------------------------
