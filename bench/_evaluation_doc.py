@@ -203,37 +203,46 @@ def _parts(section: dict[str, Any], plots_dir: str) -> list[str]:
     return out
 
 
-#: The shares that are scout's work by construction at the defaults (not a protocol's waits):
-#: replay's formula, the self-check's forward of the replayed row, and, on a backend whose average
-#: is a sum and then a division (gloo), the pass dividing the gradients.
-FIXED_SHARES = {"self_check_cpu_s": "the self-check", "ddp_hook_division_cpu_s": "the division pass"}
+#: The shares that are scout's work by construction at the defaults besides replay's formula (not
+#: a protocol's waits): the self-check's forward of the replayed row and, on a backend whose
+#: average is a sum and then a division (gloo), the pass dividing the gradients.
+FIXED_SHARES = ("self_check_cpu_s", "ddp_hook_division_cpu_s")
+#: What scout times of itself at a step.
+ACCOUNTED_SHARES = ("step_wall_s", "self_check_cpu_s", "ddp_hook_division_cpu_s", "completion_watcher_cpu_s",
+                    "observer_cpu_s")
+
+
+def _median_sum(shares: dict[str, Any], keys: Sequence[str]) -> float | None:
+    """The sum of the shares' medians, None when one of ``keys`` was not measured."""
+    if any(shares.get(key, {}).get("median") is None for key in keys):
+        return None
+    return float(sum(shares[key]["median"] for key in keys))
+
+
+def _by_construction(defaults: dict[str, Any]) -> float | None:
+    """Replay's formula plus the measured :data:`FIXED_SHARES`."""
+    fixed = _median_sum(defaults["shares"], FIXED_SHARES)
+    formula = defaults.get("replay_formula")
+    return None if formula is None or fixed is None else formula + fixed
 
 
 def _fixed_budget(section: dict[str, Any]) -> list[str]:
     """What the goal leaves once the work scout does by construction is paid: each of these is a
     fixed amount of work per step, so its share falls as 1 / batch."""
     defaults = section["defaults"]
-    formula, shares = defaults.get("replay_formula"), defaults["shares"]
     fixed = _by_construction(defaults)
-    if formula is None or fixed is None:
+    if fixed is None:
         return []
+    shares = defaults["shares"]
     overhead = defaults["overhead"]["median"]
-    return [f"*By construction*: at batch {section['batch']}, replay's formula ({_pct(formula, 2)}), the self-check "
-            f"({_pct(shares['self_check_cpu_s']['median'], 2)}: one forward of the replayed row of the captured "
-            f"module, SELF-8) and the division pass ({_pct(shares['ddp_hook_division_cpu_s']['median'], 2)}: gloo's "
-            f"average is a sum and then a pass dividing it, NCCL's divides inside the reduction, INSTR-15) come to "
-            f"{_pct(fixed, 2)} of a step before any check's collectives, the gate or a thread is paid; the rest of "
-            f"the measured {_pct(overhead, 2)} is {_pct(overhead - fixed, 2)}. Each is a fixed amount of work per "
-            "step -- one row, one layer, one pass over the gradients -- while the step grows with the batch, so "
-            "its share falls as 1 / batch (section *The goal against the batch*).", ""]
-
-
-def _by_construction(defaults: dict[str, Any]) -> float | None:
-    """Replay's formula plus the measured self-check and division shares (:data:`FIXED_SHARES`)."""
-    formula, shares = defaults.get("replay_formula"), defaults["shares"]
-    if formula is None or any(shares.get(key, {}).get("median") is None for key in FIXED_SHARES):
-        return None
-    return float(formula + sum(shares[key]["median"] for key in FIXED_SHARES))
+    return [f"*By construction*: at batch {section['batch']}, replay's formula ({_pct(defaults['replay_formula'], 2)}), "
+            f"the self-check ({_pct(shares['self_check_cpu_s']['median'], 2)}: one forward of the replayed row of the "
+            f"captured module, SELF-8) and the division pass ({_pct(shares['ddp_hook_division_cpu_s']['median'], 2)}: "
+            f"gloo's average is a sum and then a pass dividing it, NCCL's divides inside the reduction, INSTR-15) "
+            f"come to {_pct(fixed, 2)} of a step before any check's collectives, the gate or a thread is paid; the "
+            f"rest of the measured {_pct(overhead, 2)} is {_pct(overhead - fixed, 2)}. Each is a fixed amount of "
+            "work per step -- one row, one layer, one pass over the gradients -- while the step grows with the "
+            "batch, so its share falls as 1 / batch (section *The goal against the batch*).", ""]
 
 
 def _batch(section: dict[str, Any], _plots_dir: str) -> list[str]:
@@ -252,7 +261,7 @@ def _batch(section: dict[str, Any], _plots_dir: str) -> list[str]:
         each = ", ".join(f"{100 * r['overhead']['defaults']:+.2f}" for r in entry.get("rounds", ()))
         rows.append([str(entry["batch"]), _spread(entry["off_step_s"], 3, " s"),
                      f"**{_spread_pct(defaults['overhead'])}**", each, _pct(_by_construction(defaults), 2),
-                     _spread_pct(shares.get("step_wall_s"), 2), _pct(_accounted(shares), 2),
+                     _spread_pct(shares.get("step_wall_s"), 2), _pct(_median_sum(shares, ACCOUNTED_SHARES), 2),
                      _spread_pct(shares.get("trainer_cpu_s"), 2)])
     out += _table(["batch", "step without scout", "overhead", "each round (%)", "by construction", "job.step",
                    "scout's accounting", "trainer CPU"], rows)
@@ -260,17 +269,6 @@ def _batch(section: dict[str, Any], _plots_dir: str) -> list[str]:
             "pass, the completion watcher's and the observer's CPU. Where the trainer's CPU beyond its reference "
             "exceeds it, the job spent CPU that none of scout's parts accounts for.", ""]
     return out
-
-
-#: What scout times of itself at a step (the shares' keys; medians summed).
-ACCOUNTED_SHARES = ("step_wall_s", "self_check_cpu_s", "ddp_hook_division_cpu_s", "completion_watcher_cpu_s",
-                    "observer_cpu_s")
-
-
-def _accounted(shares: dict[str, Any]) -> float | None:
-    if any(shares.get(key, {}).get("median") is None for key in ACCOUNTED_SHARES):
-        return None
-    return float(sum(shares[key]["median"] for key in ACCOUNTED_SHARES))
 
 
 def _where_it_goes(section: dict[str, Any]) -> list[str]:

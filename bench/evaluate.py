@@ -8,8 +8,9 @@ bench/results/evaluation.json, then rendered into docs/evaluation.md with its pl
    at a time (observer, instrumentation, DDP hook, loop timer, replay, gate) -- and the goal:
    overhead <= 1.0 %, and replay's share within 1.5x of its formula;
    ``batch``: the goal's pair again at larger batches (``--batches``, default 16): scout's work
-   per step does not grow with the batch (one row replayed, one pass over the gradients), so its
-   share falls as 1 / batch -- the batch from which the goal is met, measured;
+   by construction does not grow with the batch (one row replayed, one pass over the gradients);
+   whether the whole overhead falls with it is measured, with what scout times of itself and the
+   trainer's CPU beside it;
 3. ``latency``: detection latency -- hang (seconds past the stall threshold) and SDC (steps
    after onset) in real 4-rank jobs of examples/train_gpt.py, straggler (checks to confirm at
    1.2x, 1.5x, 2x) on the simulator and in real jobs -- over seeds;
