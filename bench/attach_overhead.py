@@ -51,12 +51,14 @@ import os
 import resource
 import select
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -161,8 +163,6 @@ def _time_on_this_thread(job: Any) -> None:
 
 def _thread_cpu_s(name: str) -> float:
     """CPU seconds of this process's Python threads called ``name`` (their schedstat, to the ns)."""
-    import threading
-
     total_ns = 0
     for thread in threading.enumerate():
         if thread.name != name or thread.native_id is None:
@@ -404,6 +404,27 @@ def _signal_tree(root: int, signum: int) -> None:
             os.kill(pid, signum)
 
 
+@contextlib.contextmanager
+def terminate_raises() -> Iterator[None]:
+    """SIGTERM raises SystemExit in the main thread while inside, so that a driver ended by
+    ``kill`` (not only by Ctrl-C) runs its ``finally``: a pair freezes one job's whole process
+    tree at every turn, and a driver that died without thawing and killing it left that tree
+    stopped for good (trainers, observers, multiprocessing's resource trackers). Elsewhere than
+    the main thread nothing changes (signal handlers belong to it)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum: int, _frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    before = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def pair_run(reference: Arm, arm: Arm, *, first: int, size: str, steps: int, batch: int, nproc: int,
              device: str, work: Path) -> dict[str, dict[str, Any]]:
     """The two jobs of a pair at once, taking turns step by step: side 0 is ``reference``, side
@@ -415,9 +436,8 @@ def pair_run(reference: Arm, arm: Arm, *, first: int, size: str, steps: int, bat
     carry its own costs and only those. Both jobs start at once and meet at their first turn
     (the warm-up steps absorb the start-up); after both have run every step they are released
     to finish. A job that fails ends the other. Rank 0's measurements of each, by arm name."""
-    import signal
-
     total_turns = WARMUP_STEPS + steps
+    stack = contextlib.ExitStack()
     baton = Path(tempfile.mkdtemp(prefix="pair-", dir=work))
     for side in (0, 1):
         os.mkfifo(done_path(baton, side))
@@ -431,8 +451,6 @@ def pair_run(reference: Arm, arm: Arm, *, first: int, size: str, steps: int, bat
                                   env=_environment(a), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
                  for side, a in enumerate(arms)]
     errors: list[list[str]] = [[], []]
-    import threading
-
     # Read stderr as it comes, so a chatty job never fills its pipe and stalls.
     readers = [threading.Thread(target=errors[side].extend, args=(process.stderr,), daemon=True)
                for side, process in enumerate(processes)]
@@ -459,6 +477,7 @@ def pair_run(reference: Arm, arm: Arm, *, first: int, size: str, steps: int, bat
 
     ok = True
     try:
+        stack.enter_context(terminate_raises())
         side = first
         give(side)
         turns = [0, 0]
@@ -490,6 +509,7 @@ def pair_run(reference: Arm, arm: Arm, *, first: int, size: str, steps: int, bat
         for fd in fds.values():
             os.close(fd)
         shutil.rmtree(baton, ignore_errors=True)
+        stack.close()
     runs: dict[str, dict[str, Any]] = {}
     # A job that failed on its own is reported first, not the one this driver then killed.
     killed = -signal.SIGKILL
