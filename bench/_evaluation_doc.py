@@ -130,8 +130,8 @@ def _overhead(section: dict[str, Any], plots_dir: str) -> list[str]:
            "Two ranks (`torchrun --nproc-per-node 2`, gloo, one thread each) train examples/train_gpt.py's GPT with "
            "scout at its defaults except `replay_interval_steps` = k, against the same job without scout, in "
            f"{section['rounds']} rounds. {PAIRED_TEXT} *Replay* is scout's own timing of replay inside `job.step()` "
-           "as a share of a step; *formula* is 1 / (k x layers x batch / replay_rows), the share the issue expects.",
-           ""]
+           "as a share of a step; *formula* is 1 / (k x layers x batch / replay_rows), the share the issue expects. "
+           f"*Allocator*: {ALLOCATOR_TEXT.get(_allocator(section), _allocator(section))}.", ""]
     for size, entry in section["sizes"].items():
         out += [f"**{size}**: {entry['parameters'] / 1e6:.1f}M parameters, {entry['layers']} layers, batch "
                 f"{entry['batch']} x 128 tokens, {entry['steps']} measured steps per run; without scout "
@@ -161,6 +161,7 @@ def _parts(section: dict[str, Any], plots_dir: str) -> list[str]:
            f"one cycle, {section.get('goal_rounds', section['rounds'])} rounds; without scout "
            f"{_spread(section['off_step_s'], 3, ' s')} per step): scout costs "
            f"**{_spread_pct(defaults['overhead'])}**. {PAIRED_TEXT}", ""]
+    out += _allocator_paragraph(section)
     out += _where_it_goes(section)
     out += [f"A part's cost is measured by a pair of its own, in {section['rounds']} rounds: the defaults against "
             "the defaults with that one part off (`observer` and `replay` are settings; the others are the "
@@ -253,7 +254,8 @@ def _batch(section: dict[str, Any], _plots_dir: str) -> list[str]:
            "does not grow with the batch (replay and the self-check take one row of one layer, the division one "
            "pass over the gradients), the step does. *By construction*: replay's formula plus the self-check's and "
            "the division's measured shares; *job.step* and *trainer CPU*: measured inside the runs, shares of the "
-           "step without scout (the trainer's CPU, every thread, beyond its reference's).", ""]
+           "step without scout (the trainer's CPU, every thread, beyond its reference's). *Allocator*: "
+           f"{ALLOCATOR_TEXT.get(_allocator(section), _allocator(section))}.", ""]
     rows = []
     for entry in section["batches"].values():
         defaults = entry["defaults"]
@@ -269,6 +271,46 @@ def _batch(section: dict[str, Any], _plots_dir: str) -> list[str]:
             "pass, the completion watcher's and the observer's CPU. Where the trainer's CPU beyond its reference "
             "exceeds it, the job spent CPU that none of scout's parts accounts for.", ""]
     return out
+
+
+#: The trainers' malloc setups (bench/attach_overhead.py ALLOCATORS), in words.
+ALLOCATOR_TEXT = {
+    "heap": "glibc's malloc told to keep its heap (`MALLOC_MMAP_MAX_=0`, a 64 GiB `MALLOC_TRIM_THRESHOLD_`, a "
+            "256 MiB `MALLOC_TOP_PAD_`): every tensor comes from memory the process already has, as on a CPU "
+            "training host set up for speed (PyTorch's CPU guides preload jemalloc or tcmalloc for this)",
+    "stock": "glibc's stock malloc: every tensor over its mmap threshold is mapped afresh and page-faulted in at "
+             "every step",
+}
+
+
+def _allocator(section: dict[str, Any]) -> str:
+    """The section's malloc setup; runs from before it was recorded used the stock one."""
+    return str(section.get("allocator", "stock"))
+
+
+def _faults(rounds: Sequence[dict[str, Any]], arm: str) -> float | None:
+    counts = [r[arm]["minor_faults_per_step"] for r in rounds if "minor_faults_per_step" in r.get(arm, {})]
+    return statistics.median(counts) if counts else None
+
+
+def _allocator_paragraph(section: dict[str, Any]) -> list[str]:
+    """How the trainers allocate (both arms alike) and, when measured, the goal's pair with glibc's
+    stock malloc beside it: why the goal is measured with the heap kept."""
+    allocator = _allocator(section)
+    out = [f"*Allocator*, both arms alike: {ALLOCATOR_TEXT.get(allocator, allocator)}."]
+    stock = section.get("stock_allocator")
+    if stock and allocator != "stock":
+        each = ", ".join(f"{100 * r['overhead']['defaults']:+.2f}" for r in stock.get("round_detail", ()))
+        kept, mapped = _faults(section.get("goal_rounds_figures") or [], "off"), _faults(stock["rounds_figures"], "off")
+        faults = (f"; page faults per step without scout: {mapped:,.0f} with the stock malloc, {kept:,.0f} with the "
+                  "heap kept" if kept is not None and mapped is not None else "")
+        out[0] += (f" The same pair with glibc's stock malloc, {stock['rounds']} rounds: "
+                   f"{_spread_pct(stock['defaults']['overhead'])} (rounds {each} %), without scout "
+                   f"{_spread(stock['off_step_s'], 3, ' s')} per step{faults}. There every step maps and faults in "
+                   "its large tensors afresh, and how many moves with the allocation history of each run -- scout's "
+                   "few allocations shift it either way -- so the comparison measures the allocator more than "
+                   "scout.")
+    return [*out, ""]
 
 
 def _where_it_goes(section: dict[str, Any]) -> list[str]:
@@ -293,10 +335,10 @@ def _where_it_goes(section: dict[str, Any]) -> list[str]:
     inside = [r["defaults"].get("step_wall_s_per_step") for r in rounds if r["defaults"].get("step_wall_s_per_step")]
     if inside:
         rows.append(["of which `job.step()` (wall)", f"{1e3 * statistics.median(inside):.1f} ms"])
-    return ["Per step, the run with scout against its reference, in the goal's rounds (median, range): system "
-            "time and page faults are the noisy part of this machine (the allocator's large blocks are mapped "
-            "afresh at every step); user time is the steady one.", "", *_table(["per step", "with scout - without"],
-                                                                                rows), ""]
+    noisy = (" System time and page faults are the noisy part with glibc's stock malloc (the large blocks are "
+             "mapped afresh at every step); user time is the steady one." if _allocator(section) == "stock" else "")
+    return [f"Per step, the run with scout against its reference, in the goal's rounds (median, range).{noisy}", "",
+            *_table(["per step", "with scout - without"], rows), ""]
 
 
 def _latency(section: dict[str, Any], plots_dir: str) -> list[str]:

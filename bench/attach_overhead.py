@@ -24,6 +24,11 @@ overhead in a round is its mean over the reference's mean, minus one; the result
 over rounds, with the range. Each run also reports the CPU its processes spent outside its own
 turns (``background_cpu_s``, about zero when the freezing works).
 
+Both jobs of a pair allocate alike: by default (``--allocator heap``, :data:`ALLOCATORS`) glibc
+keeps its heap, so a step reuses memory instead of mapping and faulting in its large tensors
+afresh; ``--allocator stock`` measures with glibc's defaults, where that churn is 7 % of a step on
+this box and moves more between runs than the goal allows.
+
 Each run also reports, from inside the measured window: scout's own accounting of
 ``job.step()`` (``job.costs``: replay, its compute and collectives, gate and reports, cycle
 ends), the CPU time of rank 0's trainer process (every thread) and of its observer process.
@@ -33,7 +38,7 @@ bench/attach_overhead.py``; goal <= 1.0 % on a CPU box, <= 0.5 % on a GPU, TARGE
 library bench/evaluate.py measures cadences and parts with (:func:`paired`), and the
 torchrun worker (``--worker``).
 
-    ./dev py bench/attach_overhead.py [--rounds 5] [--steps 24] [--batch 8] [--size large]
+    ./dev py bench/attach_overhead.py [--rounds 5] [--steps 24] [--batch 8] [--size large] [--allocator heap]
 
 On a GPU host (tests/gpu/run.py runs it so): ``--device cuda --nproc N``, one rank per GPU over
 NCCL (ranks beyond the GPUs share them over gloo), every step ending in a
@@ -78,6 +83,19 @@ WARMUP_STEPS = 2
 #: Parts that are settings of scout.attach; the other parts are scout/job/bench_switches.py's.
 SETTING_PARTS = ("observer", "replay")
 RUN_TIMEOUT_S = 3600.0
+#: How the trainers' glibc malloc is set up, the same for both arms of a pair. ``heap``: every
+#: block comes from the process's heap, which is kept (no mmap per large block, no trim) -- how a
+#: CPU training host is set up for speed (PyTorch's CPU guides preload jemalloc or tcmalloc for the
+#: same reason). ``stock``: glibc's defaults, under which every tensor over its mmap threshold is
+#: mapped afresh and page-faulted in at every step: on this box about 110,000 faults and 0.3 s of
+#: system time in a 4 s step of the 54.6M GPT, a count that moves by +-10 % between two runs of one
+#: job with its allocation history -- more than the 1 % goal. On a GPU the caching allocator keeps
+#: its blocks and this does not arise.
+ALLOCATORS: dict[str, dict[str, str]] = {
+    "heap": {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(64 << 30), "MALLOC_TOP_PAD_": str(256 << 20)},
+    "stock": {},
+}
+DEFAULT_ALLOCATOR = "heap"
 
 
 @attrs.frozen
@@ -349,9 +367,18 @@ def _command(arm: Arm, *, size: str, steps: int, batch: int, nproc: int, device:
     return command
 
 
-def _environment(arm: Arm) -> dict[str, str]:
+def check_allocator(allocator: str) -> str:
+    if allocator not in ALLOCATORS:
+        raise ValueError(f"allocator must be one of {sorted(ALLOCATORS)}, got {allocator!r}")
+    return allocator
+
+
+def _environment(arm: Arm, allocator: str = DEFAULT_ALLOCATOR) -> dict[str, str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     env.pop("SCOUT_BENCH_OFF", None)
+    for variable in {name for settings in ALLOCATORS.values() for name in settings}:
+        env.pop(variable, None)  # the allocator is the run's choice, not the shell's
+    env.update(ALLOCATORS[check_allocator(allocator)])
     private = [part for part in arm.off if part not in SETTING_PARTS]
     if private:
         env["SCOUT_BENCH_OFF"] = ",".join(private)
@@ -366,11 +393,12 @@ def _outcome(arm: Arm, process: subprocess.Popen[str], out: Path) -> dict[str, A
     return loaded
 
 
-def one_run(arm: Arm, *, size: str, steps: int, batch: int, nproc: int, device: str, work: Path) -> dict[str, Any]:
+def one_run(arm: Arm, *, size: str, steps: int, batch: int, nproc: int, device: str, work: Path,
+            allocator: str = DEFAULT_ALLOCATOR) -> dict[str, Any]:
     """One torchrun job of ``arm`` on its own; rank 0's measurements."""
     out = work / f"{arm.name}-{time.monotonic_ns()}.json"
     process = subprocess.Popen(_command(arm, size=size, steps=steps, batch=batch, nproc=nproc, device=device,
-                                        work=work, out=out), env=_environment(arm), stdout=subprocess.DEVNULL,
+                                        work=work, out=out), env=_environment(arm, allocator), stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE, text=True)
     try:
         process.wait(timeout=RUN_TIMEOUT_S)
@@ -426,7 +454,7 @@ def terminate_raises() -> Iterator[None]:
 
 
 def pair_run(reference: Arm, arm: Arm, *, first: int, size: str, steps: int, batch: int, nproc: int,
-             device: str, work: Path) -> dict[str, dict[str, Any]]:
+             device: str, work: Path, allocator: str = DEFAULT_ALLOCATOR) -> dict[str, dict[str, Any]]:
     """The two jobs of a pair at once, taking turns step by step: side 0 is ``reference``, side
     1 ``arm``, side ``first`` steps first. A turn is one step of every rank of one job; the
     driver gives it (:class:`Baton`), waits until every rank has finished it, then **freezes**
@@ -448,7 +476,7 @@ def pair_run(reference: Arm, arm: Arm, *, first: int, size: str, steps: int, bat
     outs = [work / f"{a.name}-{time.monotonic_ns()}-side{side}.json" for side, a in enumerate(arms)]
     processes = [subprocess.Popen(_command(a, size=size, steps=steps, batch=batch, nproc=nproc, device=device,
                                            work=work, out=outs[side], baton=baton, side=side),
-                                  env=_environment(a), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                                  env=_environment(a, allocator), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
                  for side, a in enumerate(arms)]
     errors: list[list[str]] = [[], []]
     # Read stderr as it comes, so a chatty job never fills its pipe and stalls.
@@ -529,12 +557,14 @@ def mean_step_s(run: dict[str, Any]) -> float:
 
 def paired(
     pairs: Sequence[tuple[Arm, Arm]], *, rounds: int, size: str, steps: int, batch: int, nproc: int = 2,
-    device: str = "cpu", log: Callable[[str], None] = print,
+    device: str = "cpu", log: Callable[[str], None] = print, allocator: str = DEFAULT_ALLOCATOR,
 ) -> list[dict[str, Any]]:
     """``rounds`` rounds; in each, every (reference, arm) of ``pairs`` runs as a pair
     (:func:`pair_run`), the side that steps first alternating by round. Per round: the runs (the
     arm's under its name, its reference's under ``"<reference>@<arm>"``), each arm's overhead
-    over its reference, and the load average around the round. Arm names must differ."""
+    over its reference, and the load average around the round. Arm names must differ. Both
+    jobs of every pair run with the glibc malloc setup ``allocator`` (:data:`ALLOCATORS`)."""
+    check_allocator(allocator)
     names = [arm.name for _, arm in pairs]
     if not pairs or len(set(names)) != len(names) or any(r.name == a.name for r, a in pairs):
         raise ValueError(f"paired needs distinct arms, each with another reference, got "
@@ -548,14 +578,14 @@ def paired(
             overheads: dict[str, float] = {}
             for reference, arm in pairs:
                 pair = pair_run(reference, arm, first=index % 2, size=size, steps=steps, batch=batch, nproc=nproc,
-                                device=device, work=work)
+                                device=device, work=work, allocator=allocator)
                 runs[arm.name] = pair[arm.name]
                 runs[f"{reference.name}@{arm.name}"] = pair[reference.name]
                 overheads[arm.name] = mean_step_s(pair[arm.name]) / mean_step_s(pair[reference.name]) - 1
                 log(f"  round {index + 1}/{rounds} ({size}): {arm.name} against {reference.name} "
                     f"{100 * overheads[arm.name]:+.2f} %, {reference.name} {mean_step_s(pair[reference.name]):.3f} "
                     f"s/step")
-            results.append({"round": index, "first": "reference" if index % 2 == 0 else "arm",
+            results.append({"round": index, "first": "reference" if index % 2 == 0 else "arm", "allocator": allocator,
                             "references": {arm.name: reference.name for reference, arm in pairs}, "runs": runs,
                             "overhead": overheads, "load_before": load_before, "load_after": list(os.getloadavg())})
     finally:
@@ -584,7 +614,7 @@ def summary(results: list[dict[str, Any]], arm: str) -> dict[str, float]:
 
 def driver(args: argparse.Namespace) -> int:
     results = paired([(OFF, DEFAULTS)], rounds=args.rounds, size=args.size, steps=args.steps, batch=args.batch,
-                     nproc=args.nproc, device=args.device)
+                     nproc=args.nproc, device=args.device, allocator=args.allocator)
     overhead = summary(results, "defaults")
     goal = GOAL_CPU if args.device == "cpu" else GOAL_GPU
     on_runs = [r["runs"]["defaults"] for r in results]
@@ -600,7 +630,7 @@ def driver(args: argparse.Namespace) -> int:
     result = {
         "model_parameters": on_runs[0]["parameters"], "size": args.size,
         "ranks": args.nproc, "device": args.device, "batch": args.batch, "sequence": SEQUENCE,
-        "steps_per_run": args.steps, "rounds": args.rounds,
+        "steps_per_run": args.steps, "rounds": args.rounds, "allocator": args.allocator,
         "design": "pairs taking turns step by step, the waiting job frozen",
         "off_step_s": off_means, "on_step_s": [mean_step_s(run) for run in on_runs],
         "overhead_median": overhead["median"], "overhead_min": overhead["min"], "overhead_max": overhead["max"],
@@ -638,6 +668,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--nproc", type=int, default=2, help="ranks per run (default 2)")
+    parser.add_argument("--allocator", choices=sorted(ALLOCATORS), default=DEFAULT_ALLOCATOR,
+                        help="the trainers' glibc malloc setup, both arms alike (default: heap)")
     parser.add_argument("--output", default="", help="where the result JSON goes")
     parser.add_argument("--out", default="")
     parser.add_argument("--run-dir", default="")

@@ -20,6 +20,10 @@ bench/results/evaluation.json, then rendered into docs/evaluation.md with its pl
    per fault kind, with the 95 % upper bound on the per-round false-attribution rate;
 6. ``campaign``: the fault campaign (``scout campaign``) over seeds, exact counts per seed.
 
+The overhead, parts and batch sections run the trainers with glibc's heap kept (``--allocator``;
+bench/attach_overhead.py ALLOCATORS); the parts section also runs the goal's pair with glibc's stock
+malloc (``--stock-rounds``), beside the goal.
+
 Every section records the machine (CPU model, cores) and the load average before and after;
 timings are ratios measured side by side. ``--quick`` runs every path at toy sizes (CI: a test
 runs it and checks the JSON's shape and the document generator, not the figures); the full run
@@ -235,16 +239,18 @@ def _round_detail(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for r in results]
 
 
-def run_overhead(section: dict[str, Any], quick: bool, rounds: int, log: Callable[[str], None]) -> None:
+def run_overhead(section: dict[str, Any], quick: bool, rounds: int, log: Callable[[str], None],
+                 allocator: str = attach_overhead.DEFAULT_ALLOCATOR) -> None:
     sizes = {"tiny": 8} if quick else {"small": 80, "large": 24}  # measured steps: whole cycles where it can
     cadences = (2,) if quick else CADENCES
-    section.update({"cadences": list(cadences), "rounds": rounds, "sizes": {}, "design": "paired"})
+    section.update({"cadences": list(cadences), "rounds": rounds, "sizes": {}, "design": "paired",
+                    "allocator": allocator})
     for size, steps in sizes.items():
         pairs = [(attach_overhead.OFF, attach_overhead.Arm(f"k{k}", cadence=k)) for k in cadences]
         log(f"== overhead: {size} model, arms {[a.name for _, a in pairs]} each paired with off, {rounds} rounds "
             f"of {steps} steps")
         results = attach_overhead.paired(pairs, rounds=rounds, size=size, steps=steps, batch=2 if quick else 8,
-                                         log=log)
+                                         log=log, allocator=allocator)
         first = results[0]["runs"][f"k{cadences[0]}"]
         entry: dict[str, Any] = {
             "parameters": first["parameters"], "layers": first["layers"], "batch": first["batch"], "steps": steps,
@@ -256,11 +262,14 @@ def run_overhead(section: dict[str, Any], quick: bool, rounds: int, log: Callabl
 
 
 def run_parts(section: dict[str, Any], quick: bool, rounds: int, log: Callable[[str], None],
-              only: Sequence[str] = (), goal_rounds: int | None = None) -> None:
+              only: Sequence[str] = (), goal_rounds: int | None = None,
+              allocator: str = attach_overhead.DEFAULT_ALLOCATOR, stock_rounds: int = 0) -> None:
     """The defaults against no scout in ``goal_rounds`` rounds (the goal), and each part's cost
     in ``rounds`` rounds: the defaults against the defaults with that part off; every
-    comparison a pair taking turns (attach_overhead.paired). A run is one whole cycle at the
-    defaults (24 steps: the once-a-cycle recipes are in it)."""
+    comparison a pair taking turns (attach_overhead.paired), its trainers' malloc set up as
+    ``allocator`` says. A run is one whole cycle at the defaults (24 steps: the once-a-cycle
+    recipes are in it). ``stock_rounds`` > 0: the goal's pair again with glibc's stock malloc,
+    to show what the allocator does to the comparison (not the goal)."""
     size, steps = ("tiny", 8) if quick else ("large", 24)
     # quick: one bench switch, to exercise the path; ``only``: the parts asked for (--parts)
     chosen = tuple(only) or (("ddp_hook",) if quick else PARTS)
@@ -269,10 +278,17 @@ def run_parts(section: dict[str, Any], quick: bool, rounds: int, log: Callable[[
     log(f"== parts: {size} model, the defaults against no scout in {goal_rounds} rounds, {len(chosen)} part(s) in "
         f"{rounds} rounds, of {steps} steps")
     goal = attach_overhead.paired([(attach_overhead.OFF, defaults)], rounds=goal_rounds, size=size, steps=steps,
-                                  batch=2 if quick else PARTS_BATCH, log=log)
+                                  batch=2 if quick else PARTS_BATCH, log=log, allocator=allocator)
+    if stock_rounds:
+        log(f"== parts: the defaults against no scout with glibc's stock malloc, {stock_rounds} rounds")
+        stock = attach_overhead.paired([(attach_overhead.OFF, defaults)], rounds=stock_rounds, size=size,
+                                       steps=steps, batch=2 if quick else PARTS_BATCH, log=log, allocator="stock")
+        section["stock_allocator"] = {"rounds": stock_rounds, "off_step_s": _reference_step_s(stock, "defaults"),
+                                      "defaults": _arm_row(stock, "defaults"), "round_detail": _round_detail(stock),
+                                      "rounds_figures": _rounds_figures(stock)}
     results = attach_overhead.paired([(defaults, attach_overhead.Arm(f"no-{p}", off=(p,))) for p in chosen],
                                      rounds=rounds, size=size, steps=steps, batch=2 if quick else PARTS_BATCH,
-                                     log=log)
+                                     log=log, allocator=allocator)
     first = goal[0]["runs"]["defaults"]
     parts: dict[str, Any] = {}
     for part in chosen:
@@ -284,33 +300,37 @@ def run_parts(section: dict[str, Any], quick: bool, rounds: int, log: Callable[[
     section.update({
         "size": size, "parameters": first["parameters"], "layers": first["layers"],
         "batch": first["batch"], "steps": steps, "rounds": rounds, "goal_rounds": goal_rounds, "ranks": 2,
-        "design": "paired", "off_step_s": _reference_step_s(goal, "defaults"),
+        "design": "paired", "allocator": allocator, "off_step_s": _reference_step_s(goal, "defaults"),
         "defaults": _arm_row(goal, "defaults"), "parts": parts,
         "round_detail": _round_detail(goal) + _round_detail(results),
-        "goal_rounds_figures": [{"overhead": r["overhead"]["defaults"],
-                                 "off": attach_overhead.round_figures(r["runs"]["off@defaults"]),
-                                 "defaults": attach_overhead.round_figures(r["runs"]["defaults"])} for r in goal],
+        "goal_rounds_figures": _rounds_figures(goal),
     })
 
 
+def _rounds_figures(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per round of the defaults against no scout: the overhead and both runs' figures per step."""
+    return [{"overhead": r["overhead"]["defaults"], "off": attach_overhead.round_figures(r["runs"]["off@defaults"]),
+             "defaults": attach_overhead.round_figures(r["runs"]["defaults"])} for r in results]
+
+
 def run_batch(section: dict[str, Any], quick: bool, rounds: int, batches: Sequence[int],
-              log: Callable[[str], None]) -> None:
+              log: Callable[[str], None], allocator: str = attach_overhead.DEFAULT_ALLOCATOR) -> None:
     """The parts section's goal pair (the defaults against no scout, one whole cycle per run) at
     each of ``batches``, in ``rounds`` rounds each."""
     size, steps = ("tiny", 8) if quick else ("large", 24)
-    section.update({"size": size, "steps": steps, "rounds": rounds, "ranks": 2, "design": "paired", "batches": {}})
+    section.update({"size": size, "steps": steps, "rounds": rounds, "ranks": 2, "design": "paired", "batches": {},
+                    "allocator": allocator})
     for batch in batches:
         log(f"== batch: {size} model at batch {batch}, the defaults against no scout in {rounds} rounds of {steps} "
             "steps")
         goal = attach_overhead.paired([(attach_overhead.OFF, attach_overhead.DEFAULTS)], rounds=rounds, size=size,
-                                      steps=steps, batch=batch, log=log)
+                                      steps=steps, batch=batch, log=log, allocator=allocator)
         first = goal[0]["runs"]["defaults"]
         section.update({"parameters": first["parameters"], "layers": first["layers"]})
         section["batches"][str(batch)] = {
             "batch": batch, "off_step_s": _reference_step_s(goal, "defaults"),
             "defaults": _arm_row(goal, "defaults"), "rounds": _round_detail(goal),
-            "rounds_figures": [{"off": attach_overhead.round_figures(r["runs"]["off@defaults"]),
-                                "defaults": attach_overhead.round_figures(r["runs"]["defaults"])} for r in goal]}
+            "rounds_figures": _rounds_figures(goal)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -723,6 +743,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                         f"{', '.join(PARTS)} (default: all; quick: ddp_hook)")
     parser.add_argument("--batches", default=",".join(map(str, BATCHES)),
                         help="the batch section's batches, comma-separated (default %(default)s; quick: 4)")
+    parser.add_argument("--allocator", choices=sorted(attach_overhead.ALLOCATORS),
+                        default=attach_overhead.DEFAULT_ALLOCATOR,
+                        help="the trainers' glibc malloc setup in the overhead, parts and batch sections, both arms "
+                             "alike (default: heap; bench/attach_overhead.py ALLOCATORS)")
+    parser.add_argument("--stock-rounds", type=int, default=None,
+                        help="rounds of the goal's pair with glibc's stock malloc, beside the goal (default 3; "
+                             "quick 0)")
     parser.add_argument("--output", type=Path, default=RESULTS, help="the JSON (default bench/results/evaluation.json)")
     parser.add_argument("--doc", type=Path, default=None, help="the document (default docs/evaluation.md; "
                         "not written by --quick unless given)")
@@ -755,6 +782,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     seeds = list(range(args.seeds if args.seeds is not None else (1 if args.quick else 5)))
     rounds = args.rounds if args.rounds is not None else (1 if args.quick else 5)
     goal_rounds = args.goal_rounds if args.goal_rounds is not None else (1 if args.quick else 10)
+    stock_rounds = args.stock_rounds if args.stock_rounds is not None else (0 if args.quick else 3)
+    if stock_rounds < 0:
+        parser.error(f"--stock-rounds must be >= 0, got {stock_rounds}")
     if not seeds or rounds < 1 or goal_rounds < 1:
         parser.error(f"--seeds, --rounds and --goal-rounds must be >= 1, got {args.seeds}, {args.rounds} and "
                      f"{args.goal_rounds}")
@@ -779,11 +809,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             log(f"== {name} (load {load_average()})")
             with measured(section):
                 if name == "overhead":
-                    run_overhead(section, args.quick, rounds, log)
+                    run_overhead(section, args.quick, rounds, log, args.allocator)
                 elif name == "parts":
-                    run_parts(section, args.quick, rounds, log, only, goal_rounds)
+                    run_parts(section, args.quick, rounds, log, only, goal_rounds, args.allocator, stock_rounds)
                 elif name == "batch":
-                    run_batch(section, args.quick, goal_rounds, batches, log)
+                    run_batch(section, args.quick, goal_rounds, batches, log, args.allocator)
                 elif name == "latency":
                     run_latency(section, args.quick, seeds, work, log)
                 elif name == "recovery":

@@ -136,6 +136,29 @@ def test_batch_section_gives_a_goal_per_batch_and_the_fixed_budget_is_rendered()
     assert "| 16 | 4.000 s (3.900 to 4.100) | **+0.71 % (+0.51 % to +1.01 %)** | +0.71, +1.02 | +0.92 % | +0.80 % (+0.80 % to +0.80 %) | +1.29 % | +1.27 % (+1.27 % to +1.27 %) |" in text
 
 
+def test_parts_section_says_how_the_trainers_allocate_and_shows_the_stock_malloc_beside() -> None:
+    """The goal is measured with the heap kept (both arms); the same pair with glibc's stock malloc
+    is rendered beside it with its page faults, and a section from before the allocator was
+    recorded says it used the stock one."""
+    off = {"n": 5, "median": 3.82, "min": 3.8, "max": 3.9}
+    figures = [{"overhead": 0.003, "off": {"minor_faults_per_step": 1400.0}, "defaults": {}}]
+    stock_figures = [{"overhead": 0.02, "off": {"minor_faults_per_step": 110000.0}, "defaults": {}}]
+    parts = {"parameters": 54.6e6, "layers": 12, "batch": 8, "ranks": 2, "steps": 24, "rounds": 1, "goal_rounds": 5,
+             "off_step_s": off, "defaults": _arm(0.004), "parts": {}, "allocator": "heap",
+             "goal_rounds_figures": figures, "load_before": [0, 0, 0], "load_after": [0, 0, 0],
+             "stock_allocator": {"rounds": 2, "off_step_s": {"n": 2, "median": 4.0, "min": 3.9, "max": 4.1},
+                                 "defaults": _arm(0.015), "rounds_figures": stock_figures,
+                                 "round_detail": [{"overhead": {"defaults": v}} for v in (0.02, 0.01)]}}
+    text = _doc_module().render({"quick": False, "host": {}, "sections": {"parts": parts}}, "plots")
+    assert "*Allocator*, both arms alike: glibc's malloc told to keep its heap (`MALLOC_MMAP_MAX_=0`" in text
+    assert ("The same pair with glibc's stock malloc, 2 rounds: +1.50 % (+1.30 % to +1.80 %) (rounds +2.00, +1.00 %)"
+            in text)
+    assert "page faults per step without scout: 110,000 with the stock malloc, 1,400 with the heap kept" in text
+    del parts["allocator"], parts["stock_allocator"]
+    text = _doc_module().render({"quick": False, "host": {}, "sections": {"parts": parts}}, "plots")
+    assert "*Allocator*, both arms alike: glibc's stock malloc" in text and "The same pair" not in text
+
+
 def test_committed_document_is_generated_from_the_committed_results() -> None:
     """As ``scout spec --check`` for the spec's documents: docs/evaluation.md is render(JSON)."""
     document = json.loads(RESULTS.read_text())
