@@ -154,6 +154,7 @@ def test_parts_section_says_how_the_trainers_allocate_and_shows_the_stock_malloc
     assert ("The same pair with glibc's stock malloc, 2 rounds: +1.50 % (+1.30 % to +1.80 %) (rounds +2.00, +1.00 %)"
             in text)
     assert "page faults per step without scout: 110,000 with the stock malloc, 1,400 with the heap kept" in text
+    assert "its rounds spread 0.50 points, against 0.50 with the heap kept" in text
     del parts["allocator"], parts["stock_allocator"]
     text = _doc_module().render({"quick": False, "host": {}, "sections": {"parts": parts}}, "plots")
     assert "*Allocator*, both arms alike: glibc's stock malloc" in text and "The same pair" not in text
