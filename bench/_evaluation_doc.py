@@ -131,7 +131,7 @@ def _overhead(section: dict[str, Any], plots_dir: str) -> list[str]:
            "scout at its defaults except `replay_interval_steps` = k, against the same job without scout, in "
            f"{section['rounds']} rounds. {PAIRED_TEXT} *Replay* is scout's own timing of replay inside `job.step()` "
            "as a share of a step; *formula* is 1 / (k x layers x batch / replay_rows), the share the issue expects. "
-           f"*Allocator*: {ALLOCATOR_TEXT.get(_allocator(section), _allocator(section))}.", ""]
+           f"*Allocator*: {_allocator_text(_allocator(section))}.", ""]
     for size, entry in section["sizes"].items():
         out += [f"**{size}**: {entry['parameters'] / 1e6:.1f}M parameters, {entry['layers']} layers, batch "
                 f"{entry['batch']} x 128 tokens, {entry['steps']} measured steps per run; without scout "
@@ -255,7 +255,7 @@ def _batch(section: dict[str, Any], _plots_dir: str) -> list[str]:
            "pass over the gradients), the step does. *By construction*: replay's formula plus the self-check's and "
            "the division's measured shares; *job.step* and *trainer CPU*: measured inside the runs, shares of the "
            "step without scout (the trainer's CPU, every thread, beyond its reference's). *Allocator*: "
-           f"{ALLOCATOR_TEXT.get(_allocator(section), _allocator(section))}.", ""]
+           f"{_allocator_text(_allocator(section))}.", ""]
     rows = []
     for entry in section["batches"].values():
         defaults = entry["defaults"]
@@ -273,14 +273,17 @@ def _batch(section: dict[str, Any], _plots_dir: str) -> list[str]:
     return out
 
 
-#: The trainers' malloc setups (bench/attach_overhead.py ALLOCATORS), in words.
-ALLOCATOR_TEXT = {
-    "heap": "glibc's malloc told to keep its heap (`MALLOC_MMAP_MAX_=0`, a 64 GiB `MALLOC_TRIM_THRESHOLD_`, a "
-            "256 MiB `MALLOC_TOP_PAD_`): every tensor comes from memory the process already has, as on a CPU "
-            "training host set up for speed (PyTorch's CPU guides preload jemalloc or tcmalloc for this)",
-    "stock": "glibc's stock malloc: every tensor over its mmap threshold is mapped afresh and page-faulted in at "
-             "every step",
-}
+def _allocator_text(allocator: str) -> str:
+    """A malloc setup in words, its variables read from bench/attach_overhead.py ALLOCATORS."""
+    from attach_overhead import ALLOCATORS
+
+    if allocator == "stock":
+        return ("glibc's stock malloc: every tensor over its mmap threshold is mapped afresh and page-faulted in at "
+                "every step")
+    variables = ", ".join(f"`{name}={value}`" for name, value in ALLOCATORS.get(allocator, {}).items())
+    return (f"glibc's malloc told to keep its heap ({variables}): every tensor comes from memory the process "
+            "already has, as on a CPU training host set up for speed (PyTorch's CPU guides preload jemalloc or "
+            "tcmalloc for this)")
 
 
 def _allocator(section: dict[str, Any]) -> str:
@@ -297,7 +300,7 @@ def _allocator_paragraph(section: dict[str, Any]) -> list[str]:
     """How the trainers allocate (both arms alike) and, when measured, the goal's pair with glibc's
     stock malloc beside it: why the goal is measured with the heap kept."""
     allocator = _allocator(section)
-    out = [f"*Allocator*, both arms alike: {ALLOCATOR_TEXT.get(allocator, allocator)}."]
+    out = [f"*Allocator*, both arms alike: {_allocator_text(allocator)}."]
     stock = section.get("stock_allocator")
     if stock and allocator != "stock":
         each = ", ".join(f"{100 * r['overhead']['defaults']:+.2f}" for r in stock.get("round_detail", ()))

@@ -585,7 +585,7 @@ def paired(
                 log(f"  round {index + 1}/{rounds} ({size}): {arm.name} against {reference.name} "
                     f"{100 * overheads[arm.name]:+.2f} %, {reference.name} {mean_step_s(pair[reference.name]):.3f} "
                     f"s/step")
-            results.append({"round": index, "first": "reference" if index % 2 == 0 else "arm", "allocator": allocator,
+            results.append({"round": index, "first": "reference" if index % 2 == 0 else "arm",
                             "references": {arm.name: reference.name for reference, arm in pairs}, "runs": runs,
                             "overhead": overheads, "load_before": load_before, "load_after": list(os.getloadavg())})
     finally:

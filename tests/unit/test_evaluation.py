@@ -150,7 +150,8 @@ def test_parts_section_says_how_the_trainers_allocate_and_shows_the_stock_malloc
                                  "defaults": _arm(0.015), "rounds_figures": stock_figures,
                                  "round_detail": [{"overhead": {"defaults": v}} for v in (0.02, 0.01)]}}
     text = _doc_module().render({"quick": False, "host": {}, "sections": {"parts": parts}}, "plots")
-    assert "*Allocator*, both arms alike: glibc's malloc told to keep its heap (`MALLOC_MMAP_MAX_=0`" in text
+    assert ("*Allocator*, both arms alike: glibc's malloc told to keep its heap (`MALLOC_MMAP_MAX_=0`, "
+            "`MALLOC_TRIM_THRESHOLD_=68719476736`, `MALLOC_TOP_PAD_=268435456`)" in text)
     assert ("The same pair with glibc's stock malloc, 2 rounds: +1.50 % (+1.30 % to +1.80 %) (rounds +2.00, +1.00 %)"
             in text)
     assert "page faults per step without scout: 110,000 with the stock malloc, 1,400 with the heap kept" in text
