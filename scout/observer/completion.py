@@ -42,12 +42,15 @@ from typing import Any, Final, Protocol
 
 import attrs
 
-from scout.core.observer import Completion, PendingState
+from scout.core.observer import COMPLETION_GROUPS_MAX, Completion, HostContract, PendingState
 from scout.observer.flight_recorder import TraceCoordinate, TraceError, coordinate_from_trace
-from scout.observer.progress import COMPLETION_HEARTBEAT_S, CompletionWriter, ProgressPublisher
+from scout.observer.progress import COMPLETION_HEARTBEAT_S, CompletionSlot, CompletionWriter, ProgressPublisher
 
 __all__ = [
     "ENTRIES_MAX",
+    "GroupTracking",
+    "MultiSource",
+    "contract_of",
     "POLL_INTERVAL_S",
     "CompletionTracker",
     "CompletionTracking",
@@ -186,6 +189,8 @@ class CompletionTracker:
         if not entry.returned:
             return False
         try:
+            if isinstance(entry.work, list):  # a batch of sends and receives (INSTR-16)
+                return all(bool(work.is_completed()) for work in entry.work)
             if entry.work is not None:
                 return bool(entry.work.is_completed())
             if entry.end_mark is not None and self.clock is not None:
@@ -228,18 +233,21 @@ class CompletionTracker:
 
 
 class MarkerSource:
-    """INSTR-11: the coordinate of the collectives scout's wrappers and hooks saw."""
+    """INSTR-11: the coordinate of the collectives scout's wrappers and hooks saw (INSTR-16:
+    or of this rank's own sends and receives, ``point_to_point``)."""
 
-    def __init__(self, tracker: CompletionTracker, key: int) -> None:
+    def __init__(self, tracker: CompletionTracker, key: int, *, point_to_point: bool = False) -> None:
         self.tracker = tracker
         self.key = key
+        self.point_to_point = point_to_point
 
     def poll(self) -> tuple[Completion, int] | None:
         found = self.tracker.coordinate()
         if found is None:
             return None
         enqueued, completed, fingerprint, state, since_ns, completed_fingerprint = found
-        return Completion(self.key, enqueued, completed, fingerprint, state, completed_fingerprint), since_ns
+        return Completion(self.key, enqueued, completed, fingerprint, state, completed_fingerprint,
+                          self.point_to_point), since_ns
 
 
 class TraceSource:
@@ -302,7 +310,9 @@ class TraceSource:
 class Source(Protocol):
     key: int
 
-    def poll(self) -> tuple[Completion, int] | None: ...
+    def poll(self) -> Any:
+        """One group's (coordinate, pending since ns), or a list of them (:class:`MultiSource`);
+        None: the source overflowed and its section is withdrawn."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -327,7 +337,7 @@ class CompletionWatcher:
         self.publishes = 0
         self.failed_polls = 0
         self.withdrawn_reason: str | None = None
-        self._last: tuple[Completion, int] | None = None
+        self._last: tuple[tuple[Completion, int], ...] | None = None
         self._published_s = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="scout-completion", daemon=True)
@@ -352,18 +362,20 @@ class CompletionWatcher:
         if found is None:
             self._withdraw(f"more than {ENTRIES_MAX} collectives pending at once")
             return
+        coordinates = tuple(found) if isinstance(found, list) else (found,)
         now_s = time.monotonic()
-        # PROGRESS-10: an unchanged coordinate is published again as a heartbeat, so that a
+        # PROGRESS-10: unchanged coordinates are published again as a heartbeat, so that a
         # reader can tell a watcher that cannot run from one with nothing new to say.
         # A wait may end a little before its interval: a heartbeat due within the next tenth of
         # it goes out now, so polls every COMPLETION_HEARTBEAT_S still beat every time.
-        if found != self._last or now_s - self._published_s >= 0.9 * COMPLETION_HEARTBEAT_S:
-            completion, since_ns = found
-            self.writer.publish(completion.source, completion.enqueued, completion.completed,
-                                completion.pending_fingerprint, int(completion.pending_state), since_ns,
-                                completion.completed_fingerprint)
+        if coordinates != self._last or now_s - self._published_s >= 0.9 * COMPLETION_HEARTBEAT_S:
+            self.writer.publish_slots([
+                CompletionSlot(c.source, c.enqueued, c.completed, c.pending_fingerprint, c.completed_fingerprint,
+                               int(c.pending_state), since_ns, c.point_to_point)
+                for c, since_ns in coordinates
+            ])
             self.publishes += 1
-            self._last = found
+            self._last = coordinates
             self._published_s = now_s
 
     def _withdraw(self, reason: str) -> None:
@@ -388,30 +400,288 @@ class CompletionWatcher:
 
 
 # --------------------------------------------------------------------------------------------
-# Start-up: feature detection
+# Every group (INSTR-9, INSTR-16)
 # --------------------------------------------------------------------------------------------
+
+#: Backends whose collective calls return once the collective completed (gloo, MPI; scout's own
+#: gloo groups, scout/transport/gloo_groups.py).
+_BLOCKING_BACKENDS: Final = frozenset({"gloo", "mpi", "scoutgloo"})
+#: Backends whose calls return at enqueue (NCCL; the emulated backend, INSTR-14).
+_DEVICE_BACKENDS: Final = frozenset({"nccl", "scoutemu"})
+
+
+def contract_of(backend: str) -> Contract | None:
+    """The completion contract of a backend name as ``dist.get_backend`` gives it (``nccl``,
+    ``cpu:gloo,cuda:nccl``, ...): where any of its devices' backends returns at enqueue, the
+    group's calls may. None: no known contract."""
+    names = {part.rpartition(":")[2].strip() for part in backend.lower().split(",")}
+    if names & _DEVICE_BACKENDS:
+        return Contract.DEVICE
+    if names and names <= _BLOCKING_BACKENDS:
+        return Contract.BLOCKING
+    return None
 
 
 @attrs.define
-class CompletionTracking:
-    """The tracking of one process: what it tracks, how, and its watcher."""
+class GroupTracking:
+    """One tracked process group: its collectives' source and, for markers, their trackers."""
 
     group: Any
-    group_ranks: tuple[int, ...]
-    source_name: str
-    watcher: CompletionWatcher
-    tracker: CompletionTracker | None  # set when the source is markers (the wrappers feed it)
+    name: str
+    ranks: tuple[int, ...]
+    backend: str
+    contract: Contract | None
+    source: Source | None  # None: no known contract, nothing tracked
+    tracker: CompletionTracker | None = None  # set when the source is markers
+    p2p: CompletionTracker | None = None  # INSTR-16: this rank's own sends and receives (markers)
+    p2p_key: int = 0
+    order: int = 0  # registration order: the default group first
+    how: str = ""  # the source's name, as the start-up log line says it
 
-    def tracks(self, group: Any) -> bool:
-        """Whether a collective called with ``group`` (None: the default group) is tracked."""
+
+class _SharedDump:
+    """One recorder dump serves every group's :class:`TraceSource` within one poll (INSTR-12):
+    the dump holds every group."""
+
+    def __init__(self, dump: Callable[[bool], Mapping[str, Any]]) -> None:
+        self._dump = dump
+        self.epoch = 0
+        self._cached: dict[bool, tuple[int, Mapping[str, Any]]] = {}
+
+    def __call__(self, collectives: bool) -> Mapping[str, Any]:
+        cached = self._cached.get(collectives)
+        if cached is not None and cached[0] == self.epoch:
+            return cached[1]
+        found = self._dump(collectives)
+        self._cached[collectives] = (self.epoch, found)
+        return found
+
+
+class MultiSource:
+    """INSTR-9: every tracked group's coordinate in one poll, at most ``COMPLETION_GROUPS_MAX``
+    -- the pending ones first, then those that changed last (a member that leaves a group out
+    votes as missing on it, never as "not enqueued")."""
+
+    key = 0  # several groups: no single source key
+
+    def __init__(self, tracking: CompletionTracking) -> None:
+        self.tracking = tracking
+        self._changed: dict[int, tuple[Completion, int]] = {}  # source key -> (coordinate, poll it changed)
+        self._polls = 0
+
+    def poll(self) -> list[tuple[Completion, int]] | None:
+        self._polls += 1
+        tracking = self.tracking
+        tracking.scan()
+        if tracking.shared_dump is not None:
+            tracking.shared_dump.epoch = self._polls
+        found: list[tuple[int, tuple[Completion, int]]] = []
+        for entry in tracking.entries():
+            for source in (entry.source, _p2p_source(entry)):
+                if source is None:
+                    continue
+                polled = source.poll()
+                if polled is None:
+                    if source is entry.source:
+                        return None  # an overflowing tracker: withdraw rather than publish what cannot be kept
+                    continue
+                found.append((entry.order, polled))
+        for _, (completion, _) in found:
+            seen = self._changed.get(completion.source)
+            if seen is None or seen[0] != completion:
+                self._changed[completion.source] = (completion, self._polls)
+        if len(found) > COMPLETION_GROUPS_MAX:
+            ranked = sorted(found, key=lambda item: (not item[1][0].pending,
+                                                     -self._changed[item[1][0].source][1], item[0]))
+            kept = {id(item) for item in ranked[:COMPLETION_GROUPS_MAX]}
+            found = [item for item in found if id(item) in kept]
+        return [polled for _, polled in found]
+
+
+def _p2p_source(entry: GroupTracking) -> MarkerSource | None:
+    """INSTR-16: a group's point-to-point coordinate, once this rank sent or received on it."""
+    if entry.p2p is None or entry.p2p.coordinate() in (None, (0, 0, 0, PendingState.NONE, 0, 0)):
+        return None
+    return MarkerSource(entry.p2p, entry.p2p_key, point_to_point=True)
+
+
+class CompletionTracking:
+    """The completion tracking of one process: every process group it is a member of (INSTR-9),
+    the host contract they imply (PROGRESS-13), and the watcher that publishes them."""
+
+    def __init__(self, publisher: ProgressPublisher, *, source: str, environ: Mapping[str, str],
+                 only: Any = None) -> None:
+        self.publisher = publisher
+        self.mode = source
+        self.environ = environ
+        self.only = only  # track this group alone (None: every group)
+        self._lock = threading.Lock()
+        self._groups: dict[int, GroupTracking] = {}
+        self._registry_size = -1
+        self.shared_dump: _SharedDump | None = None
+        self.watcher: CompletionWatcher | None = None
+        self.described: list[str] = []
+
+    # -- the groups -----------------------------------------------------------------------
+
+    def scan(self) -> None:
+        """Track every group torch.distributed registered since the last scan (INSTR-9): one
+        length check when nothing changed."""
+        from torch.distributed import distributed_c10d
+
+        registry = distributed_c10d._world.pg_map
+        if len(registry) == self._registry_size:
+            return
+        self._registry_size = len(registry)
+        groups = [self.only] if self.only is not None else [distributed_c10d._get_default_group(), *list(registry)]
+        for group in groups:
+            if group is not None and id(group) not in self._groups:
+                self.register(group)
+
+    def register(self, group: Any) -> GroupTracking | None:
+        """Start tracking ``group`` (idempotent)."""
+        import torch.distributed as dist
+
+        with self._lock:
+            known = self._groups.get(id(group))
+            if known is not None:
+                return known
+            try:
+                ranks = tuple(int(r) for r in dist.get_process_group_ranks(group))
+                backend = str(dist.get_backend(group)).lower()
+            except (RuntimeError, ValueError):  # not a member, or torch does not know it (yet)
+                return None
+            from scout.transport.nccl.groups import group_name
+
+            name = group_name(group)
+            entry = self._make(group, name, ranks, backend)
+            entry.order = len(self._groups)
+            self._groups[id(group)] = entry
+        self.publisher.raise_contract(HostContract.BLOCKING if entry.contract is Contract.BLOCKING
+                                      else HostContract.ENQUEUE)
+        return entry
+
+    def _make(self, group: Any, name: str, ranks: tuple[int, ...], backend: str) -> GroupTracking:
+        contract = contract_of(backend)
+        label = f"group {name!r} ({len(ranks)} ranks, {backend})"
+        rank = _own_rank()
+        p2p_key = source_key("p2p", name, (*ranks, -1, rank))
+        emulated = getattr(group, "flight_recorder_dump", None)
+        if callable(emulated) and self.mode in ("auto", "flight-recorder"):
+            source = TraceSource(emulated, source_key("emulated", name, ranks), name, ranks, started_known=True)
+            self._say(label, "the emulated backend's recorder: every collective, scheduled/started/completed")
+            return GroupTracking(group, name, ranks, backend, contract, source, p2p=CompletionTracker(Contract.DEVICE,
+                                 _emulated_clock(group)), p2p_key=p2p_key, how="the emulated backend's recorder")
+        if self.mode != "markers" and _flight_recorder_enabled(self.environ) and hasattr(torch_c10d(), "_dump_fr_trace"):
+            started_known = contract is Contract.DEVICE and self.environ.get(
+                "TORCH_NCCL_ENABLE_TIMING", "0").lower() in ("1", "true")
+            source = TraceSource(self._recorder(), source_key("flight-recorder", name, ranks), name, ranks,
+                                 started_known=started_known)
+            self._say(label, "PyTorch's Flight Recorder: every collective, from Python or C++"
+                      + ("; started from its timing events" if started_known else "; started unknown"))
+            tracker_contract = contract or Contract.DEVICE
+            return GroupTracking(group, name, ranks, backend, contract, source,
+                                 p2p=CompletionTracker(tracker_contract, self._clock(group, tracker_contract)),
+                                 p2p_key=p2p_key, how="PyTorch's Flight Recorder")
+        if self.mode == "flight-recorder":
+            self._say(label, "nothing: the Flight Recorder is off (set TORCH_FR_BUFFER_SIZE before init_process_group)")
+            return GroupTracking(group, name, ranks, backend, contract, None)
+        if contract is None:
+            self._say(label, f"nothing: no known completion contract for backend {backend!r}")
+            return GroupTracking(group, name, ranks, backend, contract, None)
+        clock = self._clock(group, contract)
+        tracker = CompletionTracker(contract, clock)
+        how = ("markers: collectives called through torch.distributed, DDP's buckets and buffer broadcasts, from any "
+               "thread; collectives issued only from C++ are not seen (set TORCH_FR_BUFFER_SIZE to see them)")
+        if contract is Contract.DEVICE and clock is None:
+            how += "; no event clock: started unknown"
+        self._say(label, how)
+        return GroupTracking(group, name, ranks, backend, contract, MarkerSource(tracker, source_key("markers", name, ranks)),
+                             tracker, CompletionTracker(contract, clock), p2p_key, how="markers")
+
+    def _clock(self, group: Any, contract: Contract) -> MarkClock | None:
+        if contract is Contract.BLOCKING:
+            return None
+        emulated = _emulated_clock(group)
+        return emulated if emulated is not None else _cuda_clock()
+
+    def _recorder(self) -> _SharedDump:
+        if self.shared_dump is None:
+            dump = torch_c10d()._dump_fr_trace
+
+            def read(collectives: bool) -> Mapping[str, Any]:
+                # onlyActive: entries not yet completed (and, for gloo, every entry: it never sees one complete).
+                trace: Mapping[str, Any] = pickle.loads(dump(collectives, False, True))  # noqa: S301 - torch's own dump
+                return trace
+
+            self.shared_dump = _SharedDump(read)
+        return self.shared_dump
+
+    def _say(self, label: str, how: str) -> None:
+        line = f"scout: completion tracking of {label} by {how}"
+        self.described.append(line)
+        logger.info("%s", line)
+
+    def entries(self) -> list[GroupTracking]:
+        with self._lock:
+            return sorted(self._groups.values(), key=lambda entry: entry.order)
+
+    def entry(self, group: Any) -> GroupTracking | None:
+        """The tracking of ``group`` (None: the default group), registering it on first sight."""
         if group is None:
             import torch.distributed as dist
 
             group = dist.group.WORLD
-        return group is self.group
+        found = self._groups.get(id(group))
+        if found is None and self.only is None:
+            found = self.register(group)
+        return found if found is None or self.only is None or group is self.only else None
+
+    # -- what the wrappers ask ------------------------------------------------------------
+
+    def tracks(self, group: Any) -> bool:
+        """Whether a collective called with ``group`` (None: the default group) is tracked."""
+        entry = self.entry(group)
+        return entry is not None and entry.source is not None
+
+    def tracker_for(self, group: Any) -> CompletionTracker | None:
+        """The markers tracker of ``group``'s collectives (None where another source counts them)."""
+        entry = self.entry(group)
+        return None if entry is None else entry.tracker
+
+    def p2p_tracker_for(self, group: Any) -> CompletionTracker | None:
+        """INSTR-16: the tracker of this rank's sends and receives on ``group``."""
+        entry = self.entry(group)
+        return None if entry is None else entry.p2p
+
+    @property
+    def tracker(self) -> CompletionTracker | None:
+        """The default group's markers tracker (kept for callers that track one group)."""
+        import torch.distributed as dist
+
+        return self.tracker_for(dist.group.WORLD if self.only is None else self.only)
+
+    @property
+    def source_name(self) -> str:
+        """The first tracked group's source (the default group's), as the log line names it."""
+        tracked = [entry.how for entry in self.entries() if entry.source is not None]
+        return tracked[0] if tracked else "none"
 
     def stop(self) -> None:
-        self.watcher.stop()
+        if self.watcher is not None:
+            self.watcher.stop()
+
+
+def _own_rank() -> int:
+    import torch.distributed as dist
+
+    return int(dist.get_rank())
+
+
+def _emulated_clock(group: Any) -> MarkClock | None:
+    """INSTR-14: the emulated backend's mark clock for ``group``'s stream, if it is one."""
+    clock = getattr(group, "mark_clock", None)
+    return clock() if callable(clock) else None
 
 
 def _flight_recorder_enabled(environ: Mapping[str, str]) -> bool:
@@ -445,10 +715,10 @@ def start_tracking(
     poll_interval_s: float = POLL_INTERVAL_S,
     environ: Mapping[str, str] | None = None,
 ) -> CompletionTracking | None:
-    """Start tracking the completion of ``group``'s collectives (default: the default group) and
-    publishing it into ``publisher``'s record. ``source``: ``auto`` (INSTR-10's order),
-    ``flight-recorder`` or ``markers``. Returns None, with a log line saying why, where nothing
-    can be tracked (no process group, a backend without a known contract)."""
+    """Start tracking the completion of every process group's collectives (INSTR-9; ``group``:
+    that group alone) and publishing them into ``publisher``'s record. ``source``: ``auto``
+    (INSTR-10's order), ``flight-recorder`` or ``markers``. Returns None, with a log line saying
+    why, where torch.distributed is not initialised."""
     if source not in ("auto", "flight-recorder", "markers"):
         raise ValueError(f"completion source must be 'auto', 'flight-recorder' or 'markers', got {source!r}")
     env = os.environ if environ is None else environ
@@ -457,60 +727,18 @@ def start_tracking(
     if not dist.is_available() or not dist.is_initialized():
         logger.info("scout: no completion tracking: torch.distributed is not initialised")
         return None
-    group = dist.group.WORLD if group is None else group
-    ranks = tuple(int(r) for r in dist.get_process_group_ranks(group))
-    from scout.transport.nccl.groups import group_name
-
-    name = group_name(group)
-    backend = str(dist.get_backend(group)).lower()
-    label = f"group {name!r} ({len(ranks)} ranks, {backend})"
-    emulated = getattr(group, "flight_recorder_dump", None)
-    chosen: Source | None = None
-    tracker: CompletionTracker | None = None
-    how = ""
-    if callable(emulated) and source in ("auto", "flight-recorder"):
-        chosen = TraceSource(emulated, source_key("emulated", name, ranks), name, ranks, started_known=True)
-        how = "the emulated backend's recorder: every collective, scheduled/started/completed"
-    elif source != "markers" and _flight_recorder_enabled(env) and hasattr(torch_c10d(), "_dump_fr_trace"):
-        started_known = backend == "nccl" and env.get("TORCH_NCCL_ENABLE_TIMING", "0").lower() in ("1", "true")
-        dump = torch_c10d()._dump_fr_trace
-
-        def read(collectives: bool) -> Mapping[str, Any]:
-            # onlyActive: entries not yet completed (and, for gloo, every entry: it never sees one complete).
-            trace: Mapping[str, Any] = pickle.loads(dump(collectives, False, True))  # noqa: S301 - torch's own dump
-            return trace
-
-        chosen = TraceSource(read, source_key("flight-recorder", name, ranks), name, ranks, started_known=started_known)
-        how = ("PyTorch's Flight Recorder: every collective, from Python or C++"
-               + ("; started from its timing events" if started_known else "; started unknown"
-                  + (" (set TORCH_NCCL_ENABLE_TIMING=1 to see it)" if backend == "nccl" else "")))
-    elif source == "flight-recorder":
-        logger.warning("scout: no completion tracking for %s: the Flight Recorder is off (set TORCH_FR_BUFFER_SIZE "
-                       "before init_process_group)", label)
+    tracking = CompletionTracking(publisher, source=source, environ=env, only=group)
+    tracking.scan()
+    if not any(entry.source is not None for entry in tracking.entries()) and group is not None:
         return None
-    elif backend in ("gloo", "mpi"):
-        tracker = CompletionTracker(Contract.BLOCKING)
-        chosen = MarkerSource(tracker, source_key("markers", name, ranks))
-        how = ("markers: collectives called through torch.distributed, DDP's buckets and buffer broadcasts, from any "
-               "thread; collectives issued only from C++ are not seen (set TORCH_FR_BUFFER_SIZE to see them)")
-    elif backend == "nccl":
-        clock = _cuda_clock()
-        tracker = CompletionTracker(Contract.DEVICE, clock)
-        chosen = MarkerSource(tracker, source_key("markers", name, ranks))
-        how = ("markers: CUDA events and Work handles of the collectives called through torch.distributed and DDP's "
-               "hook" + ("" if clock is not None else " (no event timer: started unknown)")
-               + "; set TORCH_FR_BUFFER_SIZE and TORCH_NCCL_ENABLE_TIMING=1 to see C++-issued ones")
-    else:
-        logger.info("scout: no completion tracking for %s: no known completion contract for backend %r", label, backend)
-        return None
-    watcher = CompletionWatcher(chosen, publisher.completion_writer(), poll_interval_s=poll_interval_s)
+    watcher = CompletionWatcher(MultiSource(tracking), publisher.completion_writer(), poll_interval_s=poll_interval_s)
+    tracking.watcher = watcher
     try:
         watcher.start()
     except BaseException:
         watcher.stop()
         raise
-    logger.info("scout: completion tracking of %s by %s", label, how)
-    return CompletionTracking(group, ranks, how.split(":", 1)[0], watcher, tracker)
+    return tracking
 
 
 def torch_c10d() -> Any:

@@ -40,7 +40,8 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Final
 
 from scout.core.fingerprint import CollectiveCall, TensorMeta, fingerprint
-from scout.observer.completion import CompletionTracker, CompletionTracking, start_tracking
+from scout.core.observer import HostContract
+from scout.observer.completion import CompletionTracker, CompletionTracking, Contract, contract_of, start_tracking
 from scout.observer.progress import ProgressPublisher, Stage
 
 __all__ = [
@@ -79,6 +80,7 @@ COLLECTIVES: Final = (
     "recv",
     "isend",
     "irecv",
+    "batch_isend_irecv",
     "_broadcast_coalesced",
 )
 
@@ -97,6 +99,12 @@ GROUP_ARGUMENT: Final = {
     "barrier": (0, "group"),
     "_broadcast_coalesced": (0, "process_group"),
 }
+#: INSTR-16: where each point-to-point call takes its group; its own numbering per rank. The
+#: blocking ones (``send``, ``recv``) complete at return on a blocking backend, at the stream's
+#: mark on a device backend; ``isend``/``irecv`` with their ``Work``; a batch with all of its own.
+P2P_GROUP_ARGUMENT: Final = {"send": (2, "group"), "recv": (2, "group"), "isend": (2, "group"),
+                             "irecv": (2, "group")}
+_P2P_ASYNC: Final = frozenset({"isend", "irecv", "batch_isend_irecv"})
 
 
 logger = logging.getLogger("scout")
@@ -199,6 +207,13 @@ def describe_call(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Col
         return CollectiveCall("broadcast_coalesced", _group_ranks(_arg(a, k, 0, "process_group")),
                               _metas(_arg(a, k, 1, "tensors")), root=_arg(a, k, 3, "src"),
                               detail=(("buffer_size", int(_arg(a, k, 2, "buffer_size", 0))),))
+    if op == "batch_isend_irecv":
+        # A pipeline's batch of sends and receives: which and how many, not the peers.
+        operations = _arg(a, k, 0, "p2p_op_list") or []
+        return CollectiveCall(op, _group_ranks(getattr(operations[0], "group", None) if operations else None),
+                              _metas([o.tensor for o in operations]),
+                              detail=tuple((f"send{i}", int(getattr(o.op, "__name__", "") == "isend"))
+                                           for i, o in enumerate(operations)))
     if op in ("send", "recv", "isend", "irecv"):
         # The peer is rank-dependent by nature; the tag and the tensor are not.
         return CollectiveCall(op, _group_ranks(_arg(a, k, 2, "group")), _metas([_arg(a, k, 0, "tensor")]),
@@ -247,12 +262,29 @@ class _Instrumentation:
         self.local.depth = value
 
     def on_tracked_group(self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-        """Whether this call is on the group completion tracking follows (INSTR-9)."""
+        """Whether this call is a collective on a group completion tracking follows (INSTR-9)."""
         tracking = self.tracking
         if tracking is None or op not in GROUP_ARGUMENT:
             return False
         index, name = GROUP_ARGUMENT[op]
         return tracking.tracks(_arg(args, kwargs, index, name))
+
+    def tracker_of(self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> CompletionTracker | None:
+        """The markers tracker that counts this call: its group's collectives (INSTR-11), or this
+        rank's sends and receives on it (INSTR-16); None where another source counts them."""
+        tracking = self.tracking
+        if tracking is None:
+            return None
+        if op in GROUP_ARGUMENT:
+            index, name = GROUP_ARGUMENT[op]
+            return tracking.tracker_for(_arg(args, kwargs, index, name))
+        if op in P2P_GROUP_ARGUMENT:
+            index, name = P2P_GROUP_ARGUMENT[op]
+            return tracking.p2p_tracker_for(_arg(args, kwargs, index, name))
+        if op == "batch_isend_irecv":
+            operations = _arg(args, kwargs, 0, "p2p_op_list") or []
+            return tracking.p2p_tracker_for(getattr(operations[0], "group", None) if operations else None)
+        return None
 
     def fingerprint_of(self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
         try:
@@ -278,16 +310,17 @@ class _Instrumentation:
                 return original(*args, **kwargs)
             publish = threading.get_ident() == self.thread_id
             tracked = self.on_tracked_group(op, args, kwargs)
-            if not publish and not tracked:
+            # INSTR-11, INSTR-16: markers where they are the source.
+            tracker = self.safe_tracker(op, args, kwargs)
+            if not publish and not tracked and tracker is None:
                 return original(*args, **kwargs)
-            # INSTR-11: markers when they are the source; LOOP-5: the loop timer times every
-            # collective the host publishes and every one of the tracked group, from any thread.
-            tracker = self.tracking.tracker if tracked and self.tracking is not None else None
+            # LOOP-5: the loop timer times every collective the host publishes and every one of a
+            # tracked group, from any thread.
             fingerprint = self.fingerprint_of(op, args, kwargs)
             if publish:
                 self.safely(self.publisher.enter_collective, fingerprint)
             entry = self.begin_tracked(tracker, fingerprint)
-            asynchronous = bool(_arg(args, kwargs, index + 1, "async_op", False))
+            asynchronous = op in _P2P_ASYNC or bool(_arg(args, kwargs, index + 1, "async_op", False))
             # LOOP-1: a call of the training thread without async_op blocks it (or its stream).
             finishers = self.started_listeners(blocking=publish and not asynchronous)
             self.depth += 1
@@ -301,10 +334,18 @@ class _Instrumentation:
                     self.safely(tracker.end, entry, result if asynchronous else None)
                 if publish:
                     self.safely(self.publisher.exit_collective)
-                self.safely(finish_at_completion, finishers, result if asynchronous else None)
+                work = result if asynchronous and hasattr(result, "get_future") else None
+                self.safely(finish_at_completion, finishers, work)
 
         wrapper.__scout_instrumented__ = True  # type: ignore[attr-defined]
         return wrapper
+
+    def safe_tracker(self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> CompletionTracker | None:
+        try:
+            return self.tracker_of(op, args, kwargs)
+        except Exception:  # INSTR-6
+            self.failures += 1
+            return None
 
     def started_listeners(self, *, blocking: bool) -> list[Callable[[], None]]:
         finishers = []
@@ -373,6 +414,7 @@ def instrument(publisher: ProgressPublisher, *, collectives: bool = True, comple
                 "first (one publisher per trainer process)"
             )
         active = _Instrumentation(publisher)
+        _declare_contract(publisher)
         if collectives:
             active.patch_collectives()
             if completion:
@@ -384,15 +426,33 @@ def instrument(publisher: ProgressPublisher, *, collectives: bool = True, comple
         _ACTIVE = active
 
 
+def _declare_contract(publisher: ProgressPublisher) -> None:
+    """PROGRESS-13: the default group's host contract, whether or not completion is tracked (a
+    backend without a known contract counts as returning at enqueue: host coordinates then
+    convict nobody, COMPLETION-9). Groups tracked later raise it."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        return
+    try:
+        contract = contract_of(str(dist.get_backend()))
+    except Exception:  # noqa: BLE001 - INSTR-6
+        contract = None
+    publisher.raise_contract(HostContract.BLOCKING if contract is Contract.BLOCKING else HostContract.ENQUEUE)
+
+
 def completion_tracker(group: Any = None) -> CompletionTracker | None:
-    """The completion tracker fed by markers, when ``group`` (None: the default group) is the
-    tracked one -- for hooks that issue collectives inside :func:`already_published` (DDP's
-    buckets, ``scout/job/hooks.py``)."""
+    """The completion tracker fed by markers for ``group``'s collectives (None: the default
+    group) -- for hooks that issue collectives inside :func:`already_published` (DDP's buckets,
+    ``scout/job/hooks.py``). None where markers are not the group's source."""
     active = _ACTIVE
     tracking = None if active is None else active.tracking
-    if tracking is None or tracking.tracker is None or not tracking.tracks(group):
+    if tracking is None:
         return None
-    return tracking.tracker
+    try:
+        return tracking.tracker_for(group)
+    except Exception:  # INSTR-6
+        return None
 
 
 def uninstrument() -> None:

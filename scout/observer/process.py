@@ -282,10 +282,11 @@ class _World:
         times = []
         if host != self._last_host and snapshot.publish_ns > 0:
             times.append(snapshot.publish_ns)
-        if progress.completion != self._last_completion and snapshot.completion is not None:
+        completion = (progress.completions, progress.completion_stale)
+        if completion != self._last_completion and snapshot.completion is not None:
             section = snapshot.completion
-            times.append(section.changed_ns if progress.completion is not None else section.publish_ns)
-        self._last_host, self._last_completion = host, progress.completion
+            times.append(section.changed_ns if progress.completions else section.publish_ns)
+        self._last_host, self._last_completion = host, completion
         return max(times) / 1e9 if times else None
 
     def published_s(self) -> float | None:

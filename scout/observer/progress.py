@@ -16,10 +16,11 @@ argument relies on stores becoming visible in program order (x86-64 TSO); in add
 payload carries a checksum of its fields, so a torn copy is also rejected on weakly ordered CPUs.
 
 *Completion section (PROGRESS-8).* A second seqlock section, after the first, holds the rank's
-completion coordinate (PROGRESS-9): written only by the trainer's completion watcher thread
-(:class:`CompletionWriter`, one per record), with its own sequence word on its own cache line
-and its own checksum, read by the same rule. A record whose completion section was never written
-(an MPI program, tracking switched off) reads as "no completion evidence".
+completion coordinates, one per tracked process group (PROGRESS-9): written only by the trainer's
+completion watcher thread (:class:`CompletionWriter`, one per record), with its own sequence word
+on its own cache line and its own checksum, read by the same rule. A record whose completion
+section was never written (an MPI program, tracking switched off) reads as "no completion
+evidence". One word apart from both sections holds the rank's host contract (PROGRESS-13).
 
 *Ownership.* The header holds the owner's pid, the owner's process start time (so a recycled
 pid is not mistaken for the owner) and a random 16-byte token. A segment name is derived from
@@ -65,13 +66,15 @@ from typing import Any, Final
 
 import attrs
 
-from scout.core.observer import Completion, PendingState, Progress, Stage
+from scout.core.observer import COMPLETION_GROUPS_MAX, Completion, HostContract, PendingState, Progress, Stage
 
 __all__ = [
     "COMPLETION_HEARTBEAT_S",
     "COMPLETION_STALE_S",
     "LAYOUT_VERSION",
     "RECORD_BYTES",
+    "COMPLETION_GROUPS_MAX",
+    "CompletionSlot",
     "CompletionSnapshot",
     "CompletionWriter",
     "ObserverAlreadyAttached",
@@ -121,8 +124,8 @@ class _Life(enum.IntEnum):
 
 
 MAGIC: Final = b"SCOUTPR1"
-LAYOUT_VERSION: Final = 3
-RECORD_BYTES: Final = 384
+LAYOUT_VERSION: Final = 4
+RECORD_BYTES: Final = 1280
 TOKEN_BYTES: Final = 16
 
 # Header: magic, version, size, owner pid/start/token, observer pid/start/token, rank, generation.
@@ -139,14 +142,24 @@ _PAYLOAD_OFFSET: Final = 136
 # collectives entered, last completed stage, its key, its duration ns, checksum.
 _PAYLOAD: Final = struct.Struct("<qqQIIQQqqQIxxxxQqQ")
 _CHECKSUM_MASK: Final = 2**64 - 1
-# The completion section (PROGRESS-8): its own sequence word on its own cache line, then source,
-# enqueued, completed, pending fingerprint, completed fingerprint, pending state, pending since
-# ns, publish ns, changed ns (the publish that first carried this coordinate), checksum.
+# PROGRESS-13: the host contract, one aligned word after the header (written by the trainer's
+# tracking, never lowered; a single aligned 8-byte store, so a reader sees the old or the new).
+_CONTRACT_OFFSET: Final = 112
+_CONTRACT: Final = struct.Struct("<Q")
+# The completion section (PROGRESS-8): its own sequence word on its own cache line, then how many
+# coordinates, publish ns, changed ns (the publish that first carried these coordinates), the
+# coordinates -- source, enqueued, completed, pending fingerprint, completed fingerprint, pending
+# state, flags (1: point-to-point), pending since ns -- and a checksum.
 _COMPLETION_SEQ_OFFSET: Final = 256
-_COMPLETION_OFFSET: Final = 264
-_COMPLETION: Final = struct.Struct("<QQQQQIxxxxqqqQ")
-assert _HEADER.size <= _SEQ_OFFSET and _PAYLOAD_OFFSET + _PAYLOAD.size <= _COMPLETION_SEQ_OFFSET
-assert _COMPLETION_OFFSET + _COMPLETION.size <= RECORD_BYTES
+_COMPLETION_HEAD_OFFSET: Final = 264
+_COMPLETION_HEAD: Final = struct.Struct("<IIqq")
+_COMPLETION_SLOT: Final = struct.Struct("<QQQQQIIq")
+_COMPLETION_SLOTS_OFFSET: Final = _COMPLETION_HEAD_OFFSET + _COMPLETION_HEAD.size
+_COMPLETION_CHECKSUM_OFFSET: Final = _COMPLETION_SLOTS_OFFSET + COMPLETION_GROUPS_MAX * _COMPLETION_SLOT.size
+_POINT_TO_POINT: Final = 1
+assert _HEADER.size <= _CONTRACT_OFFSET and _CONTRACT_OFFSET + _CONTRACT.size <= _SEQ_OFFSET
+assert _PAYLOAD_OFFSET + _PAYLOAD.size <= _COMPLETION_SEQ_OFFSET
+assert _COMPLETION_CHECKSUM_OFFSET + _SEQ.size <= RECORD_BYTES
 
 # PROGRESS-10: the watcher republishes an unchanged coordinate at least this often, and a
 # reader counts a section not published for COMPLETION_STALE_S as absent.
@@ -370,12 +383,11 @@ def _self_identity() -> tuple[int, int]:
 
 
 @attrs.frozen
-class CompletionSnapshot:
-    """One consistent copy of the completion section (PROGRESS-9): ``pending_state`` is a
+class CompletionSlot:
+    """One group's coordinate in the completion section (PROGRESS-9): ``pending_state`` is a
     :class:`scout.core.observer.PendingState` value; ``pending_since_ns`` is when the oldest
     pending collective was enqueued (monotonic, 0 when none)."""
 
-    sequence: int
     source: int
     enqueued: int
     completed: int
@@ -383,10 +395,30 @@ class CompletionSnapshot:
     completed_fingerprint: int
     pending_state: int
     pending_since_ns: int
+    point_to_point: bool = False
+
+    def completion(self) -> Completion:
+        """The machine's value; ValueError where the slot breaks PROGRESS-9."""
+        return Completion(self.source, self.enqueued, self.completed, self.pending_fingerprint,
+                          PendingState(self.pending_state), self.completed_fingerprint, self.point_to_point)
+
+
+@attrs.frozen
+class CompletionSnapshot:
+    """One consistent copy of the completion section: its coordinates, one per tracked group."""
+
+    sequence: int
+    slots: tuple[CompletionSlot, ...]
     publish_ns: int
-    #: PROGRESS-10: when the coordinate last changed -- the publish that first carried it; a
-    #: heartbeat moves ``publish_ns``, never this.
+    #: PROGRESS-10: when a coordinate last changed -- the publish that first carried them all as
+    #: they are; a heartbeat moves ``publish_ns``, never this.
     changed_ns: int
+
+    def slot(self, source: int) -> CompletionSlot | None:
+        for item in self.slots:
+            if item.source == source:
+                return item
+        return None
 
 
 @attrs.frozen
@@ -410,6 +442,7 @@ class Snapshot:
     completed_stage_duration_ns: int
     completion: CompletionSnapshot | None = None
     exiting: bool = False  # the trainer is leaving by an exception (PROGRESS-11)
+    contract: HostContract = HostContract.BLOCKING  # PROGRESS-13
 
     @property
     def leaving(self) -> bool:
@@ -422,23 +455,22 @@ class Snapshot:
 
     def progress(self, now_ns: int | None = None) -> Progress:
         """The observer machine's view of this snapshot (times on the monotonic clock in
-        seconds). A completion section whose values break PROGRESS-9 counts as absent, and so
-        does one not published for ``COMPLETION_STALE_S`` before ``now_ns`` (PROGRESS-10: its
-        watcher cannot run, so it may lag what the trainer did)."""
-        completion, since_s = None, 0.0
+        seconds). A completion section whose values break PROGRESS-9 counts as absent; one not
+        published for ``COMPLETION_STALE_S`` before ``now_ns`` counts as absent and *stale*
+        (PROGRESS-10: its watcher cannot run, so it may lag what the trainer did)."""
         section = self.completion
-        if section is not None and now_ns is not None and now_ns - section.publish_ns > COMPLETION_STALE_NS:
-            section = None
-        if section is not None:
+        stale = section is not None and now_ns is not None and now_ns - section.publish_ns > COMPLETION_STALE_NS
+        completions: tuple[Completion, ...] = ()
+        since: tuple[float, ...] = ()
+        if section is not None and not stale:
             try:
-                completion = Completion(section.source, section.enqueued, section.completed,
-                                        section.pending_fingerprint, PendingState(section.pending_state),
-                                        section.completed_fingerprint)
+                completions = tuple(slot.completion() for slot in section.slots)
+                since = tuple(slot.pending_since_ns / 1e9 if c.pending else 0.0
+                              for slot, c in zip(section.slots, completions))
+                Progress(0, 0, completions=completions)  # one coordinate per group (PROGRESS-9)
             except ValueError:
-                completion = None
-            else:
-                since_s = section.pending_since_ns / 1e9 if completion.pending else 0.0
-        return Progress(self.step, self.op, self.fingerprint, self.stage, completion, since_s)
+                completions, since = (), ()
+        return Progress(self.step, self.op, self.fingerprint, self.stage, completions, since, self.contract, stale)
 
 
 # --------------------------------------------------------------------------------------------
@@ -646,6 +678,17 @@ class ProgressPublisher:
     def coordinate(self) -> tuple[int, int]:
         return (self._step, self._op)
 
+    def raise_contract(self, contract: HostContract) -> None:
+        """PROGRESS-13: the rank's host contract is ``contract`` from now on, unless it is
+        ``enqueue`` already (never lowered). Safe from any thread."""
+        buffer = self._buffer
+        if buffer is None:
+            return
+        with self._lock:
+            (current,) = _CONTRACT.unpack_from(buffer, _CONTRACT_OFFSET)
+            if int(contract) > current:
+                _CONTRACT.pack_into(buffer, _CONTRACT_OFFSET, int(contract))
+
     def completion_writer(self) -> CompletionWriter:
         """The one writer of the completion section (PROGRESS-8). A second live writer is
         refused: release the first (:meth:`CompletionWriter.release`) before taking another."""
@@ -716,7 +759,7 @@ class ProgressPublisher:
 
 
 class CompletionWriter:
-    """Publishes the rank's completion coordinate into the record's completion section
+    """Publishes the rank's completion coordinates into the record's completion section
     (PROGRESS-8, PROGRESS-9). Exactly one per record, used by one thread (the completion
     watcher); its publishes never take the publisher's lock, so they neither wait for nor delay
     the training thread's. After the record is closed a publish does nothing."""
@@ -725,48 +768,64 @@ class CompletionWriter:
         self._publisher = publisher
         self._seq = 0
         self._released = False
-        self._coordinate: tuple[int, ...] | None = None  # the last published, without its times
+        self._coordinates: tuple[tuple[int, ...], ...] | None = None  # the last published, without times
         self._changed_ns = 0
 
     def publish(self, source: int, enqueued: int, completed: int, pending_fingerprint: int, pending_state: int,
                 pending_since_ns: int, completed_fingerprint: int = 0) -> None:
-        """One consistent completion coordinate: ``completed <= enqueued``, and the pending
-        fields are zero exactly when ``enqueued == completed`` (PROGRESS-9)."""
+        """One group's consistent completion coordinate: ``completed <= enqueued``, and the
+        pending fields are zero exactly when ``enqueued == completed`` (PROGRESS-9)."""
+        self.publish_slots([CompletionSlot(source, enqueued, completed, pending_fingerprint, completed_fingerprint,
+                                           pending_state, pending_since_ns)])
+
+    def publish_slots(self, slots: list[CompletionSlot] | tuple[CompletionSlot, ...]) -> None:
+        """Every tracked group's coordinate, at most ``COMPLETION_GROUPS_MAX``, each consistent
+        (PROGRESS-9), no group twice."""
         if self._released:
             raise ProgressError("this completion writer was released; take a new one from the publisher")
-        if not 0 < source < 2**64 or not 0 <= completed <= enqueued < 2**63:
-            raise ValueError(
-                f"a completion coordinate needs 0 < source and 0 <= completed <= enqueued, got source={source}, "
-                f"completed={completed}, enqueued={enqueued}"
-            )
-        if (enqueued == completed) != (pending_state == 0):
-            raise ValueError(
-                f"pending state {pending_state} contradicts enqueued={enqueued}, completed={completed}: it is 0 "
-                "exactly when nothing is pending"
-            )
+        if len(slots) > COMPLETION_GROUPS_MAX:
+            raise ValueError(f"{len(slots)} completion coordinates exceed COMPLETION_GROUPS_MAX="
+                             f"{COMPLETION_GROUPS_MAX}; publish the groups that matter most")
+        for slot in slots:
+            if not 0 < slot.source < 2**64 or not 0 <= slot.completed <= slot.enqueued < 2**63:
+                raise ValueError(
+                    f"a completion coordinate needs 0 < source and 0 <= completed <= enqueued, got source={slot.source}, "
+                    f"completed={slot.completed}, enqueued={slot.enqueued}"
+                )
+            if (slot.enqueued == slot.completed) != (slot.pending_state == 0):
+                raise ValueError(
+                    f"pending state {slot.pending_state} contradicts enqueued={slot.enqueued}, "
+                    f"completed={slot.completed}: it is 0 exactly when nothing is pending"
+                )
+        if len({slot.source for slot in slots}) != len(slots):
+            raise ValueError(f"completion coordinates name a group twice: {[hex(s.source) for s in slots]}")
         buffer = self._publisher._buffer
         if buffer is None:
             return
-        coordinate = (source, enqueued, completed, pending_fingerprint, completed_fingerprint, pending_state,
-                      pending_since_ns)
+        rows = tuple((slot.source, slot.enqueued, slot.completed, slot.pending_fingerprint, slot.completed_fingerprint,
+                      slot.pending_state, _POINT_TO_POINT if slot.point_to_point else 0, slot.pending_since_ns)
+                     for slot in slots)
         now_ns = time.monotonic_ns()
-        if coordinate != self._coordinate:
-            self._coordinate, self._changed_ns = coordinate, now_ns
-        fields = (*coordinate, now_ns, self._changed_ns)
+        if rows != self._coordinates:
+            self._coordinates, self._changed_ns = rows, now_ns
+        head = (len(rows), 0, now_ns, self._changed_ns)
         seq = self._seq + 1
         _SEQ.pack_into(buffer, _COMPLETION_SEQ_OFFSET, seq)
-        _COMPLETION.pack_into(buffer, _COMPLETION_OFFSET, *fields, hash(fields) & _CHECKSUM_MASK)
+        _COMPLETION_HEAD.pack_into(buffer, _COMPLETION_HEAD_OFFSET, *head)
+        for index, row in enumerate(rows):
+            _COMPLETION_SLOT.pack_into(buffer, _COMPLETION_SLOTS_OFFSET + index * _COMPLETION_SLOT.size, *row)
+        _SEQ.pack_into(buffer, _COMPLETION_CHECKSUM_OFFSET, hash((head, rows)) & _CHECKSUM_MASK)
         self._seq = seq + 1
         _SEQ.pack_into(buffer, _COMPLETION_SEQ_OFFSET, seq + 1)
 
     def withdraw(self) -> None:
         """Clear the section: readers see "no completion evidence" again (the watcher could not
-        keep the coordinate, PROGRESS-8)."""
+        keep the coordinates, PROGRESS-8)."""
         buffer = self._publisher._buffer
         if buffer is not None:
             _SEQ.pack_into(buffer, _COMPLETION_SEQ_OFFSET, 0)
         self._seq = 0
-        self._coordinate = None
+        self._coordinates = None
 
     def release(self) -> None:
         """Give the section back (the watcher stopped). Idempotent."""
@@ -867,7 +926,7 @@ class ProgressReader:
                 before, values[0], values[1], values[2], Stage(values[3]),
                 values[4] == _Life.CLOSED, values[5], values[6], values[7], values[8],
                 values[9], Stage(values[10]), values[11], values[12], self._read_completion(buffer, attempts_max),
-                values[4] == _Life.EXITING,
+                values[4] == _Life.EXITING, self.contract(),
             )
             self.last_snapshot = snapshot
             return snapshot
@@ -884,14 +943,34 @@ class ProgressReader:
                 return None
             if before & 1:
                 continue
-            fields = _COMPLETION.unpack_from(buffer, _COMPLETION_OFFSET)
-            (after,) = unpack_seq(buffer, _COMPLETION_SEQ_OFFSET)
-            if before != after or hash(fields[:-1]) & _CHECKSUM_MASK != fields[-1]:
+            head = _COMPLETION_HEAD.unpack_from(buffer, _COMPLETION_HEAD_OFFSET)
+            count = head[0]
+            if count > COMPLETION_GROUPS_MAX:
                 continue
-            self.last_completion = CompletionSnapshot(before, *fields[:-1])
+            rows = tuple(_COMPLETION_SLOT.unpack_from(buffer, _COMPLETION_SLOTS_OFFSET + i * _COMPLETION_SLOT.size)
+                         for i in range(count))
+            (checksum,) = unpack_seq(buffer, _COMPLETION_CHECKSUM_OFFSET)
+            (after,) = unpack_seq(buffer, _COMPLETION_SEQ_OFFSET)
+            if before != after or hash((head, rows)) & _CHECKSUM_MASK != checksum:
+                continue
+            slots = tuple(CompletionSlot(r[0], r[1], r[2], r[3], r[4], r[5], r[7], bool(r[6] & _POINT_TO_POINT))
+                          for r in rows)
+            self.last_completion = CompletionSnapshot(before, slots, head[2], head[3])
             return self.last_completion
         self.failed_reads += 1
         return self.last_completion
+
+    def contract(self) -> HostContract:
+        """PROGRESS-13: the rank's host contract (an unknown value reads as ``enqueue``: the
+        careful reading)."""
+        buffer = self._buffer
+        if buffer is None:
+            raise ProgressError(f"reader of {self.name} is closed")
+        (value,) = _CONTRACT.unpack_from(buffer, _CONTRACT_OFFSET)
+        try:
+            return HostContract(value)
+        except ValueError:
+            return HostContract.ENQUEUE
 
     def close(self, *, unlink_if_orphaned: bool = False) -> None:
         """Release the observer slot; with ``unlink_if_orphaned`` also remove the record when

@@ -11,10 +11,12 @@ from typing import Any, Final
 
 from scout import reports
 from scout.core.observer import (
+    COMPLETION_GROUPS_MAX,
     Completion,
     Delegate,
     Evidence,
     Finding,
+    HostContract,
     Message,
     PendingState,
     Reply,
@@ -25,6 +27,7 @@ from scout.core.observer import (
     StallKind,
     StallReport,
 )
+from scout.core.observer.machine import HOST_PROGRESS_ONLY, WAITING_ELSEWHERE
 from scout.transport import codec
 
 __all__ = [
@@ -41,20 +44,24 @@ class WireError(ValueError):
     """A datagram that is not a valid observer message."""
 
 
-def _completion_out(completion: Completion | None) -> Any:
-    if completion is None:
-        return None
+def _completion_out(completion: Completion) -> Any:
     return (completion.source, completion.enqueued, completion.completed, completion.pending_fingerprint,
-            int(completion.pending_state), completion.completed_fingerprint)
+            int(completion.pending_state), completion.completed_fingerprint, int(completion.point_to_point))
+
+
+_STALE_FLAG: Final = 2  # bit 1 of an evidence's flags; bit 0 is the host contract (PROGRESS-13)
 
 
 def _evidence_out(evidence: Evidence | None) -> Any:
+    """Evidence is a 5-tuple without completion tracking or contract; an 8-tuple with them:
+    the coordinates, their pending ages, and flags (host contract, stale section)."""
     if evidence is None:
         return None
-    if evidence.completion is None:
+    flags = int(evidence.contract) | (_STALE_FLAG if evidence.completion_stale else 0)
+    if not evidence.completions and not flags:
         return (evidence.step, evidence.op, evidence.fingerprint, int(evidence.stage), evidence.idle_s)
     return (evidence.step, evidence.op, evidence.fingerprint, int(evidence.stage), evidence.idle_s,
-            _completion_out(evidence.completion), evidence.pending_age_s)
+            tuple(_completion_out(c) for c in evidence.completions), tuple(evidence.pending_age_s), flags)
 
 
 def _int(value: Any, what: str) -> int:
@@ -76,37 +83,53 @@ def _ints(value: Any, what: str) -> tuple[int, ...]:
 
 
 def _completion_in(value: Any) -> Completion:
-    if not isinstance(value, tuple) or len(value) != 6:
-        raise WireError(f"completion must be a 6-tuple, got {value!r}")
-    source, enqueued, completed, pending_fingerprint, pending_state, completed_fingerprint = value
+    if not isinstance(value, tuple) or len(value) != 7:
+        raise WireError(f"completion must be a 7-tuple, got {value!r}")
+    source, enqueued, completed, pending_fingerprint, pending_state, completed_fingerprint, p2p = value
     try:
         state = PendingState(_int(pending_state, "pending_state"))
     except ValueError:
         raise WireError(f"unknown pending state {pending_state!r}") from None
+    if _int(p2p, "point_to_point") not in (0, 1):
+        raise WireError(f"point_to_point must be 0 or 1, got {p2p!r}")
     try:
         return Completion(_int(source, "source"), _int(enqueued, "enqueued"), _int(completed, "completed"),
                           _int(pending_fingerprint, "pending_fingerprint"), state,
-                          _int(completed_fingerprint, "completed_fingerprint"))
+                          _int(completed_fingerprint, "completed_fingerprint"), bool(p2p))
     except ValueError as error:  # the value's own checks (completed <= enqueued, ...)
         raise WireError(str(error)) from None
 
 
 def _evidence_in(value: Any) -> Evidence | None:
-    """Evidence is a 5-tuple without completion tracking, a 7-tuple with it (PROGRESS-9)."""
+    """Evidence is a 5-tuple without completion tracking, an 8-tuple with it (PROGRESS-9, PROGRESS-13)."""
     if value is None:
         return None
-    if not isinstance(value, tuple) or len(value) not in (5, 7):
-        raise WireError(f"evidence must be a 5- or 7-tuple, got {value!r}")
+    if not isinstance(value, tuple) or len(value) not in (5, 8):
+        raise WireError(f"evidence must be a 5- or 8-tuple, got {value!r}")
     step, op, fingerprint, stage, idle_s = value[:5]
     try:
         stage_value = Stage(_int(stage, "stage"))
     except ValueError:
         raise WireError(f"unknown stage {stage!r}") from None
-    completion, age_s = None, 0.0
-    if len(value) == 7 and value[5] is not None:
-        completion, age_s = _completion_in(value[5]), max(0.0, _float(value[6], "pending_age_s"))
+    completions: tuple[Completion, ...] = ()
+    ages: tuple[float, ...] = ()
+    contract, stale = HostContract.BLOCKING, False
+    if len(value) == 8:
+        items, age_items, flags = value[5:]
+        if not isinstance(items, tuple) or not isinstance(age_items, tuple) or len(items) != len(age_items):
+            raise WireError("evidence's completions and pending ages must be tuples of one length")
+        if len(items) > COMPLETION_GROUPS_MAX:
+            raise WireError(f"evidence carries {len(items)} completion coordinates, more than {COMPLETION_GROUPS_MAX}")
+        completions = tuple(_completion_in(item) for item in items)
+        if len({c.source for c in completions}) != len(completions):
+            raise WireError("evidence names a group's completion twice")
+        ages = tuple(max(0.0, _float(age, "pending_age_s")) for age in age_items)
+        flag_bits = _int(flags, "flags")
+        if flag_bits & ~(1 | _STALE_FLAG):
+            raise WireError(f"unknown evidence flags {flag_bits:#x}")
+        contract, stale = HostContract(flag_bits & 1), bool(flag_bits & _STALE_FLAG)
     return Evidence(_int(step, "step"), _int(op, "op"), _int(fingerprint, "fingerprint"), stage_value,
-                    max(0.0, _float(idle_s, "idle_s")), completion, age_s)
+                    max(0.0, _float(idle_s, "idle_s")), completions, ages, contract, stale)
 
 
 def _report_out(report: StallReport) -> Any:
@@ -115,14 +138,15 @@ def _report_out(report: StallReport) -> Any:
         (report.round.initiator, report.round.number), report.decided_by, report.reporter,
         report.attributed, report.ahead, report.missing,
         tuple(_evidence_out(e) for e in report.evidence), report.idle_s, report.reason, report.blocking,
+        report.source, report.code,
     )
 
 
 def _report_in(value: Any) -> StallReport:
-    if not isinstance(value, tuple) or len(value) != 14:
-        raise WireError("a delegated report must be a 14-tuple")
+    if not isinstance(value, tuple) or len(value) != 16:
+        raise WireError("a delegated report must be a 16-tuple")
     (kind, outcome, scope, key, round_, decided_by, reporter, attributed, ahead, missing, evidence, idle_s, reason,
-     blocking) = value
+     blocking, source, code) = value
     try:
         kind_value, outcome_value, scope_value = StallKind(kind), Finding(outcome), Scope(scope)
     except ValueError as error:
@@ -134,11 +158,16 @@ def _report_in(value: Any) -> StallReport:
     round_value = _ints(round_, "round")
     if len(key_value) != 2 or len(round_value) != 2 or not isinstance(evidence, tuple) or not isinstance(reason, str):
         raise WireError("malformed delegated report")
+    if not isinstance(code, str) or code not in _CODES:
+        raise WireError(f"unknown reason code {code!r} in a delegated report")
+    source_value = _int(source, "source")
+    if not 0 <= source_value < 2**64:
+        raise WireError(f"source {source_value} outside [0, 2**64)")
     return StallReport(
         kind_value, outcome_value, scope_value, (key_value[0], key_value[1]), RoundId(*round_value),
         _int(decided_by, "decided_by"), _int(reporter, "reporter"), _ints(attributed, "attributed"),
         _ints(ahead, "ahead"), _ints(missing, "missing"), tuple(_evidence_in(e) for e in evidence),
-        _float(idle_s, "idle_s"), reason[:500], _count(blocking, "blocking"),
+        _float(idle_s, "idle_s"), reason[:500], _count(blocking, "blocking"), source_value, code,
     )
 
 
@@ -198,6 +227,8 @@ def decode_message(data: bytes, group_size: int) -> Message:
     return message
 
 
+#: COMPLETION-9, COMPLETION-10: reason codes a finding may carry instead of its usual one.
+_CODES: Final = frozenset({"", HOST_PROGRESS_ONLY, WAITING_ELSEWHERE})
 _REASONS: Final = {
     Finding.DESYNC: "collective-differs",
     Finding.GROUP_STALL: "same-point-same-collective",
@@ -242,11 +273,17 @@ def report_record(
                 "fingerprint": f"{item.fingerprint:#018x}", "stage": item.stage.name.lower(),
                 "idle_s": round(item.idle_s, 3),
             }
-            if item.completion is not None:
-                peer["completion"] = _completion_record(item.completion, item.pending_age_s)
+            peer["host_contract"] = item.contract.name.lower()
+            if item.completion_stale:
+                peer["completion_stale"] = True
+            own = item.completion_of(report.source) if report.source else item.completion
+            if own is not None:
+                peer["completion"] = _completion_record(own, item.age_of(own.source))
             peers.append(peer)
     at_fault = report.missing if report.outcome is Finding.UNRESPONSIVE else report.attributed
-    if report.outcome is Finding.BEHIND:
+    if report.code:
+        reason = report.code
+    elif report.outcome is Finding.BEHIND:
         reason = "ahead-of-majority" if set(report.attributed) == set(report.ahead) else "behind-majority"
     else:
         reason = _REASONS[report.outcome]
@@ -274,6 +311,7 @@ def report_record(
             "peers": peers,
             "basis": "completion" if report.blocking else "progress",
             "blocking_collective": report.blocking or None,
+            "blocking_group": f"{report.source:#018x}" if report.source else None,
             "detail": report.reason,
         },
     )

@@ -44,6 +44,7 @@ from scout.core.observer import (
     EmitReport,
     Evidence,
     Finding,
+    HostContract,
     Joined,
     JoinFailed,
     ObserverConfig,
@@ -142,8 +143,8 @@ class Budget:
 
 
 def _tracked(progress: Progress, idle_s: float = 2.0) -> Evidence:
-    return Evidence(progress.step, progress.op, progress.fingerprint, progress.stage, idle_s, progress.completion,
-                    idle_s)
+    return Evidence(progress.step, progress.op, progress.fingerprint, progress.stage, idle_s, progress.completions,
+                    idle_s, progress.contract, progress.completion_stale)
 
 
 class LoneObserver:
@@ -270,15 +271,29 @@ class Behaviour(enum.Enum):
     THREAD_LATE = "host at the sync point; the thread that issues b never does"
     DEVICE_OTHER = "host at the sync point; b enqueued and started with fingerprint F'"
     DEVICE_FROZEN = "stopped (SIGSTOP) before b: its watcher stopped too, its completion reads absent"
+    # Hosts that run ahead of their devices (COMPLETION-9..12): where a host stands is no
+    # evidence of where its device stands.
+    DRAINED_WAITING = "host drained for logging (behind the others); b enqueued and started, waiting"
+    UNTRACKED_AHEAD = "host ran ahead; its group publishes no completion evidence"
+    UNTRACKED_DRAINED = "host drained for logging, behind; no completion evidence"
+    UNTRACKED_STALLED = "host ran ahead; its stream stalled before b; no completion evidence"
+    SUB_WAITING = "host at a sync point before b; its device waits in a started collective of a sub-group"
+    SUB_HANG = "host at a sync point before b; its stream stalled before a sub-group's collective"
 
 
 SOURCE = 0x5C0
+SUB_SOURCE = 0x5B0
 _B = 5
 
 
 def _completion(enqueued: int, completed: int, fp: int = 0, state: PendingState = PendingState.NONE,
                 done_fp: int = 0) -> Completion:
     return Completion(SOURCE, enqueued, completed, fp, state, done_fp)
+
+
+def _device(step: int, op: int, *completions: Completion, stale: bool = False) -> Progress:
+    """A trainer under NCCL's contract (PROGRESS-13): its host runs ahead of its device."""
+    return Progress(step, op, 0, Stage.COMPUTE, completions, contract=HostContract.ENQUEUE, completion_stale=stale)
 
 
 # Where each stuck behaviour stops. Collective k is op 3 of step 1; "before" is op 2.
@@ -288,13 +303,19 @@ _STUCK_AT = {
     Behaviour.IN_F_PRIME: Progress(1, 3, F_PRIME, Stage.COLLECTIVE),
     Behaviour.FROZEN: Progress(1, 1, 0, Stage.COMPUTE),
     Behaviour.DEAD: Progress(1, 1, 0, Stage.COMPUTE),
-    Behaviour.DEVICE_WAITING: Progress(1, 3, 0, Stage.COMPUTE, _completion(_B, _B - 1, F, PendingState.STARTED)),
-    Behaviour.DEVICE_PAST: Progress(1, 4, 0, Stage.COMPUTE, _completion(_B + 1, _B, G, PendingState.STARTED, F)),
-    Behaviour.GPU_HANG: Progress(1, 3, 0, Stage.COMPUTE, _completion(_B, _B - 1, F, PendingState.ENQUEUED)),
-    Behaviour.HOST_LATE: Progress(1, 2, 0, Stage.COMPUTE, _completion(_B - 1, _B - 1)),
-    Behaviour.THREAD_LATE: Progress(1, 3, 0, Stage.COMPUTE, _completion(_B - 1, _B - 1)),
-    Behaviour.DEVICE_OTHER: Progress(1, 3, 0, Stage.COMPUTE, _completion(_B, _B - 1, F_PRIME, PendingState.STARTED)),
-    Behaviour.DEVICE_FROZEN: Progress(1, 2, 0, Stage.COMPUTE),  # PROGRESS-10: a stale section reads absent
+    Behaviour.DEVICE_WAITING: _device(1, 3, _completion(_B, _B - 1, F, PendingState.STARTED)),
+    Behaviour.DEVICE_PAST: _device(1, 4, _completion(_B + 1, _B, G, PendingState.STARTED, F)),
+    Behaviour.GPU_HANG: _device(1, 3, _completion(_B, _B - 1, F, PendingState.ENQUEUED)),
+    Behaviour.HOST_LATE: _device(1, 2, _completion(_B - 1, _B - 1)),
+    Behaviour.THREAD_LATE: _device(1, 3, _completion(_B - 1, _B - 1)),
+    Behaviour.DEVICE_OTHER: _device(1, 3, _completion(_B, _B - 1, F_PRIME, PendingState.STARTED)),
+    Behaviour.DEVICE_FROZEN: _device(1, 2, stale=True),  # PROGRESS-10: a stale section reads absent
+    Behaviour.DRAINED_WAITING: _device(1, 2, _completion(_B, _B - 1, F, PendingState.STARTED)),
+    Behaviour.UNTRACKED_AHEAD: _device(1, 5),
+    Behaviour.UNTRACKED_DRAINED: _device(1, 2),
+    Behaviour.UNTRACKED_STALLED: _device(1, 5),
+    Behaviour.SUB_WAITING: _device(1, 2, _completion(_B - 1, _B - 1), Completion(SUB_SOURCE, 3, 2, G, PendingState.STARTED)),
+    Behaviour.SUB_HANG: _device(1, 2, _completion(_B - 1, _B - 1), Completion(SUB_SOURCE, 3, 2, G, PendingState.ENQUEUED)),
 }
 DEATH_S = 1
 DEVICE_EVIDENCE = (
@@ -306,7 +327,14 @@ DEVICE_EVIDENCE = (
 #: Trainers that do nothing wrong: they progress, or they wait for a peer. OBS-46 and OBS-47
 #: judge reports against this, not against the assessment rule.
 HEALTHY = frozenset({Behaviour.PROGRESSING, Behaviour.IN_F, Behaviour.DEVICE_PROGRESSING, Behaviour.DEVICE_WAITING,
-                     Behaviour.DEVICE_PAST})
+                     Behaviour.DEVICE_PAST, Behaviour.DRAINED_WAITING, Behaviour.UNTRACKED_AHEAD,
+                     Behaviour.UNTRACKED_DRAINED, Behaviour.SUB_WAITING})
+#: Trainers whose presence leaves no sound rule able to name a culprit (COMPLETION-9..11): a rank
+#: without completion evidence under the enqueue contract (its vote is missing, and host
+#: coordinates are no evidence), or a stall in a sub-group too small to vote. OBS-47 does not ask
+#: for a name in such a mix; OBS-46 still forbids a wrong one.
+UNNAMEABLE = frozenset({Behaviour.UNTRACKED_STALLED, Behaviour.UNTRACKED_AHEAD, Behaviour.UNTRACKED_DRAINED,
+                        Behaviour.SUB_WAITING, Behaviour.SUB_HANG})
 _PROGRESSING = frozenset({Behaviour.PROGRESSING, Behaviour.DEVICE_PROGRESSING})
 
 
@@ -314,7 +342,7 @@ def trainer_progress(behaviour: Behaviour, now: int) -> Progress:
     if behaviour is Behaviour.PROGRESSING:
         return Progress(1, 10 + now, 0, Stage.COMPUTE)
     if behaviour is Behaviour.DEVICE_PROGRESSING:
-        return Progress(1, 10 + now, 0, Stage.COMPUTE, _completion(_B + now, _B + now - 1, F, PendingState.STARTED))
+        return _device(1, 10 + now, _completion(_B + now, _B + now - 1, F, PendingState.STARTED))
     if behaviour is Behaviour.DEAD:
         return _STUCK_AT[behaviour]
     return _STUCK_AT[behaviour]
@@ -478,10 +506,12 @@ class ObserverGroup:
                 evidence.append(None)
             elif behaviour in _PROGRESSING:
                 p = trainer_progress(behaviour, 0)
-                evidence.append(Evidence(p.step, p.op, p.fingerprint, p.stage, 0.0, p.completion))
+                evidence.append(Evidence(p.step, p.op, p.fingerprint, p.stage, 0.0, p.completions, (), p.contract,
+                                         p.completion_stale))
             else:
                 p = _STUCK_AT[behaviour]
-                evidence.append(Evidence(p.step, p.op, p.fingerprint, p.stage, 9.0, p.completion))
+                evidence.append(Evidence(p.step, p.op, p.fingerprint, p.stage, 9.0, p.completions, (), p.contract,
+                                         p.completion_stale))
         return evidence
 
     def expected_report(self) -> Finding | None:
@@ -574,8 +604,9 @@ def group_properties(group: ObserverGroup) -> list[Property]:
     def a_culprit_named_by_the_horizon(state: GroupState) -> bool:
         stuck = not any(b in _PROGRESSING for b in group.behaviours)
         culprits = [p for p, b in enumerate(group.behaviours) if not healthy[p] and b is not Behaviour.DEAD]
-        if (not healthy_majority or not stuck or not culprits or state.faulty or state.now < group.horizon_s
-                or state.network):
+        unnameable = any(b in UNNAMEABLE for b in group.behaviours)
+        if (not healthy_majority or not stuck or not culprits or unnameable or state.faulty
+                or state.now < group.horizon_s or state.network):
             return True
         return any(r.attributed and set(r.attributed) <= set(culprits) for _, r in state.reports)
 
@@ -585,8 +616,8 @@ def group_properties(group: ObserverGroup) -> list[Property]:
                         "collective), no report attributes a healthy rank -- judged by what the trainers did, not "
                         "by the assessment rule.", no_innocent_named),
         Property.always("OBS-47", "Without loss or delay, when a strict majority of the trainers is healthy, none "
-                        "progresses, and a live trainer is faulty, a report by the horizon attributes faulty ranks "
-                        "only, at least one.", a_culprit_named_by_the_horizon),
+                        "progresses, and a live trainer is faulty (in a way sound evidence can show), a report by "
+                        "the horizon attributes faulty ranks only, at least one.", a_culprit_named_by_the_horizon),
         Property.always("OBS-45", "Without loss or delay, the true finding is reported by the horizon "
                         "(two rounds and a confirmation).", reported_by_the_horizon_without_faults),
         Property.always("OBS-40", "Every report names what the trainers really did (outcome, attributed, "
@@ -616,5 +647,16 @@ def every_mix(size: int) -> Iterable[tuple[Behaviour, ...]]:
     return itertools.product(ALL_BEHAVIOURS, repeat=size)
 
 
+#: Hosts running ahead of their devices (COMPLETION-9..12): drained hosts, groups without
+#: completion evidence, ranks waiting in another group's collective.
+RUN_AHEAD_BEHAVIOURS = (Behaviour.DEVICE_WAITING, Behaviour.DRAINED_WAITING, Behaviour.GPU_HANG,
+                        Behaviour.UNTRACKED_AHEAD, Behaviour.UNTRACKED_DRAINED, Behaviour.UNTRACKED_STALLED,
+                        Behaviour.SUB_WAITING, Behaviour.SUB_HANG)
+
+
 def every_device_mix(size: int) -> Iterable[tuple[Behaviour, ...]]:
     return itertools.product(DEVICE_BEHAVIOURS, repeat=size)
+
+
+def every_run_ahead_mix(size: int) -> Iterable[tuple[Behaviour, ...]]:
+    return itertools.product(RUN_AHEAD_BEHAVIOURS, repeat=size)

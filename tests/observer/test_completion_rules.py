@@ -1,4 +1,4 @@
-"""The completion rules of a round's assessment (spec/observer.md COMPLETION-1..8), on the pure
+"""The completion rules of a round's assessment (spec/observer.md COMPLETION-1..12), on the pure
 ``assess``: the blocking collective, each rank's state of it, and the votes -- all by
 ``classify_exact``. The explorer checks the same rules over lossy groups
 (test_observer_model.py); these read like the spec, one clause at a time."""
@@ -12,6 +12,7 @@ from scout.core.observer import (
     Completion,
     Evidence,
     Finding,
+    HostContract,
     ObserverConfig,
     PendingState,
     Scope,
@@ -20,6 +21,7 @@ from scout.core.observer import (
     assess,
     block_states,
 )
+from scout.core.observer.machine import HOST_PROGRESS_ONLY, WAITING_ELSEWHERE, voters
 
 S = 0x5C0
 F, F2, G = 0xF00D, 0xBEEF, 0x600D
@@ -46,12 +48,19 @@ THREAD_LATE = rank(enqueued=B - 1)  # host at the sync point; the thread that is
 PAST = rank(op=4, enqueued=B + 1, completed=B, fp=G, done_fp=F)  # a broadcast let it through b
 
 
-def test_COMPLETION_1_the_rules_apply_only_to_comparable_evidence_with_something_pending() -> None:
+def test_COMPLETION_1_each_group_is_judged_by_its_voters_with_something_pending() -> None:
     assert block_states([WAITING, GPU_HANG, WAITING, WAITING]) == (
         B, (BlockState.STARTED, BlockState.ENQUEUED, BlockState.STARTED, BlockState.STARTED))
+    # A rank without completion evidence votes as missing; it is not "not enqueued".
     untracked = Evidence(5, 3, 0, Stage.COMPUTE, 3.0)
-    assert block_states([WAITING, untracked, WAITING, WAITING]) is None  # an older record
-    assert block_states([WAITING, rank(source=S + 1), WAITING, WAITING]) is None  # another group or numbering
+    assert block_states([WAITING, untracked, WAITING, WAITING]) == (
+        B, (BlockState.STARTED, None, BlockState.STARTED, BlockState.STARTED))
+    # A rank that tracks another group only is not a voter of this one.
+    other = rank(source=S + 1)
+    assert voters([WAITING, other, WAITING, None], S) == (0, 2, 3)
+    assert block_states([WAITING, other, WAITING, WAITING], S) == (
+        B, (BlockState.STARTED, None, BlockState.STARTED, BlockState.STARTED))
+    assert block_states([WAITING, other, WAITING, WAITING]) is None  # two groups pending: say which
     idle = rank(enqueued=B, completed=B)
     assert block_states([idle, idle, idle, idle]) is None  # nothing pending anywhere
     # Without them the host coordinates judge, as before: all at one point, one collective.
@@ -146,3 +155,113 @@ def test_COMPLETION_unsettled_ranks_come_first_and_stages_give_the_kind() -> Non
                                                                          data_stall_threshold_s=30.0,
                                                                          settle_idle_s=1.0))
     assert (found.outcome, found.attributed, found.kind) == (Finding.BEHIND, (2,), StallKind.DATA_STALL)
+
+
+# --------------------------------------------------------------------------------------------
+# Soundness under NCCL's contract (COMPLETION-9..12)
+# --------------------------------------------------------------------------------------------
+
+SUB = 0x5B  # a sub-group's source
+
+
+def on(item: Evidence, *extra: Completion, contract: HostContract = HostContract.ENQUEUE,
+       stale: bool = False) -> Evidence:
+    """``item`` with more groups' coordinates, under a host contract."""
+    completions = (*item.completions, *extra)
+    return Evidence(item.step, item.op, item.fingerprint, item.stage, item.idle_s, completions,
+                    (*item.pending_age_s, *(1.0 for _ in extra)), contract, stale)
+
+
+def idle_group(source: int, done: int = 4) -> Completion:
+    return Completion(source, done, done)
+
+
+def test_COMPLETION_9_host_coordinates_name_nobody_where_collectives_return_at_enqueue() -> None:
+    """The issue's sub-group run-ahead: rank 0 drains for logging (host behind), the others run
+    two steps ahead, rank 1's stream stalls -- and the group whose collectives stall publishes no
+    completion evidence. The host rules alone would name rank 0."""
+    drained = Evidence(19, 2, 0, Stage.COMPUTE, 3.0)
+    ahead = Evidence(21, 5, 0, Stage.COMPUTE, 3.0)
+    blocking = assess([drained, ahead, ahead], config(3))
+    assert (blocking.outcome, blocking.attributed) == (Finding.BEHIND, (0,))  # gloo: the host is where the work is
+    enqueue = [on(e, contract=HostContract.ENQUEUE) for e in (drained, ahead, ahead)]
+    found = assess(enqueue, config(3))
+    assert (found.outcome, found.attributed, found.code) == (Finding.INCONCLUSIVE, (), HOST_PROGRESS_ONLY)
+    assert "positions [0]" in found.reason and "no completion evidence" in found.reason
+    # Tracked groups with nothing pending: the detail says the stall is outside them.
+    tracked = [on(e, idle_group(S), contract=HostContract.ENQUEUE) for e in (drained, ahead, ahead)]
+    found = assess(tracked, config(3))
+    assert (found.outcome, found.code) == (Finding.INCONCLUSIVE, HOST_PROGRESS_ONLY)
+    assert "outside every tracked group" in found.reason
+    # A desync by host fingerprints alone is no evidence either.
+    same = Evidence(21, 5, F, Stage.COLLECTIVE, 3.0)
+    odd = Evidence(21, 5, F2, Stage.COLLECTIVE, 3.0)
+    found = assess([on(same), on(odd), on(same)], config(3))
+    assert (found.outcome, found.attributed, found.code) == (Finding.INCONCLUSIVE, (), HOST_PROGRESS_ONLY)
+
+
+def test_COMPLETION_9_a_rank_whose_process_stopped_is_still_named_by_where_it_stopped() -> None:
+    waiting = on(rank(op=5), contract=HostContract.ENQUEUE)
+    stopped = on(Evidence(5, 2, 0, Stage.COMPUTE, 3.0), contract=HostContract.ENQUEUE, stale=True)
+    found = assess([waiting, stopped, waiting, waiting], config())
+    assert (found.outcome, found.attributed, found.blocking) == (Finding.BEHIND, (1,), 0)
+    # Only the stopped rank: a running rank the host rules single out beside it is not named.
+    drained = on(Evidence(5, 1, 0, Stage.COMPUTE, 3.0, idle_group(S)), contract=HostContract.ENQUEUE)
+    found = assess([waiting, stopped, waiting, drained, waiting], config(5))
+    assert (found.outcome, found.attributed) == (Finding.BEHIND, (1,))
+
+
+def test_COMPLETION_9_the_issues_run_ahead_hang_names_the_stalled_rank_once_its_group_is_tracked() -> None:
+    """Same job, the sub-group tracked: rank 1's collective #19 was enqueued but never started;
+    ranks 0 and 2 started it and wait (rank 0 drained at its host, rank 2 ran ahead)."""
+    drained = Evidence(19, 2, 0, Stage.COMPUTE, 3.0, Completion(SUB, 20, 18, F, ST), 2.0, HostContract.ENQUEUE)
+    stalled = Evidence(21, 5, 0, Stage.COMPUTE, 3.0, Completion(SUB, 22, 18, F, E), 2.0, HostContract.ENQUEUE)
+    ahead = Evidence(21, 5, 0, Stage.COMPUTE, 3.0, Completion(SUB, 22, 18, F, ST), 2.0, HostContract.ENQUEUE)
+    found = assess([drained, stalled, ahead], config(3))
+    assert (found.outcome, found.attributed, found.blocking, found.source) == (Finding.BEHIND, (1,), 19, SUB)
+
+
+def test_COMPLETION_10_a_rank_that_waits_in_another_groups_collective_is_not_named() -> None:
+    """Group S: rank 1 never enqueued b -- because its host waits at a sync point for its device,
+    which waits in a started collective of the sub-group."""
+    waits = on(rank(op=1, enqueued=B - 1), Completion(SUB, 3, 2, G, ST))
+    others = [on(WAITING, idle_group(SUB, 3)) for _ in range(3)]
+    found = assess([others[0], waits, others[1], others[2]], config())
+    assert (found.outcome, found.attributed, found.code) == (Finding.INCONCLUSIVE, (), WAITING_ELSEWHERE)
+    # The same rank with nothing pending elsewhere is named.
+    idle = on(rank(op=1, enqueued=B - 1), idle_group(SUB, 3))
+    found = assess([others[0], idle, others[1], others[2]], config())
+    assert (found.outcome, found.attributed) == (Finding.BEHIND, (1,))
+    # A pending point-to-point receive is waiting too (COMPLETION-11).
+    receiving = on(rank(op=1, enqueued=B - 1), Completion(SUB + 7, 2, 1, F2, U, point_to_point=True))
+    found = assess([others[0], receiving, others[1], others[2]], config())
+    assert (found.outcome, found.code) == (Finding.INCONCLUSIVE, WAITING_ELSEWHERE)
+
+
+def test_COMPLETION_11_point_to_point_coordinates_are_never_voted_on() -> None:
+    """Three ranks' own sends and receives; rank 1's receive is pending. Nothing is compared (the
+    numbers are each rank's own): the host rules judge, and under the enqueue contract they name
+    nobody."""
+    def sends(position: int) -> Completion:
+        if position == 1:
+            return Completion(0x900 + position, 4, 3, F, E, point_to_point=True)
+        return Completion(0x900 + position, 4, 4, point_to_point=True)
+
+    found = assess([on(Evidence(5, 3 if p != 1 else 2, 0, Stage.COMPUTE, 3.0), sends(p)) for p in range(3)], config(3))
+    assert (found.blocking, found.attributed, found.code) == (0, (), HOST_PROGRESS_ONLY)
+
+
+def test_COMPLETION_12_with_several_groups_pending_the_oldest_blocking_collective_decides() -> None:
+    """A TP pair (sub-group, 2 voters: detectable, never attributable) and the default group where
+    rank 3 never enqueued b: the attribution wins whatever the ages; between two findings that
+    name nobody, the older group's."""
+    tp = Completion(SUB, 6, 5, G, ST)
+    ranks = [on(WAITING, tp), on(WAITING, Completion(SUB, 6, 5, G, E)), on(WAITING), on(NOT_ENQUEUED)]
+    found = assess(ranks, config())
+    assert (found.outcome, found.attributed, found.source) == (Finding.BEHIND, (3,), S)
+    # Nobody named anywhere: the group pending longest speaks.
+    old = [on(WAITING, tp), on(WAITING, Completion(SUB, 6, 5, G, E)), on(WAITING), on(WAITING)]
+    old = [Evidence(e.step, e.op, e.fingerprint, e.stage, e.idle_s, e.completions,
+                    tuple(9.0 if c.source == SUB else 1.0 for c in e.completions), e.contract) for e in old]
+    found = assess(old, config())
+    assert (found.source, found.outcome) == (SUB, Finding.INCONCLUSIVE)

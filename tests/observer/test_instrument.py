@@ -72,6 +72,7 @@ POSITIONS = {
     "recv": [(0, "tensor"), (2, "group"), (3, "tag")],
     "isend": [(0, "tensor"), (2, "group"), (3, "tag")],
     "irecv": [(0, "tensor"), (2, "group"), (3, "tag")],
+    "batch_isend_irecv": [(0, "p2p_op_list")],
 }
 
 
@@ -87,6 +88,9 @@ def test_INSTR_1_argument_positions_match_the_installed_torch() -> None:
             continue  # a C++ binding without introspectable parameters; checked below
         parameters = list(inspect.signature(getattr(dist, op)).parameters)
         assert parameters[index] == name and parameters[index + 1] == "async_op", (op, parameters)
+    # INSTR-16: the group argument of every point-to-point call.
+    for op, (index, name) in inst.P2P_GROUP_ARGUMENT.items():
+        assert list(inspect.signature(getattr(dist, op)).parameters)[index] == name, op
     doc = dist._broadcast_coalesced.__doc__ or ""
     assert doc.startswith("_broadcast_coalesced(process_group: "), doc[:120]
     assert [
@@ -292,12 +296,15 @@ def test_INSTR_7_the_record_shows_the_collective_a_rank_is_blocked_in(tmp_path: 
     assert [p.exitcode for p in processes] == [0, 0, 0, 0]
 
 
-def test_INSTR_9_10_11_the_default_group_is_tracked_from_any_thread_with_ddps_buffer_broadcast(
+def test_INSTR_9_10_11_every_group_is_tracked_from_any_thread_with_ddps_buffer_broadcast(
     world_of_one: None, published: tuple[ProgressPublisher, ProgressReader]
 ) -> None:
     """On gloo the source is markers (INSTR-10); a collective from another thread counts for
     completion but publishes no host coordinate (INSTR-9); DDP's buffer broadcast is wrapped and
-    tracked (INSTR-1, INSTR-11); a call on another group is not tracked."""
+    tracked (INSTR-1, INSTR-11); a group made after instrument() gets a coordinate of its own
+    (INSTR-9), and so do this rank's sends and receives on a group (INSTR-16)."""
+    from scout.core.observer import HostContract
+
     publisher, reader = published
     tracking = inst._ACTIVE.tracking  # type: ignore[union-attr]
     assert tracking is not None and tracking.source_name == "markers" and tracking.tracker is not None
@@ -312,10 +319,13 @@ def test_INSTR_9_10_11_the_default_group_is_tracked_from_any_thread_with_ddps_bu
     work = dist.all_reduce(torch.ones(2), async_op=True)
     work.wait()
     assert tracking.tracker.coordinate()[:2] == (4, 4)
+    assert tracking.tracker_for(other).coordinate()[:2] == (1, 1)  # type: ignore[union-attr]
     tracking.watcher.poll_once()
     snapshot = reader.read()
     assert snapshot is not None and snapshot.completion is not None
-    assert (snapshot.completion.enqueued, snapshot.completion.completed) == (4, 4)
+    assert snapshot.contract is HostContract.BLOCKING  # PROGRESS-13: gloo only
+    counts = [(slot.enqueued, slot.completed, slot.point_to_point) for slot in snapshot.completion.slots]
+    assert counts[0] == (4, 4, False) and (1, 1, False) in counts
     assert snapshot.collectives_entered == 4  # main thread: all_reduce, broadcast, other group, async
     inst.uninstrument()
     assert inst._ACTIVE is None and not tracking.watcher._thread.is_alive()

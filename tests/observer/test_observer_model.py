@@ -182,6 +182,15 @@ NAMED_DEVICE_MIXES = [
     (B.HOST_LATE, B.HOST_LATE, B.DEVICE_WAITING),  # the majority never enqueued b: rank 2 is not named
     (B.DEVICE_WAITING, B.DEVICE_FROZEN, B.DEVICE_WAITING, B.DEVICE_WAITING),  # PROGRESS-10: host rules
 ]
+#: Hosts running ahead of their devices (COMPLETION-9..12).
+NAMED_RUN_AHEAD_MIXES = [
+    (B.DRAINED_WAITING, B.GPU_HANG, B.DEVICE_WAITING),  # the issue's run-ahead hang, its group tracked
+    (B.UNTRACKED_DRAINED, B.UNTRACKED_STALLED, B.UNTRACKED_AHEAD),  # the same, untracked: nobody named
+    (B.UNTRACKED_DRAINED, B.UNTRACKED_AHEAD, B.UNTRACKED_AHEAD),  # a healthy drain is never a hang
+    (B.DEVICE_WAITING, B.SUB_WAITING, B.DEVICE_WAITING, B.DEVICE_WAITING),  # waits in a sub-group: not named
+    (B.DEVICE_WAITING, B.SUB_WAITING, B.SUB_HANG, B.DEVICE_WAITING),  # the sub-group has 2 voters
+    (B.DRAINED_WAITING, B.DRAINED_WAITING, B.GPU_HANG, B.DEVICE_WAITING),
+]
 
 
 def expected_device(mix: tuple[Behaviour, ...]) -> tuple[str, tuple[int, ...]] | None:
@@ -201,6 +210,32 @@ def test_COMPLETION_3_to_7_the_named_device_mixes_are_judged_as_the_spec_says() 
         ("desync", (1,)), ("group_stall", ()), None, ("behind", (2,)), ("desync", (2,)), ("behind", (3,)),
         ("inconclusive", ()), ("behind", (1,)),
     ]
+
+
+def test_COMPLETION_9_to_12_the_named_run_ahead_mixes_are_judged_as_the_spec_says() -> None:
+    """The run-ahead hang names the stalled rank where its group is tracked and nobody where it is
+    not; a healthy drain names nobody; a rank waiting in a sub-group's collective is never named."""
+    found = [expected_device(mix) for mix in NAMED_RUN_AHEAD_MIXES]
+    assert found == [
+        ("behind", (1,)), ("inconclusive", ()), ("inconclusive", ()), ("inconclusive", ()), ("inconclusive", ()),
+        ("behind", (2,)),
+    ]
+
+
+def test_OBS_46_47_and_COMPLETION_9_to_12_named_and_sampled_run_ahead_mixes_with_a_lost_or_delayed_message() -> None:
+    """OBS-40..47 over the named run-ahead mixes and a seeded sample of 3 and 4 observers (every
+    mix of 3 runs under ``-m slow``): no healthy rank is named, through loss."""
+    sample = (random.Random(5).sample(list(m.every_run_ahead_mix(3)), 16)
+              + random.Random(6).sample(list(m.every_run_ahead_mix(4)), 4))
+    states = check_mixes(NAMED_RUN_AHEAD_MIXES + sample)
+    assert len(states) == len(NAMED_RUN_AHEAD_MIXES) + 20
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(7200)
+def test_OBS_46_47_every_run_ahead_mix_of_3_observers_slow() -> None:
+    states = check_mixes(list(m.every_run_ahead_mix(3)))
+    assert len(states) == len(m.RUN_AHEAD_BEHAVIOURS) ** 3
 
 
 def test_OBS_46_47_and_COMPLETION_1_to_8_named_and_sampled_device_mixes_with_a_lost_or_delayed_message() -> None:

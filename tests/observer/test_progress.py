@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import attrs
 import pytest
 
 from scout.observer import progress
@@ -288,9 +289,10 @@ def test_PROGRESS_8_two_sections_two_writers_no_torn_read_of_either(children: li
             if section is None:
                 continue
             completions += 1
-            n = section.completed
-            assert (section.enqueued, section.pending_fingerprint, section.completed_fingerprint,
-                    section.pending_state, section.pending_since_ns) == (
+            (slot,) = section.slots
+            n = slot.completed
+            assert (slot.enqueued, slot.pending_fingerprint, slot.completed_fingerprint,
+                    slot.pending_state, slot.pending_since_ns) == (
                 n + 1, helpers.fingerprint_of(n + 1), helpers.fingerprint_of(n), 2, n * 1000)
         steps, published = child.recv()
         child.finish()
@@ -305,7 +307,7 @@ def test_PROGRESS_8_one_completion_writer_a_section_never_written_or_withdrawn_r
             publisher.completion_writer()
         writer.publish(9, 4, 3, 0xF, 1, 77, 0xE)
         section = reader.read().completion  # type: ignore[union-attr]
-        assert section is not None and (section.source, section.enqueued, section.completed) == (9, 4, 3)
+        assert section is not None and [(c.source, c.enqueued, c.completed) for c in section.slots] == [(9, 4, 3)]
         # A writer stopped mid-publish: the reader keeps the last consistent copy, bounded.
         (sequence,) = struct.unpack_from("<Q", publisher._segment.buf, progress._COMPLETION_SEQ_OFFSET)
         struct.pack_into("<Q", publisher._segment.buf, progress._COMPLETION_SEQ_OFFSET, sequence + 1)
@@ -335,17 +337,39 @@ def test_PROGRESS_9_the_coordinate_is_checked_and_becomes_the_observers_progress
         seen = reader.read().progress()  # type: ignore[union-attr]
         assert seen.coordinate == (5, 0)
         assert seen.completion == Completion(9, 4, 3, 0xF, PendingState.STARTED, 0xE)
-        assert seen.pending_since_s == 2.5
+        assert seen.pending_since_s == (2.5,)
         # A re-estimated enqueue time alone is not progress.
         writer.publish(9, 4, 3, 0xF, int(PendingState.STARTED), 2_600_000_000, 0xE)
         assert reader.read().progress() == seen  # type: ignore[union-attr]
-        # Values that break PROGRESS-9 read as no completion evidence (a corrupt section).
-        struct.pack_into("<Q", publisher._segment.buf, progress._COMPLETION_OFFSET + 16, 99)  # completed > enqueued
-        fields = struct.unpack_from(progress._COMPLETION.format, publisher._segment.buf, progress._COMPLETION_OFFSET)
-        struct.pack_into(progress._COMPLETION.format, publisher._segment.buf, progress._COMPLETION_OFFSET,
-                         *fields[:-1], hash(fields[:-1]) & progress._CHECKSUM_MASK)
+        # Values that break PROGRESS-9 read as no completion evidence (a corrupt section), and so
+        # do two coordinates of one group.
+        buffer = publisher._segment.buf
+        struct.pack_into("<Q", buffer, progress._COMPLETION_SLOTS_OFFSET + 16, 99)  # completed > enqueued
+        head = progress._COMPLETION_HEAD.unpack_from(buffer, progress._COMPLETION_HEAD_OFFSET)
+        rows = (progress._COMPLETION_SLOT.unpack_from(buffer, progress._COMPLETION_SLOTS_OFFSET),)
+        struct.pack_into("<Q", buffer, progress._COMPLETION_CHECKSUM_OFFSET, hash((head, rows)) & progress._CHECKSUM_MASK)
         assert reader.read().progress().completion is None  # type: ignore[union-attr]
+        slot = progress.CompletionSlot(9, 4, 3, 0xF, 0xE, int(PendingState.STARTED), 1)
+        writer.publish_slots([slot, attrs.evolve(slot, source=10)])
+        assert len(reader.read().progress().completions) == 2  # type: ignore[union-attr]
+        with pytest.raises(ValueError, match="name a group twice"):
+            writer.publish_slots([slot, slot])
+        with pytest.raises(ValueError, match="exceed COMPLETION_GROUPS_MAX"):
+            writer.publish_slots([attrs.evolve(slot, source=s) for s in range(1, progress.COMPLETION_GROUPS_MAX + 2)])
         writer.release()
+
+
+def test_PROGRESS_13_the_host_contract_is_raised_never_lowered_and_read_whatever_the_section() -> None:
+    from scout.core.observer import HostContract
+
+    with ProgressPublisher(unique_identity()) as publisher, ProgressReader(publisher.name, publisher.token) as reader:
+        assert reader.read().contract is HostContract.BLOCKING  # type: ignore[union-attr]
+        publisher.raise_contract(HostContract.ENQUEUE)
+        publisher.raise_contract(HostContract.BLOCKING)  # never lowered
+        snapshot = reader.read()
+        assert snapshot is not None and snapshot.contract is HostContract.ENQUEUE
+        # Without any completion section (never written, withdrawn, stale) the contract stands.
+        assert snapshot.completion is None and snapshot.progress().contract is HostContract.ENQUEUE
 
 
 def test_PROGRESS_10_a_section_its_watcher_stopped_publishing_reads_absent_and_a_live_one_heartbeats() -> None:
@@ -358,7 +382,8 @@ def test_PROGRESS_10_a_section_its_watcher_stopped_publishing_reads_absent_and_a
         assert section is not None
         fresh = section.publish_ns + round(progress.COMPLETION_STALE_S * 1e9)
         assert reader.read().progress(fresh).completion is not None  # type: ignore[union-attr]
-        assert reader.read().progress(fresh + 1).completion is None  # type: ignore[union-attr]
+        stale = reader.read().progress(fresh + 1)  # type: ignore[union-attr]
+        assert stale.completion is None and stale.completion_stale
         writer.release()
 
         class Still:

@@ -50,9 +50,13 @@ def test_OBS_wire_messages_round_trip(message: object) -> None:
         (("r", 0, 1, 2, (1, 2, 3, 2, float("nan"))), "idle_s must be a finite number"),
         (("x",), "not an observer message"),
         (("q", "0", 1), "initiator must be an int"),
-        (("d", 0, 1, 2, ("hang",)), "14-tuple"),
-        (("r", 0, 1, 2, (1, 2, 3, 2, 1.0, (7, 3, 5, 0, 0, 0), 0.0)), r"completed \(5\) exceeds enqueued \(3\)"),
-        (("r", 0, 1, 2, (1, 2, 3, 2, 1.0, (7, 5, 3, 9, 9, 0), 0.0)), "unknown pending state 9"),
+        (("d", 0, 1, 2, ("hang",)), "16-tuple"),
+            (("r", 0, 1, 2, (1, 2, 3, 2, 1.0, ((7, 3, 5, 0, 0, 0, 0),), (0.0,), 0)),
+             r"completed \(5\) exceeds enqueued \(3\)"),
+            (("r", 0, 1, 2, (1, 2, 3, 2, 1.0, ((7, 5, 3, 9, 9, 0, 0),), (0.0,), 0)), "unknown pending state 9"),
+            (("r", 0, 1, 2, (1, 2, 3, 2, 1.0, ((7, 5, 5, 0, 0, 0, 0),) * 2, (0.0, 0.0), 0)), "twice"),
+            (("r", 0, 1, 2, (1, 2, 3, 2, 1.0, ((7, 5, 5, 0, 0, 0, 0),), (0.0,), 4)), "unknown evidence flags"),
+            (("r", 0, 1, 2, (1, 2, 3, 2, 1.0, ((7, 5, 5, 0, 0, 0, 0),), (), 0)), "one length"),
     ],
 )
 def test_OBS_wire_hostile_messages_fail_cleanly(payload: object, message: str) -> None:
@@ -84,12 +88,13 @@ def test_OBS_wire_report_record_refuses_positions_outside_the_group() -> None:
 
 def test_OBS_wire_report_record_carries_each_peers_completion_coordinate() -> None:
     report = StallReport(StallKind.HANG, Finding.BEHIND, Scope.RANK, (1, 3), RoundId(0, 1), 0, 0, (2,), (), (),
-                         (TRACKED, TRACKED, attrs.evolve(TRACKED, completion=Completion(7, 11, 10, 0xF00D,
-                                                                                        PendingState.ENQUEUED))),
-                         2.5, "enqueued the collective but its device never started it", 11)
+                         (TRACKED, TRACKED, attrs.evolve(TRACKED, completions=Completion(7, 11, 10, 0xF00D,
+                                                                                         PendingState.ENQUEUED))),
+                         2.5, "enqueued the collective but its device never started it", 11, 7)
     record = wire.report_record(report, group_ranks=(0, 1, 2), job_id="j", generation=0)
     evidence = record["evidence"]
-    assert (evidence["basis"], evidence["blocking_collective"]) == ("completion", 11)
+    assert (evidence["basis"], evidence["blocking_collective"], evidence["blocking_group"]) == (
+        "completion", 11, "0x0000000000000007")
     assert evidence["peers"][2]["completion"] == {
         "source": "0x0000000000000007", "enqueued": 11, "completed": 10,
         "completed_fingerprint": "0x0000000000000000", "pending": {"sequence": 11, "fingerprint": "0x000000000000f00d", "state": "enqueued", "age_s": 2.25}}

@@ -14,6 +14,7 @@ from scout.core.observer import (
     Delegate,
     Evidence,
     Finding,
+    HostContract,
     PendingState,
     Reply,
     RoundId,
@@ -49,14 +50,15 @@ def record(item: StallReport, hosts: tuple[str, ...] | None = None) -> dict[str,
 
 def peers() -> list[dict[str, Any]]:
     return [
-        {"rank": 10, "step": 4, "op": 2, "fingerprint": "0x00000000000000ab", "stage": "compute", "idle_s": 1.235},
+        {"rank": 10, "step": 4, "op": 2, "fingerprint": "0x00000000000000ab", "stage": "compute", "idle_s": 1.235,
+         "host_contract": "blocking"},
         {"rank": 11, "step": 4, "op": 2, "fingerprint": "0x00000000000000ab", "stage": "collective", "idle_s": 0.5,
-         "completion": {"source": "0x0000000000000077", "enqueued": 12, "completed": 10,
+         "host_contract": "blocking", "completion": {"source": "0x0000000000000077", "enqueued": 12, "completed": 10,
                         "completed_fingerprint": "0x000000000000beef",
                         "pending": {"sequence": 11, "fingerprint": "0x000000000000f00d", "state": "started",
                                     "age_s": 2.346}}},
         {"rank": 12, "step": 4, "op": 2, "fingerprint": "0x00000000000000ab", "stage": "idle", "idle_s": 0.0,
-         "completion": {"source": "0x0000000000000077", "enqueued": 10, "completed": 10,
+         "host_contract": "blocking", "completion": {"source": "0x0000000000000077", "enqueued": 10, "completed": 10,
                         "completed_fingerprint": "0x000000000000beef"}},
         {"rank": 13, "missing": True},
     ]
@@ -70,7 +72,7 @@ def expected(kind: str, reason: str, finding: str, ranks: list[int], hosts: list
             "scope": "rank", "finding": finding, "stuck_position": {"step": 4, "op": 2}, "group_ranks": [10, 11, 12, 13],
             "attributed_ranks": [10], "ahead_ranks": [], "missing_ranks": [],
             "round": {"initiator_rank": 12, "number": 7}, "decided_by_rank": 13, "idle_s": 6.543, "peers": peers(),
-            "basis": "progress", "blocking_collective": None, "detail": "why", **evidence,
+            "basis": "progress", "blocking_collective": None, "blocking_group": None, "detail": "why", **evidence,
         },
     }
 
@@ -192,11 +194,24 @@ def test_OBS_wire_each_field_of_a_delegated_report_is_checked(index: int, value:
     assert refused(("d", 2, 7, 1, tuple(fields))) == message
 
 
-def test_OBS_wire_a_delegated_report_of_13_or_15_fields_is_refused() -> None:
+def test_OBS_wire_a_delegated_report_of_15_or_17_fields_is_refused() -> None:
     fields = delegate_fields(report(Finding.BEHIND))
     for changed in (fields[:-1], [*fields, 0]):
-        assert refused(("d", 2, 7, 1, tuple(changed))) == "a delegated report must be a 14-tuple"
-    assert refused(("d", 2, 7, 1, fields)) == "a delegated report must be a 14-tuple"  # a list, not a tuple
+        assert refused(("d", 2, 7, 1, tuple(changed))) == "a delegated report must be a 16-tuple"
+    assert refused(("d", 2, 7, 1, fields)) == "a delegated report must be a 16-tuple"  # a list, not a tuple
+
+
+def test_COMPLETION_9_a_delegated_report_carries_its_group_and_a_known_reason_code() -> None:
+    from scout.core.observer.machine import HOST_PROGRESS_ONLY
+
+    item = report(Finding.INCONCLUSIVE, attributed=(), source=0x77, code=HOST_PROGRESS_ONLY)
+    assert decode_report(delegate_fields(item)) == item
+    assert record(item)["reason"] == HOST_PROGRESS_ONLY
+    fields = delegate_fields(item)
+    fields[15] = "made-up"
+    assert refused(("d", 2, 7, 1, tuple(fields))) == "unknown reason code 'made-up' in a delegated report"
+    fields[15], fields[14] = "", -1
+    assert refused(("d", 2, 7, 1, tuple(fields))) == "source -1 outside [0, 2**64)"
 
 
 def test_OBS_wire_a_delegated_report_must_fit_the_group() -> None:
@@ -215,7 +230,7 @@ def test_OBS_wire_a_delegated_report_must_fit_the_group() -> None:
         assert refused(("d", 2, 7, 1, tuple(fields))) == f"positions {positions} outside the group of 4"
 
 
-def test_OBS_wire_evidence_is_5_or_7_fields_and_negative_times_read_as_zero() -> None:
+def test_OBS_wire_evidence_is_5_or_8_fields_and_negative_times_read_as_zero() -> None:
     def reply(evidence: object) -> Evidence | None:
         message = wire.decode_message(codec.encode(("r", 0, 1, 2, evidence)), 4)
         assert isinstance(message, Reply)
@@ -223,43 +238,50 @@ def test_OBS_wire_evidence_is_5_or_7_fields_and_negative_times_read_as_zero() ->
 
     assert reply((4, 2, 0xAB, 1, -3.0)) == Evidence(4, 2, 0xAB, Stage.COMPUTE, 0.0)
     assert reply((4, 2, 0xAB, 1, 2)) == Evidence(4, 2, 0xAB, Stage.COMPUTE, 2.0)
-    assert reply((4, 2, 0xAB, 1, 0.5, None, 9.0)) == Evidence(4, 2, 0xAB, Stage.COMPUTE, 0.5)
-    completion = (0x77, 12, 10, 0xF00D, 2, 0xBEEF)
-    assert reply((4, 2, 0xAB, 2, 0.5, completion, -1.0)) == Evidence(4, 2, 0xAB, Stage.COLLECTIVE, 0.5, PENDING, 0.0)
-    assert reply((4, 2, 0xAB, 2, 0.5, completion, 2.5)) == Evidence(4, 2, 0xAB, Stage.COLLECTIVE, 0.5, PENDING, 2.5)
-    for bad in ((4, 2, 0xAB, 1), (4, 2, 0xAB, 1, 0.5, None), (4, 2, 0xAB, 1, 0.5, None, 0.0, 0), [4, 2, 0xAB, 1, 0.5]):
-        assert refused(("r", 0, 1, 2, bad)) == f"evidence must be a 5- or 7-tuple, got {bad!r}"
+    assert reply((4, 2, 0xAB, 1, 0.5, (), (), 0)) == Evidence(4, 2, 0xAB, Stage.COMPUTE, 0.5)
+    completion = (0x77, 12, 10, 0xF00D, 2, 0xBEEF, 0)
+    assert reply((4, 2, 0xAB, 2, 0.5, (completion,), (-1.0,), 0)) == Evidence(
+        4, 2, 0xAB, Stage.COLLECTIVE, 0.5, PENDING, 0.0)
+    assert reply((4, 2, 0xAB, 2, 0.5, (completion,), (2.5,), 3)) == Evidence(
+        4, 2, 0xAB, Stage.COLLECTIVE, 0.5, PENDING, 2.5, HostContract.ENQUEUE, True)
+    for bad in ((4, 2, 0xAB, 1), (4, 2, 0xAB, 1, 0.5, None), (4, 2, 0xAB, 1, 0.5, (), (), 0, 0), [4, 2, 0xAB, 1, 0.5]):
+        assert refused(("r", 0, 1, 2, bad)) == f"evidence must be a 5- or 8-tuple, got {bad!r}"
     for index, value, message in (
         (0, "4", "step must be an int, got str"), (1, None, "op must be an int, got NoneType"),
         (2, 1.0, "fingerprint must be an int, got float"), (3, True, "unknown stage True"),
         (3, 6, "unknown stage 6"), (4, "0", "idle_s must be a finite number, got '0'"),
-        (6, float("nan"), "pending_age_s must be a finite number, got nan"),
+        (6, (float("nan"),), "pending_age_s must be a finite number, got nan"),
+        (7, True, "flags must be an int, got bool"),
     ):
-        fields: list[Any] = [4, 2, 0xAB, 2, 0.5, completion, 2.5]
+        fields: list[Any] = [4, 2, 0xAB, 2, 0.5, (completion,), (2.5,), 0]
         fields[index] = value
         assert refused(("r", 0, 1, 2, tuple(fields))) == message
+    many = tuple((s, 1, 1, 0, 0, 0, 0) for s in range(1, 18))
+    assert refused(("r", 0, 1, 2, (4, 2, 0xAB, 2, 0.5, many, (0.0,) * 17, 0))) == (
+        "evidence carries 17 completion coordinates, more than 16")
 
 
 @pytest.mark.parametrize(
     ("completion", "message"),
     [
-        ((0x77, 12, 10, 0xF00D, 2), "completion must be a 6-tuple, got (119, 12, 10, 61453, 2)"),
-        ([0x77, 12, 10, 0xF00D, 2, 0], "completion must be a 6-tuple, got [119, 12, 10, 61453, 2, 0]"),
-        ((0x77, 12, 10, 0xF00D, 4, 0), "unknown pending state 4"),
-        ((0x77, 12, 10, 0xF00D, "2", 0), "unknown pending state '2'"),
-        ((True, 12, 10, 0, 2, 0), "source must be an int, got bool"),
-        ((0x77, 1.0, 0, 0, 0, 0), "enqueued must be an int, got float"),
-        ((0x77, 12, "10", 0, 2, 0), "completed must be an int, got str"),
-        ((0x77, 12, 10, None, 2, 0), "pending_fingerprint must be an int, got NoneType"),
-        ((0x77, 12, 10, 0, 2, b""), "completed_fingerprint must be an int, got bytes"),
+        ((0x77, 12, 10, 0xF00D, 2, 0), "completion must be a 7-tuple, got (119, 12, 10, 61453, 2, 0)"),
+        ([0x77, 12, 10, 0xF00D, 2, 0, 0], "completion must be a 7-tuple, got [119, 12, 10, 61453, 2, 0, 0]"),
+        ((0x77, 12, 10, 0xF00D, 4, 0, 0), "unknown pending state 4"),
+        ((0x77, 12, 10, 0xF00D, "2", 0, 0), "unknown pending state '2'"),
+        ((True, 12, 10, 0, 2, 0, 0), "source must be an int, got bool"),
+        ((0x77, 1.0, 0, 0, 0, 0, 0), "enqueued must be an int, got float"),
+        ((0x77, 12, "10", 0, 2, 0, 0), "completed must be an int, got str"),
+        ((0x77, 12, 10, None, 2, 0, 0), "pending_fingerprint must be an int, got NoneType"),
+        ((0x77, 12, 10, 0, 2, b"", 0), "completed_fingerprint must be an int, got bytes"),
+        ((0x77, 12, 10, 0, 2, 0, 2), "point_to_point must be 0 or 1, got 2"),
     ],
 )
 def test_OBS_wire_each_field_of_a_completion_coordinate_is_checked(completion: object, message: str) -> None:
-    assert refused(("r", 0, 1, 2, (4, 2, 0xAB, 2, 0.5, completion, 0.0))) == message
+    assert refused(("r", 0, 1, 2, (4, 2, 0xAB, 2, 0.5, (completion,), (0.0,), 0))) == message
 
 
 def test_OBS_wire_a_completion_coordinate_keeps_its_own_checks() -> None:
-    message = refused(("r", 0, 1, 2, (4, 2, 0xAB, 2, 0.5, (0x77, 3, 5, 0, 0, 0), 0.0)))
+    message = refused(("r", 0, 1, 2, (4, 2, 0xAB, 2, 0.5, ((0x77, 3, 5, 0, 0, 0, 0),), (0.0,), 0)))
     with pytest.raises(ValueError) as direct:
         Completion(0x77, 3, 5, 0, PendingState.NONE, 0)
     assert message == str(direct.value)

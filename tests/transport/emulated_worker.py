@@ -51,6 +51,7 @@ def main(rank: int, init_file: str, out_dir: str) -> None:
     seen["all_reduce"] = tensor.tolist()
     output = torch.zeros(4)
     dist.all_gather_into_tensor(output, torch.ones(2) * rank)
+    emulated.synchronize()  # a synchronous call returned at enqueue: sync before reading (INSTR-14)
     seen["all_gather_into_tensor"] = output.tolist()
     dist.barrier()
 
@@ -74,6 +75,54 @@ def main(rank: int, init_file: str, out_dir: str) -> None:
     seen["withheld_state"] = coordinate_from_trace(group.flight_recorder_dump(), emulated.group_name(group), group_ranks=None,
                                                    started_known=True, wall_minus_monotonic_ns=0).pending_state.name
     work.wait()
+
+    # INSTR-14: a synchronous call returns at enqueue (NCCL from torch 2.8): rank 1's stream is
+    # stalled, and both hosts go on; the host's sync point is synchronize().
+    if rank == 1:
+        group.stall_stream(1.0)
+    synchronous = torch.ones(2) * (rank + 1)
+    started = time.monotonic()
+    dist.all_reduce(synchronous)
+    seen["sync_return_s"] = time.monotonic() - started
+    seen["sync_done_at_return"] = synchronous.tolist() == [3.0, 3.0]
+    emulated.synchronize()
+    seen["sync_after_synchronize"] = synchronous.tolist()
+
+    # INSTR-14, INSTR-11: markers run end to end on it -- the mark clock is the group's stream.
+    marked = ProgressPublisher(RecordIdentity(f"marked-{os.path.basename(out_dir)}", 0, rank))
+    with_markers = completion.start_tracking(marked, source="markers", poll_interval_s=0.05)
+    from scout.observer import instrument as inst
+
+    seen["markers_source"] = None if with_markers is None else with_markers.source_name
+    if with_markers is not None:
+        tracker = with_markers.tracker_for(group)
+        if rank == 1:
+            group.stall_stream(1.0)
+        entry = tracker.begin(0xF00D)  # type: ignore[union-attr]
+        inst_work = dist.all_reduce(torch.ones(2), async_op=True)
+        tracker.end(entry, inst_work)  # type: ignore[union-attr]
+        time.sleep(0.5)
+        seen["markers_while_stalled"] = int(tracker.coordinate()[3])  # type: ignore[union-attr]
+        emulated.synchronize()
+        seen["markers_after"] = list(tracker.coordinate()[:2])  # type: ignore[union-attr]
+        with_markers.stop()
+    marked.close()
+    del inst
+
+    # INSTR-14, INSTR-16: point-to-point on the stream; both ranks send first without deadlock.
+    mine, theirs = torch.full((2,), float(rank)), torch.zeros(2)
+    peer = 1 - rank
+    works = dist.batch_isend_irecv([dist.P2POp(dist.isend, mine, peer), dist.P2POp(dist.irecv, theirs, peer)])
+    for work in works:
+        work.synchronize()
+    seen["p2p_received"] = theirs.tolist()
+    if rank == 0:
+        dist.send(torch.full((2,), 7.0), 1)
+    else:
+        box = torch.zeros(2)
+        dist.recv(box, 0)
+        emulated.synchronize()
+        seen["p2p_blocking"] = box.tolist()
 
     # DDP on it: buffers broadcast, buckets all-reduced, gradients averaged.
     model = torch.nn.Linear(2, 2)
@@ -130,8 +179,8 @@ def _flight_recorder(rank: int, out_dir: str) -> dict[str, Any]:
             time.sleep(0.8)
             snapshot = reader.read()
             section = None if snapshot is None else snapshot.completion
-            seen["fr_while_waiting"] = None if section is None else [section.enqueued, section.completed,
-                                                                      section.pending_state]
+            first = None if section is None else section.slots[0]
+            seen["fr_while_waiting"] = None if first is None else [first.enqueued, first.completed, first.pending_state]
         looker = threading.Thread(target=look)
         looker.start()
     else:
@@ -142,7 +191,8 @@ def _flight_recorder(rank: int, out_dir: str) -> dict[str, Any]:
         looker.join(10)
         time.sleep(0.2)
         section = reader.read().completion  # type: ignore[union-attr]
-        seen["fr_after"] = None if section is None else [section.enqueued, section.completed, section.pending_state]
+        first = None if section is None else section.slots[0]
+        seen["fr_after"] = None if first is None else [first.enqueued, first.completed, first.pending_state]
     if tracking is not None:
         tracking.stop()
     reader.close()

@@ -53,6 +53,31 @@ def test_INSTR_14_a_collective_returns_at_enqueue_and_completes_later(seen: list
     assert zero["all_gather_into_tensor"] == one["all_gather_into_tensor"] == [0.0, 0.0, 1.0, 1.0]
 
 
+def test_INSTR_14_a_synchronous_call_returns_at_enqueue_and_the_host_syncs_explicitly(
+    seen: list[dict[str, Any]],
+) -> None:
+    """NCCL's contract from torch 2.8: ``all_reduce(async_op=False)`` returns at enqueue on both
+    ranks while rank 1's stream is stalled for 1 s; the result is there after synchronize()."""
+    for rank in seen:
+        assert rank["sync_return_s"] < 0.5 and rank["sync_done_at_return"] is False
+        assert rank["sync_after_synchronize"] == [3.0, 3.0]
+
+
+def test_INSTR_11_14_markers_run_end_to_end_on_the_emulated_backend(seen: list[dict[str, Any]]) -> None:
+    """The mark clock is the group's stream: rank 1's stalled stream leaves its collective
+    enqueued, rank 0's started; both complete after the stall."""
+    zero, one = seen
+    assert zero["markers_source"] == one["markers_source"] == "markers"
+    assert (zero["markers_while_stalled"], one["markers_while_stalled"]) == (2, 1)  # STARTED, ENQUEUED
+    assert zero["markers_after"] == one["markers_after"] == [1, 1]
+
+
+def test_INSTR_14_16_point_to_point_runs_on_the_stream_without_deadlock(seen: list[dict[str, Any]]) -> None:
+    zero, one = seen
+    assert (zero["p2p_received"], one["p2p_received"]) == ([1.0, 1.0], [0.0, 0.0])
+    assert one["p2p_blocking"] == [7.0, 7.0]
+
+
 def test_INSTR_14_a_stalled_stream_never_starts_the_collective_its_peer_started(seen: list[dict[str, Any]]) -> None:
     zero, one = seen
     assert (zero["hang_state"], one["hang_state"]) == ("STARTED", "ENQUEUED")

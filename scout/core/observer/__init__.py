@@ -3,6 +3,7 @@ the round assessment and the table's actions in :mod:`.machine`."""
 
 from scout.core.observer.machine import ACTIONS, assess, block_states, reporter_for
 from scout.core.observer.model import (
+    COMPLETION_GROUPS_MAX,
     FINAL_STATES,
     JOINED_STATES,
     Answer,
@@ -16,6 +17,7 @@ from scout.core.observer.model import (
     Evidence,
     Failed,
     Finding,
+    HostContract,
     Joined,
     JoinFailed,
     Message,
@@ -49,6 +51,7 @@ from scout.core.observer.model import (
 )
 
 __all__ = [
+    "COMPLETION_GROUPS_MAX",
     "ACTIONS",
     "assess",
     "block_states",
@@ -65,6 +68,7 @@ __all__ = [
     "Evidence",
     "Failed",
     "Finding",
+    "HostContract",
     "Joined",
     "JoinFailed",
     "Message",

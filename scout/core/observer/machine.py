@@ -8,7 +8,7 @@ The theory of operation is in :mod:`scout.core.observer.model`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, TypeAlias
+from typing import Any, Final, TypeAlias
 
 import attrs
 
@@ -23,6 +23,7 @@ from scout.core.observer.model import (
     Assessment,
     Attached,
     BlockState,
+    Completion,
     Coordinate,
     Decision,
     Delegate,
@@ -30,6 +31,7 @@ from scout.core.observer.model import (
     Evidence,
     Failed,
     Finding,
+    HostContract,
     Joined,
     JoinFailed,
     Noted,
@@ -57,7 +59,8 @@ from scout.core.observer.model import (
 )
 from scout.core.verdict import MISSING, Reason, Status, classify_exact
 
-__all__ = ["ACTIONS", "assess", "block_states", "reporter_for"]
+__all__ = ["ACTIONS", "HOST_PROGRESS_ONLY", "WAITING_ELSEWHERE", "assess", "block_states", "pending_groups",
+           "reporter_for", "voters", "waits_elsewhere"]
 
 # --------------------------------------------------------------------------------------------
 # The assessment (pure; the one verdict rule does the voting)
@@ -70,6 +73,13 @@ def _kind_of(stages: Sequence[Stage]) -> StallKind:
     if stages and all(stage in _CHECKPOINT_STAGES for stage in stages):
         return StallKind.CHECKPOINT_STALL
     return StallKind.HANG
+
+
+#: COMPLETION-9: the code of a round whose only evidence against a rank was its host coordinate,
+#: where collectives return at enqueue.
+HOST_PROGRESS_ONLY: Final = "host-progress-only"
+#: COMPLETION-10: the code of a round whose only candidate waits in another group's collective.
+WAITING_ELSEWHERE: Final = "waiting-elsewhere"
 
 
 def assess(evidence: Sequence[Evidence | None], config: ObserverConfig) -> Assessment:
@@ -87,12 +97,50 @@ def assess(evidence: Sequence[Evidence | None], config: ObserverConfig) -> Asses
     if isinstance(by_completion, Assessment):
         return by_completion
     waiting = by_completion or frozenset()  # COMPLETION-8: never attributed by the host rules
+    return _assess_host(evidence, missing, coordinates, waiting)
+
+
+def _convictable(evidence: Sequence[Evidence | None]) -> frozenset[int]:
+    """COMPLETION-9: the positions whose host coordinate is evidence against them -- every one
+    where every answering rank's calls block until their collective completed; where some
+    return at enqueue, only the ranks whose process stopped (a stale completion section,
+    PROGRESS-10: its host coordinate is where it stopped)."""
+    present = [(p, e) for p, e in enumerate(evidence) if e is not None]
+    if all(e.contract is HostContract.BLOCKING for _, e in present):
+        return frozenset(p for p, _ in present)
+    return frozenset(p for p, e in present if e.completion_stale)
+
+
+def _without_host_evidence(evidence: Sequence[Evidence | None], named: tuple[int, ...]) -> str:
+    """COMPLETION-9: what a round lacked to name ``named`` -- said in the report's detail."""
+    present = [(p, e) for p, e in enumerate(evidence) if e is not None]
+    ahead = sorted(p for p, e in present if e.contract is HostContract.ENQUEUE)
+    untracked = sorted(p for p, e in present if not e.completions)
+    said = (f"positions {list(named)} differ only in their host coordinates, which are no evidence where "
+            f"collectives return at enqueue (positions {ahead} run ahead of their devices)")
+    if untracked:
+        return said + (f"; positions {untracked} publish no completion evidence (is completion tracking off, or "
+                       "withdrawn? see docs/observer.md)")
+    return said + ("; no tracked group has a collective pending: the stall is outside every tracked group "
+                   "(a group created after the tracker's limit, or collectives no source sees; set "
+                   "TORCH_FR_BUFFER_SIZE before init_process_group to see C++-issued ones)")
+
+
+def _assess_host(evidence: Sequence[Evidence | None], missing: tuple[int, ...], coordinates: Any,
+                 waiting: frozenset[int]) -> Assessment:
+    """Rows 1-6 of the host-coordinate table (spec/observer.md), under COMPLETION-8 and COMPLETION-9."""
+    present = [(p, e) for p, e in enumerate(evidence) if e is not None]
+    convictable = _convictable(evidence)
     if coordinates.status is Status.ATTRIBUTED:
         healthy: Coordinate = coordinates.healthy_value
-        attributed = tuple(p for p in coordinates.outliers if p not in waiting)
-        if not attributed:
+        candidates = tuple(p for p in coordinates.outliers if p not in waiting)
+        if not candidates:
             return Assessment(Finding.INCONCLUSIVE, (), (), missing, healthy, StallKind.HANG, Scope.GROUP,
                               "the ranks past the majority wait in a collective the majority has not enqueued")
+        attributed = tuple(p for p in candidates if p in convictable)
+        if not attributed:
+            return Assessment(Finding.INCONCLUSIVE, (), (), missing, healthy, StallKind.HANG, Scope.GROUP,
+                              _without_host_evidence(evidence, candidates), code=HOST_PROGRESS_ONLY)
         ahead = tuple(p for p in attributed if _at(evidence, p).coordinate > healthy)
         kind = _kind_of([_at(evidence, p).stage for p in attributed])
         return Assessment(Finding.BEHIND, attributed, ahead, missing, healthy, kind, Scope.RANK,
@@ -104,10 +152,14 @@ def assess(evidence: Sequence[Evidence | None], config: ObserverConfig) -> Asses
     healthy = coordinates.healthy_value
     fingerprints = classify_exact([MISSING if e is None else e.fingerprint for e in evidence])
     if fingerprints.status is Status.ATTRIBUTED:
-        differing = tuple(p for p in fingerprints.outliers if p not in waiting)
-        if not differing:
+        candidates = tuple(p for p in fingerprints.outliers if p not in waiting)
+        if not candidates:
             return Assessment(Finding.INCONCLUSIVE, (), (), missing, healthy, StallKind.HANG, Scope.GROUP,
                               "the ranks that differ wait in a collective the majority has not enqueued")
+        differing = tuple(p for p in candidates if p in convictable)
+        if not differing:
+            return Assessment(Finding.INCONCLUSIVE, (), (), missing, healthy, StallKind.HANG, Scope.GROUP,
+                              _without_host_evidence(evidence, candidates), code=HOST_PROGRESS_ONLY)
         return Assessment(Finding.DESYNC, differing, (), missing, healthy, StallKind.DESYNC,
                           Scope.RANK, "collective fingerprint differs from the strict majority")
     if coordinates.status is Status.AGREE and fingerprints.status is Status.AGREE:
@@ -121,22 +173,46 @@ def assess(evidence: Sequence[Evidence | None], config: ObserverConfig) -> Asses
                       "the answering majority is stuck at one point; the missing peers did not answer")
 
 
-def block_states(evidence: Sequence[Evidence | None]) -> tuple[int, tuple[BlockState | None, ...]] | None:
-    """The blocking collective ``b`` of a round and each position's state of it (COMPLETION-1,
-    COMPLETION-2); None when the completion rules do not apply: some answering rank has no
-    completion evidence, the sources differ, or nothing is pending anywhere."""
-    present = [e for e in evidence if e is not None]
-    if not present or any(e.completion is None for e in present):
-        return None
-    if len({e.completion.source for e in present if e.completion is not None}) != 1:
-        return None
-    pending = [e.completion.oldest_pending for e in present if e.completion is not None and e.completion.pending]
+def pending_groups(evidence: Sequence[Evidence | None]) -> tuple[int, ...]:
+    """COMPLETION-1, COMPLETION-11: the groups (source keys) with a collective pending on some
+    answering rank, in the order the positions list them; point-to-point coordinates never vote."""
+    found: dict[int, None] = {}
+    for item in evidence:
+        if item is not None:
+            for completion in item.completions:
+                if completion.pending and not completion.point_to_point:
+                    found.setdefault(completion.source)
+    return tuple(found)
+
+
+def voters(evidence: Sequence[Evidence | None], source: int) -> tuple[int, ...]:
+    """COMPLETION-1: the positions that vote on group ``source``: all but the answering ranks that
+    track completion and not this group (they are not its members). A silent position, and an
+    answering rank without completion evidence, votes as missing."""
+    return tuple(p for p, e in enumerate(evidence)
+                 if e is None or not e.completions or e.completion_of(source) is not None)
+
+
+def block_states(evidence: Sequence[Evidence | None],
+                 source: int | None = None) -> tuple[int, tuple[BlockState | None, ...]] | None:
+    """The blocking collective ``b`` of group ``source`` and each position's state of it
+    (COMPLETION-1, COMPLETION-2; None: missing, or not a voter of the group). ``source`` None:
+    the one group with a collective pending, if there is exactly one. None when nothing of the
+    group is pending anywhere."""
+    if source is None:
+        groups = pending_groups(evidence)
+        if len(groups) != 1:
+            return None
+        source = groups[0]
+    voting = voters(evidence, source)
+    own = {p: (None if evidence[p] is None else evidence[p].completion_of(source)) for p in voting}  # type: ignore[union-attr]
+    pending = [c.oldest_pending for c in own.values() if c is not None and c.pending]
     if not pending:
         return None
     blocking = min(p for p in pending if p is not None)
     states: list[BlockState | None] = []
-    for item in evidence:
-        completion = None if item is None else item.completion
+    for position in range(len(evidence)):
+        completion = own.get(position)
         if completion is None:
             states.append(None)
         elif completion.enqueued < blocking:
@@ -159,10 +235,9 @@ _PENDING_AS_BLOCK = {
 _AT_BLOCK = frozenset({BlockState.ENQUEUED, BlockState.STARTED, BlockState.UNKNOWN})
 
 
-def _fingerprint_of(item: Evidence | None, state: BlockState | None, blocking: int) -> Any:
+def _fingerprint_of(completion: Completion | None, state: BlockState | None, blocking: int) -> Any:
     """A rank's fingerprint of collective ``blocking`` (COMPLETION-4), or MISSING where unknown:
     it is that rank's oldest pending one, or the last one it completed."""
-    completion = None if item is None else item.completion
     if completion is None or state is None:
         return MISSING
     if state in _AT_BLOCK:
@@ -174,54 +249,116 @@ def _fingerprint_of(item: Evidence | None, state: BlockState | None, blocking: i
     return found if found != 0 else MISSING
 
 
+def waits_elsewhere(item: Evidence | None, source: int) -> bool:
+    """COMPLETION-10: the rank has a collective (or a send or receive) pending in another group
+    than ``source`` that its device started or that is under way on a blocking backend: it waits
+    for its peers there."""
+    return item is not None and any(c.source != source and c.pending and c.waiting for c in item.completions)
+
+
 def _assess_completion(
     evidence: Sequence[Evidence | None], missing: tuple[int, ...], majority_coordinate: Coordinate | None
 ) -> Assessment | frozenset[int] | None:
-    """COMPLETION-3..8: judge a settled round on the blocking collective; or leave it to the host
-    coordinates -- None, or (COMPLETION-8) the positions the host rules must not attribute
-    because they wait in a collective the majority has not enqueued. Every vote is
-    ``classify_exact`` over per-position values."""
-    found = block_states(evidence)
+    """COMPLETION-1..12: judge a settled round on the groups with a collective pending, each on
+    its own blocking collective; or leave it to the host coordinates -- None, or (COMPLETION-8)
+    the positions the host rules must not attribute because they wait in a collective the
+    majority has not enqueued."""
+    present = [(p, e) for p, e in enumerate(evidence) if e is not None]
+    if any(e.completion_stale for _, e in present):
+        return None  # PROGRESS-10: a stopped rank's section lags it; its host coordinate says where it stopped
+    groups = pending_groups(evidence)
+    if not groups:
+        return None
+    key = majority_coordinate if majority_coordinate is not None else min(e.coordinate for _, e in present)
+    handed_back: set[int] = set()
+    judged: list[tuple[float, int, Assessment]] = []
+    for index, source in enumerate(groups):
+        found = _assess_group(evidence, source, key)
+        if isinstance(found, Assessment):
+            judged.append((_age_of_block(evidence, source, found.blocking), -index, found))
+        elif found is not None:
+            handed_back |= found
+    if not judged:
+        return frozenset(handed_back)
+    # COMPLETION-12: an attribution first, then any other finding; the oldest blocking collective first.
+    naming = [item for item in judged if item[2].attributed]
+    chosen = max(naming or judged, key=lambda item: (item[0], item[1]))[2]
+    return chosen
+
+
+def _age_of_block(evidence: Sequence[Evidence | None], source: int, blocking: int) -> float:
+    """How long the group's blocking collective has been pending on the voters that have it pending."""
+    ages = [e.age_of(source) for e in evidence if e is not None
+            and (c := e.completion_of(source)) is not None and c.oldest_pending == blocking]
+    return max(ages, default=0.0)
+
+
+def _assess_group(evidence: Sequence[Evidence | None], source: int,
+                  key: Coordinate) -> Assessment | frozenset[int] | None:
+    """COMPLETION-2..8, COMPLETION-10 for one group. Every vote is ``classify_exact`` over the
+    group's voters (COMPLETION-1)."""
+    found = block_states(evidence, source)
     if found is None:
         return None
     blocking, states = found
-    present = [(p, e) for p, e in enumerate(evidence) if e is not None]
-    key = majority_coordinate if majority_coordinate is not None else min(e.coordinate for _, e in present)
+    voting = voters(evidence, source)
+    gone = tuple(p for p in voting if evidence[p] is None)
+    untracked = tuple(p for p in voting if evidence[p] is not None and states[p] is None)
+
+    def own(position: int) -> Completion | None:
+        item = evidence[position]
+        return None if item is None else item.completion_of(source)
+
+    def vote(values: Sequence[Any]) -> Any:
+        return classify_exact(list(values))
+
+    def outliers(verdict: Any) -> tuple[int, ...]:
+        return tuple(voting[i] for i in verdict.outliers)
 
     def finding(outcome: Finding, attributed: tuple[int, ...], kind: StallKind, scope: Scope, reason: str,
-                gone: tuple[int, ...] = missing) -> Assessment:
-        return Assessment(outcome, attributed, (), gone, key, kind, scope, f"{reason} (collective #{blocking})",
-                          blocking)
+                missing: tuple[int, ...] = gone, code: str = "") -> Assessment:
+        return Assessment(outcome, attributed, (), missing, key, kind, scope, f"{reason} (collective #{blocking})",
+                          blocking, source, code)
+
+    def named(outcome: Finding, candidates: tuple[int, ...], kind: StallKind, reason: str) -> Assessment:
+        # COMPLETION-10: a rank that waits for its peers in another group is not the cause here.
+        attributed = tuple(p for p in candidates if not waits_elsewhere(evidence[p], source))
+        if not attributed:
+            return finding(Finding.INCONCLUSIVE, (), StallKind.HANG, Scope.GROUP,
+                           f"positions {list(candidates)} {reason}, but each waits in another group's collective",
+                           code=WAITING_ELSEWHERE)
+        return finding(outcome, attributed, kind, Scope.RANK, reason)
 
     # COMPLETION-3: a rank that never enqueued b, which a strict majority enqueued, is behind.
-    enqueued = classify_exact([MISSING if s is None else s is not BlockState.NOT_ENQUEUED for s in states])
+    enqueued = vote([MISSING if states[p] is None else states[p] is not BlockState.NOT_ENQUEUED for p in voting])
     if enqueued.healthy_value is False:
         # COMPLETION-8: the majority has not reached b; the host coordinates say where it is, and
         # the ranks that enqueued b wait for it -- they are not evidence of a fault.
-        return frozenset(p for p, s in enumerate(states) if s is not None and s is not BlockState.NOT_ENQUEUED)
+        return frozenset(p for p in voting if states[p] is not None and states[p] is not BlockState.NOT_ENQUEUED)
     if enqueued.healthy_value is None:
         return finding(Finding.INCONCLUSIVE, (), StallKind.HANG, Scope.GROUP,
                        "no strict majority has enqueued the blocking collective")
     if enqueued.status is Status.ATTRIBUTED:
-        kind = _kind_of([_at(evidence, p).stage for p in enqueued.outliers])
-        return finding(Finding.BEHIND, enqueued.outliers, kind, Scope.RANK,
-                       "never enqueued the collective the strict majority has enqueued")
+        kind = _kind_of([_at(evidence, p).stage for p in outliers(enqueued)])
+        return named(Finding.BEHIND, outliers(enqueued), kind,
+                     "never enqueued the collective the strict majority has enqueued")
     # COMPLETION-4: the fingerprints of b, where known, with a strict majority.
-    fingerprints = classify_exact([_fingerprint_of(evidence[p], s, blocking) for p, s in enumerate(states)])
+    fingerprints = vote([_fingerprint_of(own(p), states[p], blocking) for p in voting])
     if fingerprints.status is Status.ATTRIBUTED:
-        return finding(Finding.DESYNC, fingerprints.outliers, StallKind.DESYNC, Scope.RANK,
-                       "pending collective fingerprint differs from the strict majority")
+        return named(Finding.DESYNC, outliers(fingerprints), StallKind.DESYNC,
+                     "pending collective fingerprint differs from the strict majority")
     # COMPLETION-5, COMPLETION-6: started (or beyond) against enqueued and not started.
     started_values = [
-        MISSING if s is None or s is BlockState.UNKNOWN else s in (BlockState.STARTED, BlockState.COMPLETED)
-        for s in states
+        MISSING if states[p] is None or states[p] is BlockState.UNKNOWN
+        else states[p] in (BlockState.STARTED, BlockState.COMPLETED)
+        for p in voting
     ]
     if any(v is not MISSING for v in started_values):
-        started = classify_exact(started_values)
+        started = vote(started_values)
         if started.status is Status.ATTRIBUTED and started.healthy_value is True:
-            kind = _kind_of([_at(evidence, p).stage for p in started.outliers])
-            return finding(Finding.BEHIND, started.outliers, kind, Scope.RANK,
-                           "enqueued the collective but its device never started it, while the strict majority's did")
+            kind = _kind_of([_at(evidence, p).stage for p in outliers(started)])
+            return named(Finding.BEHIND, outliers(started), kind,
+                         "enqueued the collective but its device never started it, while the strict majority's did")
         if started.healthy_value is False and started.status is Status.AGREE:
             return finding(Finding.GROUP_STALL, (), StallKind.HANG, Scope.GROUP,
                            "every rank enqueued the blocking collective and no rank's device started it", ())
@@ -229,10 +366,14 @@ def _assess_completion(
             return finding(Finding.INCONCLUSIVE, (), StallKind.HANG, Scope.GROUP,
                            "no strict majority of devices has started the blocking collective")
     # COMPLETION-7: b enqueued everywhere, nobody differs.
-    if missing:
+    if gone:
         return finding(Finding.UNRESPONSIVE, (), StallKind.HANG, Scope.RANK,
                        "the answering majority waits in the blocking collective; the missing peers did not answer")
-    return finding(Finding.GROUP_STALL, (), _kind_of([e.stage for _, e in present]), Scope.GROUP,
+    if untracked:
+        return finding(Finding.INCONCLUSIVE, (), StallKind.HANG, Scope.GROUP,
+                       f"the answering majority waits in the blocking collective; positions {list(untracked)} "
+                       "publish no completion evidence for its group")
+    return finding(Finding.GROUP_STALL, (), _kind_of([e.stage for e in evidence if e is not None]), Scope.GROUP,
                    "every rank enqueued the blocking collective and none differs")
 
 
@@ -432,10 +573,13 @@ def close_round(context: ObserverContext, event: Tick | Answer) -> Stepped:
     reported = context.reported
     if reportable and assessment.key is not None:
         reporter = reporter_for(assessment, evidence)
+        # A report carries each rank's coordinate of the deciding group only (COMPLETION-12), so
+        # that a delegated one fits a datagram whatever the number of groups tracked.
+        kept = tuple(None if e is None else e.only(assessment.source) for e in evidence)
         report = StallReport(
             assessment.kind, assessment.outcome, assessment.scope, assessment.key, opened.round,
             config.position, reporter, assessment.attributed, assessment.ahead, assessment.missing,
-            tuple(evidence), context.idle_s, assessment.reason, assessment.blocking,
+            kept, context.idle_s, assessment.reason, assessment.blocking, assessment.source, assessment.code,
         )
         if reporter != config.position:
             effects.append(Send((reporter,), Delegate(opened.round, config.position, report)))

@@ -72,6 +72,7 @@ import attrs
 from scout.core.finite import finite_number
 
 __all__ = [
+    "COMPLETION_GROUPS_MAX",
     "JOINED_STATES",
     "Answer",
     "Assessment",
@@ -85,6 +86,7 @@ __all__ = [
     "Failed",
     "FINAL_STATES",
     "Finding",
+    "HostContract",
     "Joined",
     "JoinFailed",
     "Message",
@@ -157,6 +159,13 @@ def _source_key(_instance: object, _attribute: Any, value: Any) -> None:
         raise ValueError(f"Completion.source must be an int in [1, 2**64) (0 means no tracking), got {value!r}")
 
 
+class HostContract(enum.IntEnum):
+    """What a returned collective call tells of a rank's device (PROGRESS-13, COMPLETION-9)."""
+
+    BLOCKING = 0  # every group's calls return once their collective completed (gloo, MPI): the host is where the work is
+    ENQUEUE = 1  # some group's calls return at enqueue (NCCL, the emulated backend): the host runs ahead of its device
+
+
 @attrs.frozen
 class Completion:
     """A rank's completion coordinate for one tracked process group (PROGRESS-9, COMPLETION-1):
@@ -165,7 +174,9 @@ class Completion:
     ``pending_fingerprint`` (0: not seen, so unknown) in ``pending_state``; the last completed
     one has ``completed_fingerprint``. ``source`` names the
     tracked group and how its collectives are numbered: two ranks' coordinates are comparable
-    only when their sources are equal."""
+    only when their sources are equal. ``point_to_point``: the coordinate counts this rank's own
+    sends and receives on the group (COMPLETION-11): never compared with a peer's, it only says
+    whether the rank waits for one."""
 
     source: int = attrs.field(validator=_source_key)
     enqueued: int = attrs.field(validator=_sequence_number)
@@ -173,6 +184,7 @@ class Completion:
     pending_fingerprint: int = 0
     pending_state: PendingState = PendingState.NONE
     completed_fingerprint: int = 0  # of collective number ``completed`` (0: none or not seen)
+    point_to_point: bool = False
 
     def __attrs_post_init__(self) -> None:
         if self.completed > self.enqueued:
@@ -198,6 +210,45 @@ class Completion:
         """The sequence number of the oldest pending collective, or None."""
         return self.completed + 1 if self.pending else None
 
+    @property
+    def waiting(self) -> bool:
+        """COMPLETION-10: the rank's device is inside a collective of this group that waits for
+        its peers (started, or pending where the source cannot tell -- a blocking call under way)."""
+        return self.pending_state in (PendingState.STARTED, PendingState.UNKNOWN)
+
+
+#: PROGRESS-9: completion coordinates one rank publishes at once (the groups it tracks beyond
+#: that are left out of a publish, INSTR-9).
+COMPLETION_GROUPS_MAX: Final = 16
+
+
+def _completions(value: Any) -> tuple[Completion, ...]:
+    """One coordinate per tracked group; a single one or None is accepted for brevity."""
+    if value is None:
+        return ()
+    if isinstance(value, Completion):
+        return (value,)
+    found = tuple(value)
+    if not all(isinstance(item, Completion) for item in found):
+        raise ValueError(f"completions must be Completion values, got {found!r}")
+    if len(found) > COMPLETION_GROUPS_MAX:
+        raise ValueError(f"{len(found)} completion coordinates exceed COMPLETION_GROUPS_MAX={COMPLETION_GROUPS_MAX}")
+    if len({item.source for item in found}) != len(found):
+        raise ValueError(f"completions name one group twice: sources {[hex(item.source) for item in found]}")
+    return found
+
+
+def _per_completion(values: Any, count: int, what: str) -> tuple[float, ...]:
+    """A number per completion coordinate (one number given, or none: the same for each)."""
+    if isinstance(values, (int, float)) and not isinstance(values, bool):
+        return (float(values),) * count
+    if values == () and count:
+        return (0.0,) * count
+    found = tuple(float(v) for v in values)
+    if len(found) != count:
+        raise ValueError(f"{what} needs one value per completion coordinate ({count}), got {len(found)}")
+    return found
+
 
 class BlockState(enum.IntEnum):
     """A rank's state of the blocking collective ``b`` of a round (COMPLETION-2)."""
@@ -211,40 +262,85 @@ class BlockState(enum.IntEnum):
 
 @attrs.frozen
 class Progress:
-    """The trainer's position as its observer last read it. ``completion`` is None where the
-    trainer tracks no completion (an older record, an MPI program, tracking switched off);
-    ``pending_since_s`` is when its oldest pending collective was enqueued, on the driver's
-    monotonic clock (0 when nothing is pending)."""
+    """The trainer's position as its observer last read it. ``completions`` holds one coordinate
+    per tracked process group, empty where the trainer tracks no completion (an MPI program,
+    tracking switched off or withdrawn); ``pending_since_s`` gives, per coordinate, when its
+    oldest pending collective was enqueued, on the driver's monotonic clock (0 when nothing is
+    pending). ``contract`` is the rank's host contract (PROGRESS-13); ``completion_stale``: the
+    section exists but its watcher stopped publishing (PROGRESS-10): the process is not running."""
 
     step: int
     op: int
     fingerprint: int = 0  # 0: no collective in flight
     stage: Stage = Stage.COMPUTE
-    completion: Completion | None = None
+    completions: tuple[Completion, ...] = attrs.field(default=(), converter=_completions)
     # Not part of equality: a re-estimate of the same enqueue time is not progress (PROGRESS-9).
-    pending_since_s: float = attrs.field(default=0.0, eq=False)
+    pending_since_s: tuple[float, ...] = attrs.field(default=(), eq=False)
+    contract: HostContract = HostContract.BLOCKING
+    completion_stale: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "pending_since_s",
+                           _per_completion(self.pending_since_s, len(self.completions), "pending_since_s"))
 
     @property
     def coordinate(self) -> Coordinate:
         return (self.step, self.op)
 
+    @property
+    def completion(self) -> Completion | None:
+        """The first tracked group's coordinate (the default group's, where it is tracked)."""
+        return self.completions[0] if self.completions else None
+
 
 @attrs.frozen
 class Evidence:
-    """One peer's answer to a round: its trainer's position and how long it has been idle, and
-    its completion coordinate with the age of its oldest pending collective (when tracked)."""
+    """One peer's answer to a round: its trainer's position and how long it has been idle, its
+    completion coordinates (one per tracked group) with the age of each one's oldest pending
+    collective, its host contract and whether its completion section went stale (see
+    :class:`Progress`)."""
 
     step: int
     op: int
     fingerprint: int
     stage: Stage
     idle_s: float
-    completion: Completion | None = None
-    pending_age_s: float = 0.0
+    completions: tuple[Completion, ...] = attrs.field(default=(), converter=_completions)
+    pending_age_s: tuple[float, ...] = ()
+    contract: HostContract = HostContract.BLOCKING
+    completion_stale: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "pending_age_s",
+                           _per_completion(self.pending_age_s, len(self.completions), "pending_age_s"))
 
     @property
     def coordinate(self) -> Coordinate:
         return (self.step, self.op)
+
+    @property
+    def completion(self) -> Completion | None:
+        """The first tracked group's coordinate (the default group's, where it is tracked)."""
+        return self.completions[0] if self.completions else None
+
+    def completion_of(self, source: int) -> Completion | None:
+        """This rank's coordinate of the group ``source`` names, or None (not a member, or not tracked)."""
+        for item in self.completions:
+            if item.source == source:
+                return item
+        return None
+
+    def age_of(self, source: int) -> float:
+        for item, age in zip(self.completions, self.pending_age_s):
+            if item.source == source:
+                return age
+        return 0.0
+
+    def only(self, source: int | None) -> Evidence:
+        """This evidence with only the coordinate of ``source`` (a delegated report carries the
+        deciding group's, so that it fits one datagram; OBS-AUTH-2)."""
+        kept = [(c, a) for c, a in zip(self.completions, self.pending_age_s) if c.source == source]
+        return attrs.evolve(self, completions=tuple(c for c, _ in kept), pending_age_s=tuple(a for _, a in kept))
 
 
 @attrs.frozen(order=True)
@@ -294,8 +390,12 @@ class Assessment:
     scope: Scope
     reason: str  # the verdict reason code or a short phrase
     # The blocking collective's sequence number when completion evidence decided (COMPLETION-1),
-    # 0 when the host coordinates did.
+    # 0 when the host coordinates did; and the group it belongs to (its source key; COMPLETION-12).
     blocking: int = 0
+    source: int = 0
+    # A stable reason code where the finding has one of its own (COMPLETION-9, COMPLETION-10);
+    # empty: the finding's usual code.
+    code: str = ""
 
 
 @attrs.frozen
@@ -316,6 +416,8 @@ class StallReport:
     idle_s: float  # the deciding observer's trainer idle time when the round closed
     reason: str
     blocking: int = 0  # as Assessment.blocking
+    source: int = 0  # as Assessment.source
+    code: str = ""  # as Assessment.code
 
 
 def _positive_finite(name: str) -> Any:
@@ -613,8 +715,9 @@ class ObserverContext:
         if self.progress is None:
             return None
         p = self.progress
-        age = max(0.0, now_s - p.pending_since_s) if p.completion is not None and p.completion.pending else 0.0
-        return Evidence(p.step, p.op, p.fingerprint, p.stage, max(0.0, now_s - self.last_progress_s), p.completion, age)
+        ages = tuple(max(0.0, now_s - since) if c.pending else 0.0 for c, since in zip(p.completions, p.pending_since_s))
+        return Evidence(p.step, p.op, p.fingerprint, p.stage, max(0.0, now_s - self.last_progress_s), p.completions,
+                        ages, p.contract, p.completion_stale)
 
 
 class ObserverState(str, enum.Enum):

@@ -12,10 +12,22 @@ gives both, by wrapping gloo:
   ``"scoutemu"`` (:func:`register`). Each collective is queued on the group's *stream* (one
   worker thread, in order) and the call returns at once with an :class:`EmulatedWork`. The
   stream runs the collective with the wrapped gloo group when it reaches it.
-* :class:`EmulatedWork` -- ``is_completed`` never blocks; ``wait`` blocks the host until the
-  collective completed (the CPU reads the result: this is the host's sync point, as
-  ``.item()`` or a synchronize is on a GPU) and, when ``timeout`` passes first, aborts the
-  communicator as NCCL does and raises; ``get_future`` completes when the collective completed.
+* :class:`EmulatedWork` -- ``is_completed`` never blocks; ``wait()`` returns at once, as NCCL's
+  does from torch 2.8 (the stream waits for the collective, not the host), and so do
+  synchronous calls (``async_op=False``); ``wait(timeout)`` blocks the host until the
+  collective completed and, when the timeout passes first, aborts the communicator as NCCL
+  does and raises (``TORCH_NCCL_BLOCKING_WAIT=1`` or ``blocking_wait=True``: every wait
+  blocks); ``synchronize()`` blocks the host until completion -- the host's sync point, as
+  ``.item()`` or a synchronize is on a GPU; ``get_future`` completes when the collective
+  completed. The module's :func:`synchronize` is ``cuda.synchronize()``: every stream of the
+  process.
+* point-to-point ``send`` and ``recv``, launched in order on the group's stream without
+  holding it (a send waits for its receiver; two ranks that both send first must not deadlock
+  the emulation, as they do not on NCCL's point-to-point streams), completed in order.
+* a mark clock per group (:meth:`EmulatedProcessGroup.mark_clock`): a mark is a no-op queued
+  on the group's stream, completed when the stream passed it and every point-to-point
+  operation launched before it completed -- NCCL's CUDA events for completion tracking's
+  markers (INSTR-11, INSTR-14).
 * a recorder in Flight Recorder format (:meth:`EmulatedProcessGroup.flight_recorder_dump`):
   per collective scheduled / started / completed, per group the last enqueued, started and
   completed sequence numbers -- what completion tracking reads (INSTR-12).
@@ -27,9 +39,10 @@ gives both, by wrapping gloo:
   bound, so a test job ends.
 
 What it does not emulate: the host's own compute is synchronous (CPU torch), so a host that
-reads a collective's output must wait for it first; DDP's communication-hook future therefore
-completes at completion, not at enqueue as NCCL's does (docs/observer.md says what that leaves
-untested). Point-to-point calls are not provided.
+reads a collective's output before a sync point reads what the stream wrote so far (a program
+for this backend syncs before it reads, as a GPU kernel reading another stream's output would
+have to); DDP's communication-hook future completes at completion, not at enqueue as NCCL's
+does (docs/observer.md says what that leaves untested).
 """
 
 from __future__ import annotations
@@ -37,8 +50,11 @@ from __future__ import annotations
 import collections
 import contextlib
 import datetime
+import os
+import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
@@ -55,6 +71,7 @@ __all__ = [
     "emulated_group",
     "group_name",
     "register",
+    "synchronize",
 ]
 
 #: The backend name for ``init_process_group`` / ``new_group``.
@@ -117,10 +134,29 @@ class EmulatedWork(_WorkBase):  # type: ignore[misc]
         return self._outputs
 
     def wait(self, timeout: datetime.timedelta | float | None = None) -> bool:
-        """Block until the collective completed. A timeout (``timedelta`` or seconds; none or
-        zero: the group's timeout) that passes first aborts the communicator and raises, as a
-        timed wait on NCCL does."""
-        seconds = _seconds(timeout) or self._group.timeout_s
+        """NCCL's ``Work.wait`` (torch 2.8 and later) as a synchronous call makes it: without a
+        timeout, called by torch.distributed's own synchronous path (``async_op=False``), it
+        returns at once -- the stream waits for the collective, the host does not (INSTR-14) --
+        unless the group blocks on waits (``blocking_wait``). Any other wait (a program's own
+        ``work.wait()``, torch's C++ reading a result it gathered, DDP's start-up checks) is
+        the host reading the result -- on a GPU a copy to the host that synchronizes -- and
+        blocks until the collective completed; a timeout that passes first aborts the
+        communicator and raises."""
+        seconds = _seconds(timeout)
+        if not seconds and not self._group.blocking_wait and _synchronous_call(sys._getframe(1)):
+            if self._error is not None:
+                raise self._error
+            return True
+        self._block(seconds or self._group.timeout_s)
+        return True
+
+    def synchronize(self, timeout_s: float | None = None) -> None:
+        """The host's sync point (``.item()`` on the output, an event's synchronize): block until
+        the collective completed; past ``timeout_s`` (default: the group's timeout) abort and
+        raise as a timed wait does."""
+        self._block(self._group.timeout_s if timeout_s is None else timeout_s)
+
+    def _block(self, seconds: float) -> None:
         if not self._done.wait(seconds):
             reason = (f"{self._record['profiling_name']} #{self._record['collective_seq_id']} did not complete "
                       f"within {seconds:g} s")
@@ -128,10 +164,19 @@ class EmulatedWork(_WorkBase):  # type: ignore[misc]
             raise CommunicatorAborted(f"emulated NCCL: {reason}; the communicator was aborted")
         if self._error is not None:
             raise self._error
-        return True
 
     def get_future(self) -> Any:
         return self._future
+
+
+#: torch.distributed's Python module, whose synchronous wrappers wait on the Work they issued.
+_C10D_FILE: Final = dist.distributed_c10d.__file__
+
+
+def _synchronous_call(frame: Any) -> bool:
+    """Whether ``frame`` (the caller of ``wait``) is a synchronous collective of
+    torch.distributed's Python API (``all_reduce(async_op=False)``, ``send``, ...)."""
+    return frame is not None and frame.f_code.co_filename == _C10D_FILE
 
 
 def _seconds(timeout: datetime.timedelta | float | None) -> float:
@@ -163,12 +208,59 @@ class _Fault:
         self.released.set()
 
 
+class _Mark:
+    """A point on a group's stream (INSTR-14): passed when the stream ran the no-op queued for it
+    and every point-to-point operation launched before it completed."""
+
+    __slots__ = ("p2p_launched", "passed")
+
+    def __init__(self, p2p_launched: int) -> None:
+        self.passed = threading.Event()
+        self.p2p_launched = p2p_launched
+
+
+class EmulatedMarkClock:
+    """Completion tracking's mark clock on an emulated group's stream (INSTR-11's CUDA events)."""
+
+    def __init__(self, group: EmulatedProcessGroup) -> None:
+        self._group = weakref.ref(group)
+
+    def record(self) -> _Mark:
+        group = self._group()
+        if group is None:
+            raise RuntimeError("the emulated process group is gone")
+        return group._mark()
+
+    def completed(self, mark: _Mark) -> bool:
+        group = self._group()
+        return mark.passed.is_set() and (group is None or group._p2p_completed >= mark.p2p_launched)
+
+
+#: Every emulated group of this process, for :func:`synchronize`.
+_GROUPS: weakref.WeakSet[EmulatedProcessGroup] = weakref.WeakSet()
+
+
+def synchronize(timeout_s: float = 120.0) -> None:
+    """``cuda.synchronize()``: block the host until every emulated group's stream ran everything
+    queued so far and their point-to-point operations completed."""
+    for group in list(_GROUPS):
+        if not group.aborted:
+            group.synchronize(timeout_s)
+
+
+def _blocking_wait_default() -> bool:
+    return os.environ.get("TORCH_NCCL_BLOCKING_WAIT", "0").strip().lower() in ("1", "true")
+
+
 class EmulatedProcessGroup(_ProcessGroupBase):  # type: ignore[misc]
     """A process group with NCCL's contract over gloo (see the module docstring)."""
 
-    def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta) -> None:
+    def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta,
+                 *, blocking_wait: bool | None = None) -> None:
         super().__init__(rank, size)
         self.timeout_s = timeout.total_seconds()
+        #: INSTR-14: whether ``Work.wait()`` blocks the host (``TORCH_NCCL_BLOCKING_WAIT=1``).
+        self.blocking_wait = _blocking_wait_default() if blocking_wait is None else blocking_wait
         # The wrapped gloo group's own timeout is the emulated one: a collective whose peers never
         # come fails there, like NCCL's watchdog timeout, and aborts the communicator.
         self._gloo: Any = _c10d.ProcessGroupGloo(_c10d.PrefixStore("scoutemu", store), rank, size, timeout)
@@ -184,8 +276,17 @@ class EmulatedProcessGroup(_ProcessGroupBase):  # type: ignore[misc]
         self._entries: collections.deque[dict[str, Any]] = collections.deque(maxlen=RECORDER_ENTRIES_MAX)
         self._record_lock = threading.Lock()
         self._pending_faults: dict[str, _Fault] = {}
+        # Point-to-point: launched on the stream, completed in order by their own thread.
+        self._p2p_sequence = 0
+        self._p2p_launched = 0
+        self._p2p_completed = 0
+        self._p2p_queue: collections.deque[tuple[Any, EmulatedWork, dict[str, Any]]] = collections.deque()
+        self._p2p_ready = threading.Condition()
         self._stream = threading.Thread(target=self._run_stream, name=f"scoutemu-stream-{rank}", daemon=True)
         self._stream.start()
+        self._p2p_thread = threading.Thread(target=self._run_p2p, name=f"scoutemu-p2p-{rank}", daemon=True)
+        self._p2p_thread.start()
+        _GROUPS.add(self)
 
     # -- what torch.distributed asks of a backend ---------------------------------------------
 
@@ -248,6 +349,12 @@ class EmulatedProcessGroup(_ProcessGroupBase):  # type: ignore[misc]
         opts = opts if opts is not None else _c10d.BarrierOptions()
         return self._enqueue("barrier", [], [], lambda: self._gloo.barrier(opts))
 
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> EmulatedWork:
+        return self._enqueue_p2p("send", tensors, [], lambda: self._gloo.send(tensors, dst, tag))
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> EmulatedWork:
+        return self._enqueue_p2p("recv", [], tensors, lambda: self._gloo.recv(tensors, src, tag))
+
     # -- the stream ---------------------------------------------------------------------------
 
     def _enqueue(self, op: str, inputs: Sequence[torch.Tensor], outputs: list[torch.Tensor],
@@ -292,6 +399,80 @@ class EmulatedProcessGroup(_ProcessGroupBase):  # type: ignore[misc]
         self._push(run)
         return work
 
+    def _enqueue_p2p(self, op: str, inputs: Sequence[torch.Tensor], outputs: list[torch.Tensor],
+                     launch: Callable[[], Any]) -> EmulatedWork:
+        """A send or receive: recorded (point-to-point numbering), launched when the stream
+        reaches it, completed by the point-to-point thread once gloo's operation completed."""
+        if self._aborted.is_set():
+            raise CommunicatorAborted(f"emulated NCCL: the communicator was aborted ({self._abort_reason})")
+        with self._record_lock:
+            self._p2p_sequence += 1
+            record = {
+                "record_id": self._sequence + self._p2p_sequence, "pg_id": 0,
+                "process_group": (self.registered_name, "scoutemu"), "thread_name": threading.current_thread().name,
+                "thread_id": str(threading.get_ident()), "collective_seq_id": 0, "p2p_seq_id": self._p2p_sequence,
+                "op_id": self._p2p_sequence, "profiling_name": f"{BACKEND}:{op}", "time_created_ns": time.time_ns(),
+                "input_sizes": [list(t.shape) for t in inputs], "input_dtypes": [str(t.dtype) for t in inputs],
+                "output_sizes": [list(t.shape) for t in outputs], "output_dtypes": [str(t.dtype) for t in outputs],
+                "state": "scheduled", "time_discovered_started_ns": None, "time_discovered_completed_ns": None,
+                "retired": False, "timeout_ms": int(self.timeout_s * 1000), "is_p2p": True,
+            }
+            self._entries.append(record)
+        work = EmulatedWork(self, outputs, record)
+
+        def run() -> None:
+            try:
+                if self._aborted.is_set():
+                    raise CommunicatorAborted(f"emulated NCCL: the communicator was aborted ({self._abort_reason})")
+                handle = launch()
+            except BaseException as failure:  # noqa: BLE001 - the Work carries it to the host
+                work._finish(failure if isinstance(failure, Exception) else RuntimeError(str(failure)))
+                with self._p2p_ready:  # it is over: count it, so later marks are not held by it
+                    self._p2p_launched += 1
+                    self._p2p_completed += 1
+                    self._p2p_ready.notify_all()
+                return
+            with self._record_lock:
+                record["state"], record["time_discovered_started_ns"] = "started", time.time_ns()
+            with self._p2p_ready:
+                self._p2p_launched += 1
+                self._p2p_queue.append((handle, work, record))
+                self._p2p_ready.notify_all()
+
+        self._push(run)
+        return work
+
+    def _run_p2p(self) -> None:
+        while True:
+            with self._p2p_ready:
+                self._p2p_ready.wait_for(lambda: bool(self._p2p_queue))
+                handle, work, record = self._p2p_queue[0]
+            error: BaseException | None = None
+            try:
+                handle.wait()
+            except BaseException as failure:  # noqa: BLE001 - the Work carries it to the host
+                error = failure if isinstance(failure, Exception) else RuntimeError(str(failure))
+            with self._record_lock:
+                record["state"], record["retired"] = "completed", True
+                record["time_discovered_completed_ns"] = time.time_ns()
+            work._finish(error)
+            with self._p2p_ready:
+                self._p2p_queue.popleft()
+                self._p2p_completed += 1
+                self._p2p_ready.notify_all()
+
+    def _mark(self) -> _Mark:
+        # Every send and receive enqueued before the mark -- launched or still queued on the
+        # stream ahead of it -- must complete first (they complete in order, failed ones too).
+        with self._record_lock:
+            mark = _Mark(self._p2p_sequence)
+        self._push(mark.passed.set)
+        return mark
+
+    def mark_clock(self) -> EmulatedMarkClock:
+        """INSTR-14: a mark clock on this group's stream, for completion tracking's markers."""
+        return EmulatedMarkClock(self)
+
     def _set_state(self, record: dict[str, Any], state: str) -> None:
         with self._record_lock:
             record["state"] = state
@@ -324,11 +505,15 @@ class EmulatedProcessGroup(_ProcessGroupBase):  # type: ignore[misc]
     def synchronize(self, timeout_s: float | None = None) -> None:
         """Block the host until the stream ran everything queued so far (``cuda.synchronize``);
         past ``timeout_s`` (default: the group's timeout) raise without aborting."""
-        marker = threading.Event()
-        self._push(marker.set)
+        marker = self._mark()
         seconds = self.timeout_s if timeout_s is None else timeout_s
-        if not marker.wait(seconds):
+        deadline = time.monotonic() + seconds
+        if not marker.passed.wait(seconds):
             raise TimeoutError(f"emulated stream did not drain within {seconds:g} s")
+        with self._p2p_ready:
+            if not self._p2p_ready.wait_for(lambda: self._p2p_completed >= marker.p2p_launched or self._aborted.is_set(),
+                                            timeout=max(0.0, deadline - time.monotonic())):
+                raise TimeoutError(f"emulated point-to-point operations did not complete within {seconds:g} s")
 
     # -- faults (one rank's device going wrong) -----------------------------------------------
 
@@ -363,6 +548,8 @@ class EmulatedProcessGroup(_ProcessGroupBase):  # type: ignore[misc]
         self._aborted.set()
         with self._queued:
             self._queued.notify_all()
+        with self._p2p_ready:
+            self._p2p_ready.notify_all()
         # Best effort: gloo's own timeout ends an operation blocked on a peer anyway.
         with contextlib.suppress(Exception):
             self._gloo.abort()
