@@ -43,12 +43,15 @@ from typing import Any, Final, Protocol
 import attrs
 
 from scout.core.observer import Completion, PendingState
+from scout.observer import graph_capture
 from scout.observer.flight_recorder import TraceCoordinate, TraceError, coordinate_from_trace
+from scout.observer.graph_capture import CaptureGate
 from scout.observer.progress import COMPLETION_HEARTBEAT_S, CompletionWriter, ProgressPublisher
 
 __all__ = [
     "ENTRIES_MAX",
     "POLL_INTERVAL_S",
+    "RECORDER_DUMPS",
     "CompletionTracker",
     "CompletionTracking",
     "CompletionWatcher",
@@ -56,8 +59,12 @@ __all__ = [
     "MarkClock",
     "MarkerSource",
     "TraceSource",
+    "module_device",
+    "nccl_markers",
+    "recorder_source",
     "source_key",
     "start_tracking",
+    "tracking_device",
 ]
 
 logger = logging.getLogger("scout")
@@ -126,13 +133,18 @@ class CompletionTracker:
     thread that issues a collective; :meth:`coordinate` by the watcher."""
 
     def __init__(self, contract: Contract, clock: MarkClock | None = None, *, entries_max: int = ENTRIES_MAX,
-                 now_ns: Callable[[], int] = time.monotonic_ns) -> None:
+                 now_ns: Callable[[], int] = time.monotonic_ns,
+                 stream_capturing: Callable[[], bool] | None = None) -> None:
         if entries_max < 1:
             raise ValueError(f"entries_max must be >= 1, got {entries_max}")
         self.contract = contract
         self.clock = clock
         self.entries_max = entries_max
         self.overflowed = False
+        # INSTR-11: whether the issuing thread's current stream is capturing a CUDA graph
+        # (torch.cuda.is_current_stream_capturing: the issuing thread is the one that asks).
+        self._stream_capturing = stream_capturing
+        self.captured = 0  # collectives issued inside a capture, not tracked
         self._now_ns = now_ns
         self._lock = threading.Lock()
         self._entries: collections.deque[_Entry] = collections.deque()
@@ -142,7 +154,13 @@ class CompletionTracker:
 
     def begin(self, fingerprint: int) -> _Entry | None:
         """A collective is about to be issued: give it the next sequence number. None once the
-        tracker overflowed (its coordinate is withdrawn)."""
+        tracker overflowed (its coordinate is withdrawn), or when the call is being captured into
+        a CUDA graph: it runs at each replay, not now, and NCCL's watchdog does not track it
+        either (INSTR-11); no event is recorded on the capturing stream."""
+        if self._capturing():
+            with self._lock:
+                self.captured += 1
+            return None
         start = self._record()
         with self._lock:
             if self.overflowed:
@@ -172,6 +190,15 @@ class CompletionTracker:
     def launched(self, fingerprint: int, work: Any) -> None:
         """An asynchronous collective issued with its ``Work`` (DDP's gradient buckets)."""
         self.end(self.begin(fingerprint), work)
+
+    def _capturing(self) -> bool:
+        if self._stream_capturing is None:
+            return False
+        try:
+            return bool(self._stream_capturing())
+        except Exception:  # no answer: track as before
+            logger.debug("scout: could not ask whether the stream is capturing", exc_info=True)
+            return False
 
     def _record(self) -> Any:
         if self.clock is None:
@@ -315,14 +342,21 @@ class CompletionWatcher:
     the coordinate through ``writer`` when it changed, and at least every
     ``COMPLETION_HEARTBEAT_S`` (PROGRESS-10). A source that fails
     ``FAILED_POLLS_MAX`` times in a row, or overflows, withdraws the section and stops the
-    watcher: the observer then judges by host coordinates alone, as without tracking."""
+    watcher: the observer then judges by host coordinates alone, as without tracking.
 
-    def __init__(self, source: Source, writer: CompletionWriter, *, poll_interval_s: float = POLL_INTERVAL_S) -> None:
+    With ``capture_gate`` (a source that queries a CUDA device) a poll runs only while no CUDA
+    graph capture is announced: one due during a capture is skipped and counted in
+    ``skipped_polls`` (INSTR-13), and polling resumes when the capture ends."""
+
+    def __init__(self, source: Source, writer: CompletionWriter, *, poll_interval_s: float = POLL_INTERVAL_S,
+                 capture_gate: CaptureGate | None = None) -> None:
         if not 0 < poll_interval_s <= 1.0:
             raise ValueError(f"poll_interval_s must be in (0, 1] seconds, got {poll_interval_s!r}")
         self.source = source
         self.writer = writer
         self.poll_interval_s = poll_interval_s
+        self.capture_gate = capture_gate
+        self.skipped_polls = 0
         self.polls = 0
         self.publishes = 0
         self.failed_polls = 0
@@ -340,6 +374,19 @@ class CompletionWatcher:
         """One poll (the thread's body; tests call it directly)."""
         if self.withdrawn_reason is not None:
             return
+        if self.capture_gate is None:
+            self._poll()
+            return
+        with self.capture_gate.poll() as allowed:
+            if not allowed:
+                # INSTR-13: an event query now would invalidate the capture. Nothing is published
+                # either: a capture longer than COMPLETION_STALE_S leaves the section stale, so
+                # no evidence rather than an old coordinate dressed as a fresh one.
+                self.skipped_polls += 1
+                return
+            self._poll()
+
+    def _poll(self) -> None:
         self.polls += 1
         try:
             found = self.source.poll()
@@ -401,6 +448,7 @@ class CompletionTracking:
     source_name: str
     watcher: CompletionWatcher
     tracker: CompletionTracker | None  # set when the source is markers (the wrappers feed it)
+    capture_gate: CaptureGate | None = None  # INSTR-13: held while the source queries a CUDA device
 
     def tracks(self, group: Any) -> bool:
         """Whether a collective called with ``group`` (None: the default group) is tracked."""
@@ -412,6 +460,9 @@ class CompletionTracking:
 
     def stop(self) -> None:
         self.watcher.stop()
+        if self.capture_gate is not None:
+            graph_capture.release(self.capture_gate)
+            self.capture_gate = None
 
 
 def _flight_recorder_enabled(environ: Mapping[str, str]) -> bool:
@@ -424,17 +475,71 @@ def _flight_recorder_enabled(environ: Mapping[str, str]) -> bool:
     return False
 
 
-def _cuda_clock() -> MarkClock | None:
+def _cuda_index(device: Any) -> int | None:
+    """The index of a CUDA ``device`` (a ``torch.device``, ``"cuda:1"``), None for anything else
+    or for ``"cuda"`` without an index."""
+    if isinstance(device, str):
+        kind, _, number = device.partition(":")
+        return int(number) if kind == "cuda" and number.isdigit() else None
+    if device is None or getattr(device, "type", None) != "cuda":
+        return None
+    index = getattr(device, "index", None)
+    return int(index) if index is not None else None
+
+
+def module_device(module: Any) -> Any:
+    """The CUDA device of ``module``'s first parameter or buffer on one, else None (INSTR-10)."""
+    for tensor in [*module.parameters(), *module.buffers()]:
+        if tensor.device.type == "cuda":
+            return tensor.device
+    return None
+
+
+def tracking_device(*, device: Any = None, group: Any = None, environ: Mapping[str, str], cuda: Any) -> tuple[int, str]:
+    """INSTR-10: the CUDA device whose current stream the marks are recorded on -- the one the
+    job's collectives run after -- and what said so: the module's parameters (``device``), the
+    group's bound device (``init_process_group(device_id=...)``), ``LOCAL_RANK`` (torchrun's, as
+    an index of the visible devices; with one visible device, that one), and only then the
+    current device, which is GPU 0 in a script that never calls ``set_device`` whatever its rank."""
+    index = _cuda_index(device)
+    if index is not None:
+        return index, "the module's parameters"
+    index = _cuda_index(getattr(group, "bound_device_id", None)) if group is not None else None
+    if index is not None:
+        return index, "the process group's device"
+    count = int(cuda.device_count())
+    local_rank = environ.get("LOCAL_RANK", "")
+    if local_rank.isdigit() and int(local_rank) < count:
+        return int(local_rank), "LOCAL_RANK"
+    if local_rank.isdigit() and count == 1:
+        return 0, "the one visible GPU"
+    return int(cuda.current_device()), "the current device"
+
+
+def _cuda_clock(index: int, cuda: Any) -> MarkClock | None:
     try:
-        import torch
+        from scout.transport.nccl.timing import CudaEventTimer  # spec/replay.md TIMING-1..6
 
-        from scout.transport.nccl.timing import timer_for  # spec/replay.md TIMING-1..6
-
-        clock: MarkClock = timer_for(torch.device("cuda", torch.cuda.current_device()))
+        clock: MarkClock = CudaEventTimer(index, cuda=cuda)
         return clock
     except Exception:  # noqa: BLE001 - no CUDA timer: completion by Work handles only
         logger.debug("scout: no CUDA event timer for completion marks", exc_info=True)
         return None
+
+
+def nccl_markers(name: str, ranks: tuple[int, ...], env: Mapping[str, str], *, device: Any, group: Any,
+                 cuda: Any) -> tuple[CompletionTracker, MarkerSource, str]:
+    """INSTR-11's markers on NCCL: events on the current stream of the device INSTR-10 picks,
+    no tracking of calls captured into a CUDA graph (INSTR-11). ``cuda``: ``torch.cuda``, or the
+    fake of tests/fake_cuda.py."""
+    index, why = tracking_device(device=device, group=group, environ=env, cuda=cuda)
+    clock = _cuda_clock(index, cuda)
+    tracker = CompletionTracker(Contract.DEVICE, clock,
+                                stream_capturing=getattr(cuda, "is_current_stream_capturing", None))
+    how = (f"markers: CUDA events on cuda:{index} (from {why}) and Work handles of the collectives called through "
+           "torch.distributed and DDP's hook" + ("" if clock is not None else " (no event timer: started unknown)")
+           + "; set TORCH_FR_BUFFER_SIZE and TORCH_NCCL_ENABLE_TIMING=1 to see C++-issued ones")
+    return tracker, MarkerSource(tracker, source_key("markers", name, ranks)), how
 
 
 def start_tracking(
@@ -444,11 +549,13 @@ def start_tracking(
     source: str = "auto",
     poll_interval_s: float = POLL_INTERVAL_S,
     environ: Mapping[str, str] | None = None,
+    device: Any = None,
 ) -> CompletionTracking | None:
     """Start tracking the completion of ``group``'s collectives (default: the default group) and
     publishing it into ``publisher``'s record. ``source``: ``auto`` (INSTR-10's order),
-    ``flight-recorder`` or ``markers``. Returns None, with a log line saying why, where nothing
-    can be tracked (no process group, a backend without a known contract)."""
+    ``flight-recorder`` or ``markers``; ``device``: the CUDA device of the job's module, for the
+    marks (INSTR-10). Returns None, with a log line saying why, where nothing can be tracked (no
+    process group, a backend without a known contract)."""
     if source not in ("auto", "flight-recorder", "markers"):
         raise ValueError(f"completion source must be 'auto', 'flight-recorder' or 'markers', got {source!r}")
     env = os.environ if environ is None else environ
@@ -471,19 +578,9 @@ def start_tracking(
     if callable(emulated) and source in ("auto", "flight-recorder"):
         chosen = TraceSource(emulated, source_key("emulated", name, ranks), name, ranks, started_known=True)
         how = "the emulated backend's recorder: every collective, scheduled/started/completed"
-    elif source != "markers" and _flight_recorder_enabled(env) and hasattr(torch_c10d(), "_dump_fr_trace"):
-        started_known = backend == "nccl" and env.get("TORCH_NCCL_ENABLE_TIMING", "0").lower() in ("1", "true")
-        dump = torch_c10d()._dump_fr_trace
-
-        def read(collectives: bool) -> Mapping[str, Any]:
-            # onlyActive: entries not yet completed (and, for gloo, every entry: it never sees one complete).
-            trace: Mapping[str, Any] = pickle.loads(dump(collectives, False, True))  # noqa: S301 - torch's own dump
-            return trace
-
-        chosen = TraceSource(read, source_key("flight-recorder", name, ranks), name, ranks, started_known=started_known)
-        how = ("PyTorch's Flight Recorder: every collective, from Python or C++"
-               + ("; started from its timing events" if started_known else "; started unknown"
-                  + (" (set TORCH_NCCL_ENABLE_TIMING=1 to see it)" if backend == "nccl" else "")))
+    elif (source != "markers" and _flight_recorder_enabled(env)
+          and (recorded := recorder_source(backend, name, ranks, env, torch_c10d())) is not None):
+        chosen, how = recorded
     elif source == "flight-recorder":
         logger.warning("scout: no completion tracking for %s: the Flight Recorder is off (set TORCH_FR_BUFFER_SIZE "
                        "before init_process_group)", label)
@@ -494,23 +591,58 @@ def start_tracking(
         how = ("markers: collectives called through torch.distributed, DDP's buckets and buffer broadcasts, from any "
                "thread; collectives issued only from C++ are not seen (set TORCH_FR_BUFFER_SIZE to see them)")
     elif backend == "nccl":
-        clock = _cuda_clock()
-        tracker = CompletionTracker(Contract.DEVICE, clock)
-        chosen = MarkerSource(tracker, source_key("markers", name, ranks))
-        how = ("markers: CUDA events and Work handles of the collectives called through torch.distributed and DDP's "
-               "hook" + ("" if clock is not None else " (no event timer: started unknown)")
-               + "; set TORCH_FR_BUFFER_SIZE and TORCH_NCCL_ENABLE_TIMING=1 to see C++-issued ones")
+        import torch
+
+        tracker, chosen, how = nccl_markers(name, ranks, env, device=device, group=group, cuda=torch.cuda)
     else:
         logger.info("scout: no completion tracking for %s: no known completion contract for backend %r", label, backend)
         return None
-    watcher = CompletionWatcher(chosen, publisher.completion_writer(), poll_interval_s=poll_interval_s)
+    # INSTR-13: NCCL's sources query CUDA events from the watcher thread (markers, Work handles,
+    # the recorder's dump), which must stay out of CUDA graph captures.
+    gate = graph_capture.acquire() if backend == "nccl" else None
+    watcher = CompletionWatcher(chosen, publisher.completion_writer(), poll_interval_s=poll_interval_s,
+                                capture_gate=gate)
     try:
         watcher.start()
     except BaseException:
         watcher.stop()
+        if gate is not None:
+            graph_capture.release(gate)
         raise
     logger.info("scout: completion tracking of %s by %s", label, how)
-    return CompletionTracking(group, ranks, how.split(":", 1)[0], watcher, tracker)
+    return CompletionTracking(group, ranks, how.split(":", 1)[0], watcher, tracker, gate)
+
+
+#: INSTR-12: which dump reads the recorder that records a backend's collectives. torch keeps one
+#: recorder per event type: NCCL's (CUDA events) is dumped by ``_dump_nccl_trace``; the CPU one
+#: that gloo records into by ``_dump_fr_trace``, which on NCCL holds none of NCCL's collectives.
+RECORDER_DUMPS: Final = {"nccl": "_dump_nccl_trace", "gloo": "_dump_fr_trace"}
+
+
+def recorder_source(backend: str, name: str, ranks: tuple[int, ...], env: Mapping[str, str],
+                    c10d: Any) -> tuple[TraceSource, str] | None:
+    """INSTR-12: the Flight Recorder source of group ``name`` on ``backend``, read with the dump of
+    the recorder that backend records into (:data:`RECORDER_DUMPS`), and how it sees; None when
+    this torch has no such dump (a CPU build has no ``_dump_nccl_trace``) or no recorder records
+    the backend."""
+    dump_name = RECORDER_DUMPS.get(backend)
+    dump = getattr(c10d, dump_name, None) if dump_name is not None else None
+    if dump is None:
+        logger.info("scout: no Flight Recorder dump for backend %r in this torch (%s); completion falls back to "
+                    "markers", backend, dump_name or "no recorder records it")
+        return None
+    started_known = backend == "nccl" and env.get("TORCH_NCCL_ENABLE_TIMING", "0").lower() in ("1", "true")
+
+    def read(collectives: bool) -> Mapping[str, Any]:
+        # onlyActive: entries not yet completed (and, for gloo, every entry: it never sees one complete).
+        trace: Mapping[str, Any] = pickle.loads(dump(collectives, False, True))  # noqa: S301 - torch's own dump
+        return trace
+
+    source = TraceSource(read, source_key("flight-recorder", name, ranks), name, ranks, started_known=started_known)
+    how = (f"PyTorch's Flight Recorder: every collective, from Python or C++, read with {dump_name}"
+           + ("; started from its timing events" if started_known else "; started unknown"
+              + (" (set TORCH_NCCL_ENABLE_TIMING=1 to see it)" if backend == "nccl" else "")))
+    return source, how
 
 
 def torch_c10d() -> Any:
