@@ -128,7 +128,9 @@ def _wrap(cls: Any, gate: CaptureGate) -> Callable[[], None]:
     cls.capture_end = capture_end
 
     def unwrap() -> None:
-        for name, original in (("capture_begin", begin), ("capture_end", end)):
+        for name, original, wrapper in (("capture_begin", begin, capture_begin), ("capture_end", end, capture_end)):
+            if vars(cls).get(name) is not wrapper:
+                continue  # someone wrapped ours since: theirs stays (ours only counts, harmlessly)
             if own[name]:
                 setattr(cls, name, original)
             else:  # inherited: uncover the base class's again
