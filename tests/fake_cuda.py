@@ -10,10 +10,19 @@ that the GPU code paths run on a CPU-only machine (spec/replay.md TIMING-2, docs
 * Draining is forbidden unless allowed: ``synchronize`` of the device, a stream or an event
   counts the call and raises :class:`Drained`, so a test proves that code never drains.
 * RNG: ``get_rng_state_all()`` / ``set_rng_state_all(states)``, one uint8 state per device.
+* Streams and CUDA graph capture (spec/observer.md INSTR-13): ``Stream(device)`` and
+  ``set_stream(stream)`` give the calling thread a current stream of its own;
+  ``cuda.CUDAGraph()``'s ``capture_begin(capture_error_mode=...)`` captures the calling thread's
+  current stream (never the default one) until ``capture_end``; ``is_current_stream_capturing()``
+  answers for the calling thread's current stream. As in CUDA, an event query while a capture is
+  under way -- from any thread in ``global`` mode, from the capturing thread in ``thread_local``
+  mode -- fails and invalidates the capture (``capture_end`` then raises); an event recorded on
+  a capturing stream becomes part of the graph, and querying it later fails.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
@@ -34,6 +43,44 @@ class FakeStream:
         raise Drained(f"stream {self.name} of cuda:{self.device_index} was synchronized")
 
 
+class FakeCapture:
+    """A stream capture under way: who began it, in which mode, and whether it was spoiled."""
+
+    def __init__(self, stream: FakeStream, mode: str) -> None:
+        self.stream = stream
+        self.mode = mode
+        self.thread = threading.get_ident()
+        self.invalidated = False
+
+
+class FakeCUDAGraph:
+    """``torch.cuda.CUDAGraph`` for a :class:`FakeCuda` (each fake has its own subclass, so a
+    test that wraps its methods touches no other test's)."""
+
+    cuda: FakeCuda
+
+    def __init__(self) -> None:
+        self.capture: FakeCapture | None = None
+
+    def capture_begin(self, pool: Any = None, capture_error_mode: str = "global") -> None:
+        stream = self.cuda.current_stream()
+        if stream is self.cuda.default_stream(stream.device_index):
+            raise RuntimeError("CUDA graphs must be captured on a non-default stream.")
+        if capture_error_mode not in ("global", "thread_local", "relaxed"):
+            raise RuntimeError(f"unknown capture_error_mode {capture_error_mode!r}")
+        self.capture = FakeCapture(stream, capture_error_mode)
+        self.cuda.captures.append(self.capture)
+
+    def capture_end(self) -> None:
+        capture = self.capture
+        if capture is None or capture not in self.cuda.captures:
+            raise RuntimeError("capture_end() called before capture_begin().")
+        self.cuda.captures.remove(capture)
+        if capture.invalidated:
+            raise RuntimeError("CUDA error: operation failed due to a previous error during capture "
+                               "(cudaErrorStreamCaptureInvalidated)")
+
+
 class FakeEvent:
     def __init__(self, cuda: FakeCuda, enable_timing: bool = False) -> None:
         self.cuda = cuda
@@ -42,15 +89,23 @@ class FakeEvent:
         self.completed_at_ms: float | None = None
         self.due_ms = 0.0  # when the device reaches it: after everything launched before it
         self.queries = 0
+        self.captured = False  # last recorded on a capturing stream: a node of the graph
 
     def record(self, stream: FakeStream | None = None) -> None:
         self.stream = stream if stream is not None else self.cuda.current_stream()
         self.completed_at_ms = None
+        self.captured = any(c.stream is self.stream for c in self.cuda.captures)
+        if self.captured:
+            self.cuda.recorded_in_capture += 1
+            return
         self.due_ms = max(self.cuda.now_ms, self.cuda.stream_ms)
         self.cuda.pending.append(self)
 
     def query(self) -> bool:
         self.queries += 1
+        self.cuda.check_unsafe_call("cudaEventQuery")
+        if self.captured:
+            raise RuntimeError("CUDA error: operation not permitted on an event last recorded in a capturing stream")
         if self.cuda.auto_run:
             self.cuda.run_all()
         return self.stream is None or self.completed_at_ms is not None
@@ -79,7 +134,12 @@ class FakeCuda:
         self.pending: list[FakeEvent] = []
         self.drains = 0
         self._streams = {i: FakeStream(self, i, "default") for i in range(device_count)}
+        self._local = threading.local()  # each thread's current streams, by device
         self.current_index = 0
+        self.captures: list[FakeCapture] = []
+        self.unsafe_calls = 0  # calls that spoiled a capture
+        self.recorded_in_capture = 0
+        self.CUDAGraph = type("CUDAGraph", (FakeCUDAGraph,), {"cuda": self})  # noqa: N806 - torch's name
         self.initialized = True  # whether this process "has initialized CUDA"
         generator = torch.Generator().manual_seed(1234)
         self.rng_states = [
@@ -102,7 +162,37 @@ class FakeCuda:
 
     def current_stream(self, device: Any = None) -> FakeStream:
         index = self.current_index if device is None else int(getattr(device, "index", device))
+        chosen: dict[int, FakeStream] = getattr(self._local, "streams", {})
+        return chosen.get(index, self._streams[index])
+
+    def default_stream(self, device: Any = None) -> FakeStream:
+        index = self.current_index if device is None else int(getattr(device, "index", device))
         return self._streams[index]
+
+    def Stream(self, device: Any = None) -> FakeStream:  # noqa: N802 - torch's name
+        index = self.current_index if device is None else int(getattr(device, "index", device))
+        return FakeStream(self, index, f"side-{id(self)}-{index}")
+
+    def set_stream(self, stream: FakeStream) -> None:
+        """The calling thread's current stream on the stream's device."""
+        if not hasattr(self._local, "streams"):
+            self._local.streams = {}
+        self._local.streams[stream.device_index] = stream
+
+    def is_current_stream_capturing(self) -> bool:
+        stream = self.current_stream()
+        return any(c.stream is stream for c in self.captures)
+
+    def check_unsafe_call(self, what: str) -> None:
+        """CUDA's rule for a potentially unsafe call during a capture: prohibited -- failing,
+        and spoiling the capture -- while any thread captures in ``global`` mode, or this thread
+        in ``thread_local`` mode."""
+        me = threading.get_ident()
+        for capture in self.captures:
+            if capture.mode == "global" or (capture.mode == "thread_local" and capture.thread == me):
+                capture.invalidated = True
+                self.unsafe_calls += 1
+                raise RuntimeError(f"CUDA error: operation not permitted when stream is capturing ({what})")
 
     def synchronize(self, device: Any = None) -> None:
         self.drains += 1

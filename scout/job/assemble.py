@@ -32,6 +32,7 @@ from scout.job.idle_loops import IdleLoops
 from scout.job.pipeline import Pipeline
 from scout.job.run_dir import RunDir
 from scout.observer import instrument
+from scout.observer.completion import module_device
 from scout.observer.launch import ObserverHandle
 from scout.observer.progress import (
     ProgressPublisher,
@@ -111,7 +112,8 @@ def _instrument(model: nn.Module, identity: RecordIdentity) -> tuple[ProgressPub
     publisher.begin_stage(Stage.CHECKPOINT_READ)
     # Parts a benchmark may switch off to measure them (bench_switches: not settings).
     off = bench_switches.parts_off()
-    instrument.instrument(publisher, collectives="instrumentation" not in off, completion="completion" not in off)
+    instrument.instrument(publisher, collectives="instrumentation" not in off, completion="completion" not in off,
+                          device=module_device(model))  # INSTR-10: the marks go on the model's GPU
     # LOOP-5: a listener is told a collective started and returns what to call at its completion.
     bucket_listeners: list[Callable[[], Callable[[], None]]] = []
     buckets = "ddp_hook" not in off and publish_ddp_buckets(model, publisher, bucket_listeners)

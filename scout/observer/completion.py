@@ -43,8 +43,15 @@ from typing import Any, Final, Protocol
 import attrs
 
 from scout.core.observer import COMPLETION_GROUPS_MAX, Completion, HostContract, PendingState
+from scout.observer import graph_capture
 from scout.observer.flight_recorder import TraceCoordinate, TraceError, coordinate_from_trace
-from scout.observer.progress import COMPLETION_HEARTBEAT_S, CompletionSlot, CompletionWriter, ProgressPublisher
+from scout.observer.graph_capture import CaptureGate
+from scout.observer.progress import (
+    COMPLETION_HEARTBEAT_S,
+    CompletionSlot,
+    CompletionWriter,
+    ProgressPublisher,
+)
 
 __all__ = [
     "ENTRIES_MAX",
@@ -52,6 +59,7 @@ __all__ = [
     "MultiSource",
     "contract_of",
     "POLL_INTERVAL_S",
+    "RECORDER_DUMPS",
     "CompletionTracker",
     "CompletionTracking",
     "CompletionWatcher",
@@ -59,8 +67,12 @@ __all__ = [
     "MarkClock",
     "MarkerSource",
     "TraceSource",
+    "module_device",
+    "nccl_markers",
+    "recorder_source",
     "source_key",
     "start_tracking",
+    "tracking_device",
 ]
 
 logger = logging.getLogger("scout")
@@ -129,13 +141,18 @@ class CompletionTracker:
     thread that issues a collective; :meth:`coordinate` by the watcher."""
 
     def __init__(self, contract: Contract, clock: MarkClock | None = None, *, entries_max: int = ENTRIES_MAX,
-                 now_ns: Callable[[], int] = time.monotonic_ns) -> None:
+                 now_ns: Callable[[], int] = time.monotonic_ns,
+                 stream_capturing: Callable[[], bool] | None = None) -> None:
         if entries_max < 1:
             raise ValueError(f"entries_max must be >= 1, got {entries_max}")
         self.contract = contract
         self.clock = clock
         self.entries_max = entries_max
         self.overflowed = False
+        # INSTR-11: whether the issuing thread's current stream is capturing a CUDA graph
+        # (torch.cuda.is_current_stream_capturing: the issuing thread is the one that asks).
+        self._stream_capturing = stream_capturing
+        self.captured = 0  # collectives issued inside a capture, not tracked
         self._now_ns = now_ns
         self._lock = threading.Lock()
         self._entries: collections.deque[_Entry] = collections.deque()
@@ -145,7 +162,13 @@ class CompletionTracker:
 
     def begin(self, fingerprint: int) -> _Entry | None:
         """A collective is about to be issued: give it the next sequence number. None once the
-        tracker overflowed (its coordinate is withdrawn)."""
+        tracker overflowed (its coordinate is withdrawn), or when the call is being captured into
+        a CUDA graph: it runs at each replay, not now, and NCCL's watchdog does not track it
+        either (INSTR-11); no event is recorded on the capturing stream."""
+        if self._capturing():
+            with self._lock:
+                self.captured += 1
+            return None
         start = self._record()
         with self._lock:
             if self.overflowed:
@@ -175,6 +198,15 @@ class CompletionTracker:
     def launched(self, fingerprint: int, work: Any) -> None:
         """An asynchronous collective issued with its ``Work`` (DDP's gradient buckets)."""
         self.end(self.begin(fingerprint), work)
+
+    def _capturing(self) -> bool:
+        if self._stream_capturing is None:
+            return False
+        try:
+            return bool(self._stream_capturing())
+        except Exception:  # no answer: track as before
+            logger.debug("scout: could not ask whether the stream is capturing", exc_info=True)
+            return False
 
     def _record(self) -> Any:
         if self.clock is None:
@@ -325,14 +357,21 @@ class CompletionWatcher:
     the coordinate through ``writer`` when it changed, and at least every
     ``COMPLETION_HEARTBEAT_S`` (PROGRESS-10). A source that fails
     ``FAILED_POLLS_MAX`` times in a row, or overflows, withdraws the section and stops the
-    watcher: the observer then judges by host coordinates alone, as without tracking."""
+    watcher: the observer then judges by host coordinates alone, as without tracking.
 
-    def __init__(self, source: Source, writer: CompletionWriter, *, poll_interval_s: float = POLL_INTERVAL_S) -> None:
+    With ``capture_gate`` (a source that queries a CUDA device) a poll runs only while no CUDA
+    graph capture is announced: one due during a capture is skipped and counted in
+    ``skipped_polls`` (INSTR-13), and polling resumes when the capture ends."""
+
+    def __init__(self, source: Source, writer: CompletionWriter, *, poll_interval_s: float = POLL_INTERVAL_S,
+                 capture_gate: CaptureGate | None = None) -> None:
         if not 0 < poll_interval_s <= 1.0:
             raise ValueError(f"poll_interval_s must be in (0, 1] seconds, got {poll_interval_s!r}")
         self.source = source
         self.writer = writer
         self.poll_interval_s = poll_interval_s
+        self.capture_gate = capture_gate
+        self.skipped_polls = 0
         self.polls = 0
         self.publishes = 0
         self.failed_polls = 0
@@ -350,6 +389,19 @@ class CompletionWatcher:
         """One poll (the thread's body; tests call it directly)."""
         if self.withdrawn_reason is not None:
             return
+        if self.capture_gate is None:
+            self._poll()
+            return
+        with self.capture_gate.poll() as allowed:
+            if not allowed:
+                # INSTR-13: an event query now would invalidate the capture. Nothing is published
+                # either: a capture longer than COMPLETION_STALE_S leaves the section stale, so
+                # no evidence rather than an old coordinate dressed as a fresh one.
+                self.skipped_polls += 1
+                return
+            self._poll()
+
+    def _poll(self) -> None:
         self.polls += 1
         try:
             found = self.source.poll()
@@ -473,8 +525,8 @@ class MultiSource:
         self._polls += 1
         tracking = self.tracking
         tracking.scan()
-        if tracking.shared_dump is not None:
-            tracking.shared_dump.epoch = self._polls
+        for shared in tracking.shared_dumps.values():
+            shared.epoch = self._polls
         found: list[tuple[int, tuple[Completion, int]]] = []
         for entry in tracking.entries():
             for source in (entry.source, _p2p_source(entry)):
@@ -510,15 +562,17 @@ class CompletionTracking:
     the host contract they imply (PROGRESS-13), and the watcher that publishes them."""
 
     def __init__(self, publisher: ProgressPublisher, *, source: str, environ: Mapping[str, str],
-                 only: Any = None) -> None:
+                 only: Any = None, device: Any = None) -> None:
         self.publisher = publisher
+        self.device = device  # the CUDA device of the job's module, for the marks (INSTR-10)
+        self.capture_gate: CaptureGate | None = None  # INSTR-13: held while a source queries a CUDA device
         self.mode = source
         self.environ = environ
         self.only = only  # track this group alone (None: every group)
         self._lock = threading.Lock()
         self._groups: dict[int, GroupTracking] = {}
         self._registry_size = -1
-        self.shared_dump: _SharedDump | None = None
+        self.shared_dumps: dict[str, _SharedDump] = {}
         self.watcher: CompletionWatcher | None = None
         self.described: list[str] = []
 
@@ -572,13 +626,11 @@ class CompletionTracking:
             self._say(label, "the emulated backend's recorder: every collective, scheduled/started/completed")
             return GroupTracking(group, name, ranks, backend, contract, source, p2p=CompletionTracker(Contract.DEVICE,
                                  _emulated_clock(group)), p2p_key=p2p_key, how="the emulated backend's recorder")
-        if self.mode != "markers" and _flight_recorder_enabled(self.environ) and hasattr(torch_c10d(), "_dump_fr_trace"):
-            started_known = contract is Contract.DEVICE and self.environ.get(
-                "TORCH_NCCL_ENABLE_TIMING", "0").lower() in ("1", "true")
-            source = TraceSource(self._recorder(), source_key("flight-recorder", name, ranks), name, ranks,
-                                 started_known=started_known)
-            self._say(label, "PyTorch's Flight Recorder: every collective, from Python or C++"
-                      + ("; started from its timing events" if started_known else "; started unknown"))
+        recorded = (recorder_source(_recorder_backend(backend), name, ranks, self.environ, torch_c10d(), self._recorder)
+                    if self.mode != "markers" and _flight_recorder_enabled(self.environ) else None)
+        if recorded is not None:
+            source, how = recorded
+            self._say(label, how)
             tracker_contract = contract or Contract.DEVICE
             return GroupTracking(group, name, ranks, backend, contract, source,
                                  p2p=CompletionTracker(tracker_contract, self._clock(group, tracker_contract)),
@@ -589,6 +641,17 @@ class CompletionTracking:
         if contract is None:
             self._say(label, f"nothing: no known completion contract for backend {backend!r}")
             return GroupTracking(group, name, ranks, backend, contract, None)
+        if contract is Contract.DEVICE and _emulated_clock(group) is None:
+            import torch
+
+            tracker, marker_source, how = nccl_markers(name, ranks, self.environ, device=self.device, group=group,
+                                                       cuda=torch.cuda)
+            self._say(label, how)
+            return GroupTracking(group, name, ranks, backend, contract, marker_source, tracker,
+                                 CompletionTracker(contract, tracker.clock,
+                                                   stream_capturing=getattr(torch.cuda, "is_current_stream_capturing",
+                                                                            None)),
+                                 p2p_key, how="markers")
         clock = self._clock(group, contract)
         tracker = CompletionTracker(contract, clock)
         how = ("markers: collectives called through torch.distributed, DDP's buckets and buffer broadcasts, from any "
@@ -603,19 +666,19 @@ class CompletionTracking:
         if contract is Contract.BLOCKING:
             return None
         emulated = _emulated_clock(group)
-        return emulated if emulated is not None else _cuda_clock()
+        if emulated is not None:
+            return emulated
+        import torch
 
-    def _recorder(self) -> _SharedDump:
-        if self.shared_dump is None:
-            dump = torch_c10d()._dump_fr_trace
+        index, _ = tracking_device(device=self.device, group=group, environ=self.environ, cuda=torch.cuda)
+        return _cuda_clock(index, torch.cuda)
 
-            def read(collectives: bool) -> Mapping[str, Any]:
-                # onlyActive: entries not yet completed (and, for gloo, every entry: it never sees one complete).
-                trace: Mapping[str, Any] = pickle.loads(dump(collectives, False, True))  # noqa: S301 - torch's own dump
-                return trace
-
-            self.shared_dump = _SharedDump(read)
-        return self.shared_dump
+    def _recorder(self, dump: Callable[[bool], Mapping[str, Any]], dump_name: str) -> Callable[[bool], Mapping[str, Any]]:
+        """One dump per recorder per poll, shared by every group it records (INSTR-12)."""
+        shared = self.shared_dumps.get(dump_name)
+        if shared is None:
+            shared = self.shared_dumps[dump_name] = _SharedDump(dump)
+        return shared
 
     def _say(self, label: str, how: str) -> None:
         line = f"scout: completion tracking of {label} by {how}"
@@ -670,6 +733,9 @@ class CompletionTracking:
     def stop(self) -> None:
         if self.watcher is not None:
             self.watcher.stop()
+        if self.capture_gate is not None:
+            graph_capture.release(self.capture_gate)
+            self.capture_gate = None
 
 
 def _own_rank() -> int:
@@ -694,17 +760,71 @@ def _flight_recorder_enabled(environ: Mapping[str, str]) -> bool:
     return False
 
 
-def _cuda_clock() -> MarkClock | None:
+def _cuda_index(device: Any) -> int | None:
+    """The index of a CUDA ``device`` (a ``torch.device``, ``"cuda:1"``), None for anything else
+    or for ``"cuda"`` without an index."""
+    if isinstance(device, str):
+        kind, _, number = device.partition(":")
+        return int(number) if kind == "cuda" and number.isdigit() else None
+    if device is None or getattr(device, "type", None) != "cuda":
+        return None
+    index = getattr(device, "index", None)
+    return int(index) if index is not None else None
+
+
+def module_device(module: Any) -> Any:
+    """The CUDA device of ``module``'s first parameter or buffer on one, else None (INSTR-10)."""
+    for tensor in [*module.parameters(), *module.buffers()]:
+        if tensor.device.type == "cuda":
+            return tensor.device
+    return None
+
+
+def tracking_device(*, device: Any = None, group: Any = None, environ: Mapping[str, str], cuda: Any) -> tuple[int, str]:
+    """INSTR-10: the CUDA device whose current stream the marks are recorded on -- the one the
+    job's collectives run after -- and what said so: the module's parameters (``device``), the
+    group's bound device (``init_process_group(device_id=...)``), ``LOCAL_RANK`` (torchrun's, as
+    an index of the visible devices; with one visible device, that one), and only then the
+    current device, which is GPU 0 in a script that never calls ``set_device`` whatever its rank."""
+    index = _cuda_index(device)
+    if index is not None:
+        return index, "the module's parameters"
+    index = _cuda_index(getattr(group, "bound_device_id", None)) if group is not None else None
+    if index is not None:
+        return index, "the process group's device"
+    count = int(cuda.device_count())
+    local_rank = environ.get("LOCAL_RANK", "")
+    if local_rank.isdigit() and int(local_rank) < count:
+        return int(local_rank), "LOCAL_RANK"
+    if local_rank.isdigit() and count == 1:
+        return 0, "the one visible GPU"
+    return int(cuda.current_device()), "the current device"
+
+
+def _cuda_clock(index: int, cuda: Any) -> MarkClock | None:
     try:
-        import torch
+        from scout.transport.nccl.timing import CudaEventTimer  # spec/replay.md TIMING-1..6
 
-        from scout.transport.nccl.timing import timer_for  # spec/replay.md TIMING-1..6
-
-        clock: MarkClock = timer_for(torch.device("cuda", torch.cuda.current_device()))
+        clock: MarkClock = CudaEventTimer(index, cuda=cuda)
         return clock
     except Exception:  # noqa: BLE001 - no CUDA timer: completion by Work handles only
         logger.debug("scout: no CUDA event timer for completion marks", exc_info=True)
         return None
+
+
+def nccl_markers(name: str, ranks: tuple[int, ...], env: Mapping[str, str], *, device: Any, group: Any,
+                 cuda: Any) -> tuple[CompletionTracker, MarkerSource, str]:
+    """INSTR-11's markers on NCCL: events on the current stream of the device INSTR-10 picks,
+    no tracking of calls captured into a CUDA graph (INSTR-11). ``cuda``: ``torch.cuda``, or the
+    fake of tests/fake_cuda.py."""
+    index, why = tracking_device(device=device, group=group, environ=env, cuda=cuda)
+    clock = _cuda_clock(index, cuda)
+    tracker = CompletionTracker(Contract.DEVICE, clock,
+                                stream_capturing=getattr(cuda, "is_current_stream_capturing", None))
+    how = (f"markers: CUDA events on cuda:{index} (from {why}) and Work handles of the collectives called through "
+           "torch.distributed and DDP's hook" + ("" if clock is not None else " (no event timer: started unknown)")
+           + "; set TORCH_FR_BUFFER_SIZE and TORCH_NCCL_ENABLE_TIMING=1 to see C++-issued ones")
+    return tracker, MarkerSource(tracker, source_key("markers", name, ranks)), how
 
 
 def start_tracking(
@@ -714,11 +834,13 @@ def start_tracking(
     source: str = "auto",
     poll_interval_s: float = POLL_INTERVAL_S,
     environ: Mapping[str, str] | None = None,
+    device: Any = None,
 ) -> CompletionTracking | None:
     """Start tracking the completion of every process group's collectives (INSTR-9; ``group``:
     that group alone) and publishing them into ``publisher``'s record. ``source``: ``auto``
-    (INSTR-10's order), ``flight-recorder`` or ``markers``. Returns None, with a log line saying
-    why, where torch.distributed is not initialised."""
+    (INSTR-10's order), ``flight-recorder`` or ``markers``; ``device``: the CUDA device of the
+    job's module, for the marks (INSTR-10). Returns None, with a log line saying why, where
+    torch.distributed is not initialised."""
     if source not in ("auto", "flight-recorder", "markers"):
         raise ValueError(f"completion source must be 'auto', 'flight-recorder' or 'markers', got {source!r}")
     env = os.environ if environ is None else environ
@@ -727,18 +849,65 @@ def start_tracking(
     if not dist.is_available() or not dist.is_initialized():
         logger.info("scout: no completion tracking: torch.distributed is not initialised")
         return None
-    tracking = CompletionTracking(publisher, source=source, environ=env, only=group)
+    tracking = CompletionTracking(publisher, source=source, environ=env, only=group, device=device)
     tracking.scan()
     if not any(entry.source is not None for entry in tracking.entries()) and group is not None:
         return None
-    watcher = CompletionWatcher(MultiSource(tracking), publisher.completion_writer(), poll_interval_s=poll_interval_s)
+    # INSTR-13: NCCL's sources query CUDA events from the watcher thread (markers, Work handles,
+    # the recorder's dump), which must stay out of CUDA graph captures. A job whose groups are
+    # gloo and the emulated backend only has no such query.
+    if any(_recorder_backend(entry.backend) == "nccl" for entry in tracking.entries()):
+        tracking.capture_gate = graph_capture.acquire()
+    watcher = CompletionWatcher(MultiSource(tracking), publisher.completion_writer(), poll_interval_s=poll_interval_s,
+                                capture_gate=tracking.capture_gate)
     tracking.watcher = watcher
     try:
         watcher.start()
     except BaseException:
-        watcher.stop()
+        tracking.stop()
         raise
     return tracking
+
+
+#: INSTR-12: which dump reads the recorder that records a backend's collectives. torch keeps one
+#: recorder per event type: NCCL's (CUDA events) is dumped by ``_dump_nccl_trace``; the CPU one
+#: that gloo records into by ``_dump_fr_trace``, which on NCCL holds none of NCCL's collectives.
+RECORDER_DUMPS: Final = {"nccl": "_dump_nccl_trace", "gloo": "_dump_fr_trace", "scoutgloo": "_dump_fr_trace"}
+
+
+def recorder_source(backend: str, name: str, ranks: tuple[int, ...], env: Mapping[str, str], c10d: Any,
+                    share: Callable[[Callable[[bool], Mapping[str, Any]], str], Callable[[bool], Mapping[str, Any]]]
+                    | None = None) -> tuple[TraceSource, str] | None:
+    """INSTR-12: the Flight Recorder source of group ``name`` on ``backend``, read with the dump of
+    the recorder that backend records into (:data:`RECORDER_DUMPS`), and how it sees; None when
+    this torch has no such dump (a CPU build has no ``_dump_nccl_trace``) or no recorder records
+    the backend."""
+    dump_name = RECORDER_DUMPS.get(backend)
+    dump = getattr(c10d, dump_name, None) if dump_name is not None else None
+    if dump is None or dump_name is None:
+        logger.info("scout: no Flight Recorder dump for backend %r in this torch (%s); completion falls back to "
+                    "markers", backend, dump_name or "no recorder records it")
+        return None
+    started_known = backend == "nccl" and env.get("TORCH_NCCL_ENABLE_TIMING", "0").lower() in ("1", "true")
+
+    def read(collectives: bool) -> Mapping[str, Any]:
+        # onlyActive: entries not yet completed (and, for gloo, every entry: it never sees one complete).
+        trace: Mapping[str, Any] = pickle.loads(dump(collectives, False, True))  # noqa: S301 - torch's own dump
+        return trace
+
+    reader = read if share is None else share(read, dump_name)
+    source = TraceSource(reader, source_key("flight-recorder", name, ranks), name, ranks, started_known=started_known)
+    how = (f"PyTorch's Flight Recorder: every collective, from Python or C++, read with {dump_name}"
+           + ("; started from its timing events" if started_known else "; started unknown"
+              + (" (set TORCH_NCCL_ENABLE_TIMING=1 to see it)" if backend == "nccl" else "")))
+    return source, how
+
+
+def _recorder_backend(backend: str) -> str:
+    """The recorder a group's backend records into: NCCL's where any of its devices runs NCCL
+    (``cpu:gloo,cuda:nccl``), else its own name."""
+    names = {part.rpartition(":")[2].strip() for part in backend.lower().split(",")}
+    return "nccl" if "nccl" in names else backend.lower()
 
 
 def torch_c10d() -> Any:

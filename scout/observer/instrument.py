@@ -41,7 +41,13 @@ from typing import Any, Final
 
 from scout.core.fingerprint import CollectiveCall, TensorMeta, fingerprint
 from scout.core.observer import HostContract
-from scout.observer.completion import CompletionTracker, CompletionTracking, Contract, contract_of, start_tracking
+from scout.observer.completion import (
+    CompletionTracker,
+    CompletionTracking,
+    Contract,
+    contract_of,
+    start_tracking,
+)
 from scout.observer.progress import ProgressPublisher, Stage
 
 __all__ = [
@@ -400,12 +406,13 @@ _LOCK = threading.Lock()
 
 
 def instrument(publisher: ProgressPublisher, *, collectives: bool = True, completion: bool = True,
-               completion_source: str = "auto") -> None:
+               completion_source: str = "auto", device: Any = None) -> None:
     """Start publishing into ``publisher`` from the calling thread; wrap torch.distributed's
     collectives unless ``collectives=False`` (e.g. an MPI program that publishes by hand). With
     ``completion`` (and torch.distributed initialised) also track the completion of the default
     group's collectives (INSTR-9..13; ``completion_source``: ``auto``, ``flight-recorder`` or
-    ``markers``)."""
+    ``markers``; ``device``: the CUDA device of the job's module, where completion marks are
+    recorded, INSTR-10)."""
     global _ACTIVE
     with _LOCK:
         if _ACTIVE is not None:
@@ -419,7 +426,7 @@ def instrument(publisher: ProgressPublisher, *, collectives: bool = True, comple
             active.patch_collectives()
             if completion:
                 try:
-                    active.tracking = start_tracking(publisher, source=completion_source)
+                    active.tracking = start_tracking(publisher, source=completion_source, device=device)
                 except Exception as error:  # INSTR-6: never into the trainer; the observer then has host progress
                     logger.warning("scout: completion tracking could not start (%s); the observer judges by host "
                                    "progress alone", error)

@@ -66,7 +66,14 @@ from typing import Any, Final
 
 import attrs
 
-from scout.core.observer import COMPLETION_GROUPS_MAX, Completion, HostContract, PendingState, Progress, Stage
+from scout.core.observer import (
+    COMPLETION_GROUPS_MAX,
+    Completion,
+    HostContract,
+    PendingState,
+    Progress,
+    Stage,
+)
 
 __all__ = [
     "COMPLETION_HEARTBEAT_S",
@@ -466,7 +473,7 @@ class Snapshot:
             try:
                 completions = tuple(slot.completion() for slot in section.slots)
                 since = tuple(slot.pending_since_ns / 1e9 if c.pending else 0.0
-                              for slot, c in zip(section.slots, completions))
+                              for slot, c in zip(section.slots, completions, strict=True))
                 Progress(0, 0, completions=completions)  # one coordinate per group (PROGRESS-9)
             except ValueError:
                 completions, since = (), ()

@@ -331,7 +331,7 @@ class Evidence:
         return None
 
     def age_of(self, source: int) -> float:
-        for item, age in zip(self.completions, self.pending_age_s):
+        for item, age in zip(self.completions, self.pending_age_s, strict=True):
             if item.source == source:
                 return age
         return 0.0
@@ -339,7 +339,7 @@ class Evidence:
     def only(self, source: int | None) -> Evidence:
         """This evidence with only the coordinate of ``source`` (a delegated report carries the
         deciding group's, so that it fits one datagram; OBS-AUTH-2)."""
-        kept = [(c, a) for c, a in zip(self.completions, self.pending_age_s) if c.source == source]
+        kept = [(c, a) for c, a in zip(self.completions, self.pending_age_s, strict=True) if c.source == source]
         return attrs.evolve(self, completions=tuple(c for c, _ in kept), pending_age_s=tuple(a for _, a in kept))
 
 
@@ -715,7 +715,7 @@ class ObserverContext:
         if self.progress is None:
             return None
         p = self.progress
-        ages = tuple(max(0.0, now_s - since) if c.pending else 0.0 for c, since in zip(p.completions, p.pending_since_s))
+        ages = tuple(max(0.0, now_s - since) if c.pending else 0.0 for c, since in zip(p.completions, p.pending_since_s, strict=True))
         return Evidence(p.step, p.op, p.fingerprint, p.stage, max(0.0, now_s - self.last_progress_s), p.completions,
                         ages, p.contract, p.completion_stale)
 
