@@ -2,6 +2,7 @@
 
     scout campaign --quick               # the CI matrix: a few minutes on 2 cores
     scout campaign --part device         # the NCCL-semantics matrix (emulated backend, torchrun)
+    scout campaign --part innocence      # >= 500 random run-ahead schedules: never a wrong name
     scout campaign                       # >= 1000 simulated scenarios at 8-4096 ranks + real jobs
     scout campaign --part sim --json out.json
     scout campaign --real-case SIGSTOP --rank 2 --step 3 --seed 7     # one real job again
@@ -37,8 +38,10 @@ def register(subparsers: Any) -> None:
         "inconclusive / missed per kind.",
     )
     parser.add_argument("--quick", action="store_true", help="the CI-sized matrix (a few minutes on 2 cores)")
-    parser.add_argument("--part", choices=("all", "sim", "real", "device"), default="all",
-                        help="which part to run (device: the NCCL-semantics matrix on the emulated backend)")
+    parser.add_argument("--part", choices=("all", "sim", "real", "device", "innocence"), default="all",
+                        help="which part to run (device: the NCCL-semantics matrix on the emulated backend; innocence: "
+                             "random run-ahead schedules on it, never a wrong name -- not part of 'all', about an "
+                             "hour at full size)")
     parser.add_argument("--seed", type=integer("--seed"), default=0, help="campaign seed (default 0)")
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write every case as JSON to PATH")
     parser.add_argument("--real-case", metavar="KIND", help="run one real-process case again (see --list)")

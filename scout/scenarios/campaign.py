@@ -79,9 +79,14 @@ class CaseResult:
     wall_s: float
     group_size: int = 0
     healthy: bool = False
+    # The innocence part (scout.scenarios.innocence): only a wrong name fails; saying nothing or
+    # "inconclusive" is sound where the evidence cannot name the culprit.
+    innocence: bool = False
 
     @property
     def failed(self) -> bool:
+        if self.innocence:
+            return self.outcome in (Outcome.MISATTRIBUTED, Outcome.FALSE_ATTRIBUTION)
         return self.outcome not in (Outcome.LOCALIZED, Outcome.CLEAN, Outcome.FALSE_ALARM)
 
     def to_json(self) -> dict[str, Any]:
@@ -297,6 +302,7 @@ class CampaignResult:
             "sim_scenarios": sum(case.part == "sim" for case in self.cases),
             "real_jobs": sum(case.part == "real" for case in self.cases),
             "device_cases": sum(case.part == "device" for case in self.cases),
+            "innocence_schedules": sum(case.part == "innocence" for case in self.cases),
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -320,7 +326,7 @@ def render(result: CampaignResult) -> str:
     lines = [
         f"scout campaign ({'quick' if result.quick else 'full'}, seed {result.seed}): "
         f"{totals['sim_scenarios']} simulated scenarios, {totals['real_jobs']} real-process jobs, "
-        f"{totals['device_cases']} device-semantics cases, "
+        f"{totals['device_cases']} device-semantics cases, {totals['innocence_schedules']} innocence schedules, "
         f"{result.wall_s:.0f} s",
         "",
     ]
@@ -347,13 +353,21 @@ def render(result: CampaignResult) -> str:
     lines += _aligned(healthy)
     lines.append("")
     lines.append(f"false attributions (healthy runs and misattributed faults): {totals['false_attributions']}")
+    innocent = [case for case in result.cases if case.innocence]
+    if innocent:
+        counts = {outcome: sum(case.outcome is outcome for case in innocent) for outcome in Outcome}
+        lines.append(
+            f"innocence (COMPLETION-9..12): {len(innocent)} schedules -- named right {counts[Outcome.LOCALIZED]}, "
+            f"inconclusive {counts[Outcome.INCONCLUSIVE]}, said nothing {counts[Outcome.MISSED]}, healthy clean "
+            f"{counts[Outcome.CLEAN]}, named wrong {counts[Outcome.MISATTRIBUTED] + counts[Outcome.FALSE_ATTRIBUTION]}")
     for problem in result.problems:
         lines.append(f"PROBLEM: {problem}")
     for case in result.failures:
         lines.append(f"FAIL {case.part} {case.kind} ranks={case.ranks} seed={case.seed}: {case.outcome.value}, "
                      f"named {list(case.named)}, injected {list(case.injected)}: {case.detail[:300]}")
         lines.append(f"     {case.reproduce}")
-    lines.append("ok: every injected fault localized, no false attribution" if result.ok else "FAILED")
+    lines.append(("ok: no false attribution, every fault localized or (innocence part) soundly unnamed" if innocent
+                  else "ok: every injected fault localized, no false attribution") if result.ok else "FAILED")
     return "\n".join(lines)
 
 
@@ -378,6 +392,12 @@ def run_sim_part(plan: CampaignPlan, result: CampaignResult, log: Callable[[str]
 
 
 PARTS: Final = ("sim", "real", "device")
+#: Parts run only when asked for by name (``--part innocence``): the innocence property over
+#: random run-ahead schedules (scout.scenarios.innocence) -- about an hour at full size.
+OPTIONAL_PARTS: Final = ("innocence",)
+#: The innocence part's sizes: random schedules beside the issue's four (quick: two).
+INNOCENCE_SCHEDULES: Final = 500
+INNOCENCE_SCHEDULES_QUICK: Final = 2
 
 
 def run_campaign(result: CampaignResult, parts: Sequence[str] = PARTS,
@@ -386,9 +406,9 @@ def run_campaign(result: CampaignResult, parts: Sequence[str] = PARTS,
     ``scout campaign``, bench/campaign.py and bench/evaluate.py run this one function. The real
     and device parts import torch in the processes they fork; without torch they are a problem
     of the result, not an error."""
-    unknown = sorted(set(parts) - set(PARTS))
+    unknown = sorted(set(parts) - set(PARTS) - set(OPTIONAL_PARTS))
     if unknown:
-        raise ValueError(f"unknown campaign part(s) {unknown}; the parts are {', '.join(PARTS)}")
+        raise ValueError(f"unknown campaign part(s) {unknown}; the parts are {', '.join(PARTS + OPTIONAL_PARTS)}")
     import importlib.util
 
     plan = campaign_plan(quick=result.quick, seed=result.seed)
@@ -404,6 +424,14 @@ def run_campaign(result: CampaignResult, parts: Sequence[str] = PARTS,
 
             result.cases += real_campaign.run_real_part(real_campaign.real_cases(quick=result.quick, seed=result.seed),
                                                         log)
+    if "innocence" in parts:
+        if not has_torch:
+            result.problems.append("the innocence part needs torch (pip install 'scout-localize[torch]')")
+        else:
+            from scout.scenarios import innocence
+
+            count = INNOCENCE_SCHEDULES_QUICK if result.quick else INNOCENCE_SCHEDULES
+            result.cases += innocence.run_innocence_part(count, result.seed, log, per_job=6 if result.quick else 12)
     if "device" in parts:
         if not has_torch:
             result.problems.append("the device-semantics part needs torch (pip install 'scout-localize[torch]')")

@@ -294,6 +294,15 @@ class EmulatedProcessGroup(_ProcessGroupBase):  # type: ignore[misc]
         return BACKEND
 
     @property
+    def group_name(self) -> str:
+        """The name torch.distributed registered the group under (a Python process group's own is
+        never set; DeviceMesh and functional collectives look groups up by it)."""
+        name = dist.distributed_c10d._world.pg_names.get(self)
+        if not name:
+            raise RuntimeError("ProcessGroup name not set")
+        return str(name)
+
+    @property
     def registered_name(self) -> str:
         """The group's name as torch.distributed registered it (a Python group's own
         ``group_name`` is never set); looked up once it is known (a failed lookup costs a C++
