@@ -31,6 +31,7 @@ each kind of group.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -176,10 +177,8 @@ def run_job(episodes: Sequence[Episode], directory: Path, *, world: int = WORLD,
             break
     for process in ranks:
         if process.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             process.wait(10)
     return status, _reports(directory / "reports.jsonl"), _log_tail(directory, world)
 
