@@ -74,6 +74,9 @@ class Job:
         #: Seconds this rank spent in each part of scout inside job.step() (bench/attach_overhead.py).
         self.costs = self.pipeline.costs
         self.timeline = self._step = 0
+        #: The last step asked for a checkpoint (a cycle end, every checkpoint_every_cycles): scout
+        #: saves its own with checkpoint_dir; an integration asks the framework to save (FRAME-11).
+        self.checkpoint_due = False
         self._started = self._closed = self._leaving = self._said_left = False
         leaving.watch(self)  # PROGRESS-11/12: the user's exceptions and the interpreter's exit
 
@@ -128,6 +131,15 @@ class Job:
                                              self._optimizer_for_dcp(), registered=self.registered)
             if loaded != decision.step:
                 raise RuntimeError(f"checkpoint {decision.checkpoint} held step {loaded}")
+        self.begin_at(decision, lost)
+
+    def begin_at(self, decision: RestoreDecision, lost: list[str] | None = None) -> None:
+        """Start the step loop at ``decision.step`` (every rank; collective): the state of that
+        checkpoint is loaded already -- by restore(), or by the framework's own resume
+        (spec/frameworks.md FRAME-10, scout.job.framework)."""
+        if self._started:
+            raise RuntimeError("the step loop has begun already: restore() or begin_at() once, before job.step()")
+        lost = lost or []
         self._started = True
         self._step, self.timeline = decision.step, decision.timeline
         self.pipeline.begin(decision, lost=lost)
@@ -197,6 +209,7 @@ class Job:
             self._begin(None, checkpoints=False)
         self._step += 1
         outcome = self.parts.control.run(run_step(self.pipeline, self._step))
+        self.checkpoint_due = outcome.checkpoint_due
         if outcome.checkpoint_due and self.parts.checkpoint_dir is not None:
             started = time.perf_counter()
             self._checkpoint(self._step)
