@@ -33,7 +33,7 @@ __all__ = ["ScoutCallback", "train"]
 CHECKPOINT_PREFIX = "checkpoint-"
 
 
-class ScoutCallback(TrainerCallback):  # type: ignore[misc]
+class ScoutCallback(TrainerCallback):
     """scout attached to one ``Trainer`` (module docstring). ``plan`` is the resume plan the
     Trainer was started with (:func:`scout.job.framework.plan_resume`); ``settings`` are
     ``scout.attach`` keywords (docs/attach.md)."""
@@ -61,7 +61,7 @@ class ScoutCallback(TrainerCallback):  # type: ignore[misc]
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         assert self.job is not None, "on_train_begin attaches scout"
-        path = Path(args.output_dir) / f"{CHECKPOINT_PREFIX}{state.global_step}"
+        path = Path(args.output_dir or ".") / f"{CHECKPOINT_PREFIX}{state.global_step}"
         framework.record_save(self.job, path, state.global_step, "huggingface")
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,

@@ -66,7 +66,7 @@ def test_FRAME_6_FRAME_9_sdc_named_and_the_trainers_checkpoints_after_its_onset_
             assert not mark.exists(), step
 
 
-def test_FRAME_10_the_trainer_resumes_from_the_newest_verified_checkpoint_with_its_lr_and_data(
+def test_FRAME_10_FRAME_11_the_trainer_resumes_from_the_newest_verified_checkpoint_with_its_lr_and_data(
         story: tuple[subprocess.CompletedProcess[str], list[dict[str, Any]], Path]) -> None:
     _run, records, out = story
     (restored,) = [r for r in records if r["kind"] == "restart" and r["reason"] == "restored"]
