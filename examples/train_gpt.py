@@ -49,6 +49,7 @@ And one that is not a fault, for healthy runs (bench/evaluate.py counts false al
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import random
@@ -111,6 +112,25 @@ class GPT(nn.Module):
 def batch(step: int, rank: int) -> torch.Tensor:
     generator = torch.Generator().manual_seed(1_000_003 * step + rank)
     return torch.randint(0, VOCAB, (BATCH, SEQUENCE + 1), generator=generator)
+
+
+class Batches:
+    """The training data: a stream of this rank's batches whose position is training state, like
+    a stateful data loader's -- registered with scout.attach(state=...), so that a restored run
+    reads the batch after the checkpoint's, not the stream's first."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank, self.position = rank, 0
+
+    def __next__(self) -> torch.Tensor:
+        self.position += 1
+        return batch(self.position, self.rank)
+
+    def state_dict(self) -> dict[str, int]:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.position = int(state["position"])
 
 
 class FaultSet:
@@ -316,6 +336,8 @@ def main() -> None:
     parser.add_argument("--checkpoint-dir", default=None)
     parser.add_argument("--fault", default=os.environ.get("EXAMPLE_FAULT", ""))
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--step-log", default=None, help="rank 0 appends a JSON line per step: step, lr, data position, "
+                                                   "loss (exactly, as float.hex)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.device == "cuda":
@@ -333,12 +355,17 @@ def main() -> None:
     model = GPT().to(device)
     ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=3e-3)
+    # The LR decays linearly to a tenth over 1000 steps; the data stream keeps its position.
+    scheduler = torch.optim.lr_scheduler.LinearLR(optimizer, 1.0, 0.1, total_iters=1000)
+    batches = Batches(rank)
     faults = FaultSet(args.fault, rank, model, optimizer)
-    job = scout.attach(ddp, optimizer, run_dir=args.run_dir, checkpoint_dir=args.checkpoint_dir)  # scout
+    job = scout.attach(ddp, optimizer, run_dir=args.run_dir, checkpoint_dir=args.checkpoint_dir,  # scout
+                       state={"lr": scheduler, "data": batches})
     start = job.restore()  # scout
     for step in range(start + 1, args.steps + 1):
         began = time.perf_counter()
-        tokens = batch(step, rank).to(device)
+        lr = scheduler.get_last_lr()[0]
+        tokens = next(batches).to(device)
         faults.before_forward(step)
         forward_began = time.perf_counter()
         logits = ddp(tokens[:, :-1])
@@ -348,10 +375,15 @@ def main() -> None:
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        scheduler.step()
         faults.loop(time.perf_counter() - began)
         job.step()  # scout
         if rank == 0 and step % 10 == 0:
             print(f"step {step} loss {loss.item():.4f}", flush=True)
+        if rank == 0 and args.step_log:
+            with open(args.step_log, "a", encoding="utf-8") as log:
+                log.write(json.dumps({"step": step, "lr": lr.hex(), "position": batches.position,
+                                      "loss": loss.item().hex(), "attempt": os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")}) + "\n")
     job.close()  # scout
     dist.destroy_process_group()
 

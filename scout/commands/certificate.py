@@ -6,7 +6,8 @@ RUN_DIR is a run directory of ``scout.attach`` (its manifest is ``RUN_DIR/gate``
 manifest directory (read as every gate reader reads it: every surviving record folded, failing
 closed when the newest generation is lost, spec/gate.md GATE-30, GATE-31) or one generation file.
 STEP picks the verified checkpoint at that step; without it, the newest verified one. ``--json``
-prints the documented certificate object; ``--list`` lists every checkpoint and its trust.
+prints the documented certificate object; ``--list`` lists every checkpoint and its trust, and
+for a framework's checkpoint its format, path and content digest (spec/frameworks.md FRAME-6).
 Exit status: 0 shown, 1 no such verified checkpoint (or its certificate does not hold), 2 the
 manifest cannot be read.
 """
@@ -119,6 +120,8 @@ def render_certificate(certificate: Certificate, entry: CheckpointEntry, config:
     lines = [
         f"Coverage certificate: checkpoint {entry.id} ({entry.trust.value}), job {config.job_id}",
         f"source: {source}",
+        *([] if entry.artifact is None else [
+            f"framework checkpoint: {entry.artifact.format} {entry.artifact.path} ({entry.artifact.digest})"]),
         f"promoted at step {certificate.promoted_at_step}; catalog {len(certificate.recipes)} recipe(s): "
         f"{', '.join(certificate.recipes)}; peer groups: {', '.join(certificate.groups)}",
         *expert_regime_lines(certificate),
@@ -151,6 +154,8 @@ def run(args: argparse.Namespace) -> int:
     if args.list:
         for entry in context.checkpoints:
             print(f"{str(entry.id):<14} {entry.trust.value:<18} {entry.reason}")
+            if entry.artifact is not None:  # FRAME-6: the framework's own checkpoint
+                print(f"{'':<14} {entry.artifact.format} {entry.artifact.path} {entry.artifact.digest}")
         return 0
     verified = [e for e in context.checkpoints if e.trust is Trust.RECOVERY_VERIFIED]
     if args.step is None:

@@ -14,6 +14,7 @@ from typing import Any, Final, TypeVar
 from scout.core.failure import FailureClass
 from scout.core.machine import MachineState
 from scout.gate.model import (
+    Artifact,
     Certificate,
     CheckpointEntry,
     CheckpointId,
@@ -133,6 +134,9 @@ def _entry(entry: CheckpointEntry, job_id: str) -> dict[str, Any]:
         "reason": entry.reason,
         "before": _record(entry.before),
         "certificate": None if entry.certificate is None else certificate_to_json(entry.certificate, job_id),
+        # FRAME-6: the framework's checkpoint, when the framework wrote it (absent in older manifests).
+        "artifact": None if entry.artifact is None else {
+            "format": entry.artifact.format, "path": entry.artifact.path, "digest": entry.artifact.digest},
     }
 
 
@@ -302,6 +306,15 @@ def transition_from_json(value: Any, path: str = "transition") -> tuple[int, Tru
     return sequence, change
 
 
+def _artifact_from(value: Any, path: str) -> Artifact | None:
+    if value is None:
+        return None
+    text = {key: _str(_get(value, key, path), f"{path}.{key}") for key in ("format", "path", "digest")}
+    if not all(text.values()):
+        raise CodecError(f"{path}: an artifact's format, path and digest are non-empty strings, got {value!r}")
+    return Artifact(text["format"], text["path"], text["digest"])
+
+
 def _entry_from(value: Any, path: str) -> CheckpointEntry:
     certificate = _get(value, "certificate", path)
     return CheckpointEntry(
@@ -310,6 +323,7 @@ def _entry_from(value: Any, path: str) -> CheckpointEntry:
         _str(_get(value, "reason", path), f"{path}.reason"),
         _record_from(_get(value, "before", path), f"{path}.before"),
         None if certificate is None else certificate_from_json(certificate, f"{path}.certificate"),
+        _artifact_from(value.get("artifact") if isinstance(value, Mapping) else None, f"{path}.artifact"),
     )
 
 

@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from scout.gate.model import CheckpointId, GateContext
 from scout.gate.recovery import EmergencyReplay, FailureClass, RecoveryDecision, recover
+from scout.gate.registered_state import load_registered, registered_tensors, templates
 
 if TYPE_CHECKING:
     import torch
@@ -127,10 +129,12 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer,
     *,
     process_group: Any = None,
+    registered: Mapping[str, Any] | None = None,
 ) -> Path:
     """Collective: every rank of ``process_group`` calls it with the same checkpoint id. Returns
     once DCP has written every rank's shard and the metadata; a checkpoint directory that exists
-    already is refused (a step has one checkpoint per timeline, GATE-16)."""
+    already is refused (a step has one checkpoint per timeline, GATE-16). ``registered``: the
+    other training state of ``attach(state=...)``, saved per rank (spec/frameworks.md FRAME-4)."""
     import torch.distributed as dist
     from torch.distributed.checkpoint import state_dict_saver
 
@@ -139,6 +143,7 @@ def save_checkpoint(
         raise FileExistsError(f"checkpoint {checkpoint} already exists at {path}; a step is saved once per timeline")
     rank = dist.get_rank(process_group)
     state = _state(model, optimizer, rank, checkpoint.step) | _saved_cuda_rng(rank)
+    state |= registered_tensors(registered or {}, rank)
     state_dict_saver.save(state, checkpoint_id=str(path), process_group=process_group)
     return path
 
@@ -150,8 +155,10 @@ def load_checkpoint(
     optimizer: torch.optim.Optimizer,
     *,
     process_group: Any = None,
+    registered: Mapping[str, Any] | None = None,
 ) -> int:
-    """Collective: load model, optimizer and this rank's RNG states in place; returns the step."""
+    """Collective: load model, optimizer, the registered state (spec/frameworks.md FRAME-5) and
+    this rank's RNG states in place; returns the step."""
     import torch
     import torch.distributed as dist
     from torch.distributed.checkpoint import state_dict_loader
@@ -162,8 +169,11 @@ def load_checkpoint(
         raise FileNotFoundError(f"checkpoint {checkpoint} has no complete DCP checkpoint at {path}")
     rank = dist.get_rank(process_group)
     state = _state(model, optimizer, rank, 0) | _cuda_rng_template(path, rank)
+    state |= templates(path, registered or {}, rank)
     state_dict_loader.load(state, checkpoint_id=str(path), process_group=process_group)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    # FRAME-5: after the optimizer (an LR scheduler's state refers to its param groups' lr).
+    load_registered(state, registered or {}, rank)
     torch.set_rng_state(state[_rng_key(rank)])
     if _cuda_rng_key(rank) in state:
         _restore_cuda_rng(path, rank, state[_cuda_rng_key(rank)])

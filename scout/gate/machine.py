@@ -96,7 +96,7 @@ def _retrust(
             entries.append(entry)
             continue
         trust, reason, certificate, before = change
-        entries.append(CheckpointEntry(entry.id, trust, reason, before, certificate))
+        entries.append(CheckpointEntry(entry.id, trust, reason, before, certificate, entry.artifact))
         effects.append(TrustChange(entry.id, entry.trust, trust, reason, certificate))
     return tuple(entries), tuple(effects)
 
@@ -285,7 +285,7 @@ def record_capture(context: GateContext, event: CheckpointCaptured) -> EffectOut
         else:
             reason = f"captured inside cycle {context.cycle}, not at a cycle boundary"
     new = context.replace(
-        checkpoints=(*context.checkpoints, CheckpointEntry(checkpoint, trust, reason, before)),
+        checkpoints=(*context.checkpoints, CheckpointEntry(checkpoint, trust, reason, before, None, event.artifact)),
         last_step=max(context.last_step, event.step),
         last_capture_step=event.step,
     )
@@ -299,7 +299,8 @@ def quarantine_capture(context: GateContext, event: CheckpointCaptured) -> Effec
     cause = sdc.describe() if sdc is not None else "an SDC"
     reason = f"quarantined at capture: taken after {cause}, before any restart"
     new = context.replace(
-        checkpoints=(*context.checkpoints, CheckpointEntry(checkpoint, Trust.QUARANTINED, reason)),
+        checkpoints=(*context.checkpoints, CheckpointEntry(checkpoint, Trust.QUARANTINED, reason, None, None,
+                                                           event.artifact)),
         last_step=max(context.last_step, event.step),
         last_capture_step=event.step,
     )
@@ -747,6 +748,8 @@ def capture_is_classified_at_once(
     entry = after.checkpoints[-1]
     if entry.id != CheckpointId(before.timeline, event.step) or entry.certificate is not None:
         return False
+    if entry.artifact != event.artifact:  # FRAME-6: the entry names the framework's checkpoint
+        return False
     if previous.control is TAINTED:
         return entry.trust is Trust.QUARANTINED and entry.before is None
     if before.previous_clean is not None and before.cycle_start_step == event.step:
@@ -870,7 +873,8 @@ def a_loss_takes_only_the_lost_checkpoint(
     if change.after is not Trust.LOST or change.certificate is not None:
         return False
     expected = tuple(
-        CheckpointEntry(entry.id, Trust.LOST, change.reason) if entry.id == event.checkpoint else entry
+        CheckpointEntry(entry.id, Trust.LOST, change.reason, None, None, entry.artifact)
+        if entry.id == event.checkpoint else entry
         for entry in previous.context.checkpoints
     )
     return state.context == previous.context.replace(checkpoints=expected)

@@ -24,6 +24,7 @@ from scout.core.failure import FailureClass
 
 __all__ = [
     "ABSORBING",
+    "Artifact",
     "Certificate",
     "CheckpointCaptured",
     "CheckpointEntry",
@@ -292,12 +293,37 @@ class RecipeVerdicts:
         object.__setattr__(self, "result_class", result_class)
 
 
+def _artifact_text(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
+    if not isinstance(value, str) or not value:
+        raise TypeError(f"Artifact.{attribute.name} must be a non-empty str, got {value!r} (GATE-35)")
+
+
+@attrs.frozen(cache_hash=True)
+class Artifact:
+    """Where a checkpoint the framework wrote lives, and what it held (spec/frameworks.md FRAME-6,
+    FRAME-7): its ``format`` (``huggingface``, ``lightning``, ...), its ``path`` (a directory or a
+    file) and the content digest of its files. The gate only carries it: trust is decided by the
+    same rules whoever wrote the bytes."""
+
+    format: str = attrs.field(validator=_artifact_text)
+    path: str = attrs.field(validator=_artifact_text)
+    digest: str = attrs.field(validator=_artifact_text)
+
+
+def _optional_artifact(instance: object, attribute: attrs.Attribute[Artifact | None], value: Artifact | None) -> None:
+    if value is not None and not isinstance(value, Artifact):
+        raise TypeError(f"{attribute.name} must be a scout.gate.model.Artifact or None, got {type(value).__name__} "
+                        f"{value!r} (GATE-35)")
+
+
 @attrs.frozen(cache_hash=True)
 class CheckpointCaptured:
-    """A checkpoint's bytes are complete on stable storage at ``step``."""
+    """A checkpoint's bytes are complete on stable storage at ``step``; ``artifact`` says where,
+    when the framework wrote them (FRAME-6; None: scout's own DCP checkpoint)."""
 
     trigger: ClassVar[str] = "capture"
     step: int = attrs.field(validator=_step_value)
+    artifact: Artifact | None = attrs.field(default=None, validator=_optional_artifact)
 
 
 @attrs.frozen(cache_hash=True)
@@ -404,13 +430,15 @@ class SdcRecord:
 @attrs.frozen(cache_hash=True)
 class CheckpointEntry:
     """A checkpoint the gate knows, its trust, and why. ``before`` is the complete clean cycle
-    that ended at its capture (CANDIDATE only); ``certificate`` is set once verified."""
+    that ended at its capture (CANDIDATE only); ``certificate`` is set once verified;
+    ``artifact`` is the framework's checkpoint the capture named (GATE-17, FRAME-6)."""
 
     id: CheckpointId
     trust: Trust
     reason: str
     before: CycleRecord | None = None
     certificate: Certificate | None = None
+    artifact: Artifact | None = None
 
 
 # ------------------------------------------------------------------------------------------

@@ -101,13 +101,16 @@ def _warn_about_the_launcher(rank: int) -> None:
                        "(pytorch issue 135712); launch with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for restarts")
 
 
-def _instrument(model: nn.Module, identity: RecordIdentity) -> tuple[ProgressPublisher, Callable[..., None]]:
+def _instrument(model: nn.Module, identity: RecordIdentity,
+                started: list[Callable[[], object]]) -> tuple[ProgressPublisher, Callable[..., None]]:
     """The progress record and the instrumentation that publishes into it (docs/observer.md);
     returns the publisher and how to listen to every collective of a step (LOOP-1: the
     instrumented ones and DDP's gradient buckets)."""
     reclaim_stale_records(identity)
     remove_dead_records()  # PROGRESS-12: whatever crashed trainers of any job left on this host
     publisher = ProgressPublisher(identity)
+    started.append(publisher.close)  # FRAME-2
+    started.append(instrument.uninstrument)
     # Start-up is published as a checkpoint read (its long threshold): a slow start is never a hang report.
     publisher.begin_stage(Stage.CHECKPOINT_READ)
     # Parts a benchmark may switch off to measure them (bench_switches: not settings).
@@ -155,6 +158,25 @@ def _cycle_line(cycle: Cycle, config: Config, checkpoints: bool) -> str:
 
 def assemble(model: nn.Module, optimizer: torch.optim.Optimizer | None, *, run_dir: str | os.PathLike[str],
              checkpoint_dir: str | os.PathLike[str] | None, peers: TorchPeerGroup | None, config: Config) -> Assembly:
+    """Start every part on this rank. FRAME-2: if anything raises on the way, what was started
+    is stopped again, newest first -- the observer process, the metrics sidecar, the checks'
+    hooks, the instrumentation and the progress record -- before the error goes on."""
+    started: list[Callable[[], object]] = []
+    try:
+        return _assemble(model, optimizer, run_dir=run_dir, checkpoint_dir=checkpoint_dir, peers=peers,
+                         config=config, started=started)
+    except BaseException:
+        for stop in reversed(started):
+            try:
+                stop()
+            except Exception as error:  # the first error is the one to see; this one is logged
+                logger.warning("scout: cleaning up a failed attach: %s: %s", type(error).__name__, error)
+        raise
+
+
+def _assemble(model: nn.Module, optimizer: torch.optim.Optimizer | None, *, run_dir: str | os.PathLike[str],
+              checkpoint_dir: str | os.PathLike[str] | None, peers: TorchPeerGroup | None, config: Config,
+              started: list[Callable[[], object]]) -> Assembly:
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("scout.attach needs torch.distributed: call init_process_group first")
     rank, world_size = dist.get_rank(), dist.get_world_size()
@@ -164,7 +186,7 @@ def assemble(model: nn.Module, optimizer: torch.optim.Optimizer | None, *, run_d
     hostname = host_name()  # Slurm's node name under Slurm (spec/ops.md OPS-7)
     hosts = tuple(control.all_gather(hostname))
     identity = RecordIdentity.from_environment(rank, job_id=config.job_id)
-    publisher, listen = _instrument(model, identity)
+    publisher, listen = _instrument(model, identity, started)
     if peers is None and any(type(p).__name__ == "DTensor" for p in model.parameters()):
         logger.warning("scout: the model's parameters are sharded (FSDP2 or tensor parallel), so the whole world "
                        "is not one group of replicas: pass peers=scout.replay.TorchPeerGroup.from_mesh(mesh, "
@@ -181,6 +203,8 @@ def assemble(model: nn.Module, optimizer: torch.optim.Optimizer | None, *, run_d
             exclude_hosts_path=sink.exclude_hosts_path, hostname=hostname, on_hang=config.on_hang,
             kill_grace_s=config.kill_grace_s, timeout_s=config.collective_timeout_s,
             rounds_path=observer_rounds_path(config, sink.path, rank), restarts_left=restarts_left())
+        if observer is not None:
+            started.append(observer.close)
     if rank == 0:  # LOOP-6: count an earlier attempt's timing lines now, not in a training step
         sink.timing_log.count_existing()
     reporter = Reporter(sink if rank == 0 else None, job_id=identity.job_id, generation=identity.generation,
@@ -191,6 +215,7 @@ def assemble(model: nn.Module, optimizer: torch.optim.Optimizer | None, *, run_d
         checks, cycle = build_checks(model, optimizer, peers, config, rank=rank, hosts=hosts,
                                      exchange=control.all_gather, run_dir=str(sink.path),
                                      add_collective_listener=listen)
+        started.extend(check.close for check in checks)
         cycle_steps, said = cycle.steps, _cycle_line(cycle, config, ckpt is not None)
         logger.info("%s", said)
         if rank == 0:
@@ -201,6 +226,7 @@ def assemble(model: nn.Module, optimizer: torch.optim.Optimizer | None, *, run_d
             gate_config = GateConfig(sink.path.resolve().name or "run",
                                      [r for check in checks for r in check.gate_recipes()], names, notes)
             gate = GateDriver(GateWriter.open(sink.gate_path, gate_config), reporter)
+            started.append(gate.close)
         if ckpt is not None:
             for problem in _verification_impossible(peers, config, checks):
                 logger.warning("scout: no checkpoint can ever become recovery-verified: %s", problem)
@@ -217,6 +243,8 @@ def assemble(model: nn.Module, optimizer: torch.optim.Optimizer | None, *, run_d
         instrument.check_at_each_step(observer.check)
     ops = NodeOps.start(config, run_dir=sink.path, publisher=publisher, group=control.group, rank=rank,
                         host=hostname)  # metrics and on_report (docs/metrics.md)
+    if ops is not None:
+        started.append(ops.close)
     control.barrier()
     return Assembly(rank, world_size, sink, ckpt, control, hosts, identity, publisher, observer, pipeline, ops,
                     IdleLoops(gloo_groups.own_loop_threads()))  # WAIT-5, WAIT-6: none on a gloo job

@@ -38,6 +38,7 @@ from scout.job import leaving
 from scout.job.assemble import assemble
 from scout.job.config import Config, ConfigError, load_config, unknown_variables
 from scout.job.gate_driver import RestoreDecision
+from scout.job.inputs import checked_state, unwrap_model, unwrap_optimizer
 from scout.job.pipeline import CheckpointSaveFailed, FaultDetected, run_step
 from scout.job.run_dir import ADOPT_VARIABLE, bind, bound_jobs, check_binding
 from scout.job.startup import check_directory, checked_on_every_rank
@@ -61,8 +62,10 @@ class Job:
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, *,
                  run_dir: str | os.PathLike[str], checkpoint_dir: str | os.PathLike[str] | None,
-                 peers: TorchPeerGroup | None, config: Config) -> None:
+                 peers: TorchPeerGroup | None, config: Config, state: Mapping[str, Any] | None = None) -> None:
         self.model, self.optimizer, self.config = model, optimizer, config
+        #: FRAME-3: the other training state saved and restored with the model (attach(state=...)).
+        self.registered: dict[str, Any] = dict(state or {})
         self.parts = assemble(model, optimizer, run_dir=run_dir, checkpoint_dir=checkpoint_dir, peers=peers,
                               config=config)
         self.rank, self.world_size = self.parts.rank, self.parts.world_size
@@ -71,6 +74,9 @@ class Job:
         #: Seconds this rank spent in each part of scout inside job.step() (bench/attach_overhead.py).
         self.costs = self.pipeline.costs
         self.timeline = self._step = 0
+        #: The last step asked for a checkpoint (a cycle end, every checkpoint_every_cycles): scout
+        #: saves its own with checkpoint_dir; an integration asks the framework to save (FRAME-11).
+        self.checkpoint_due = False
         self._started = self._closed = self._leaving = self._said_left = False
         leaving.watch(self)  # PROGRESS-11/12: the user's exceptions and the interpreter's exit
 
@@ -122,9 +128,18 @@ class Job:
         if decision.checkpoint is not None and self.parts.checkpoint_dir is not None:
             with self.checkpoint_io("read", str(decision.checkpoint)):
                 loaded = dcp.load_checkpoint(self.parts.checkpoint_dir, decision.checkpoint, self.model,
-                                             self._optimizer_for_dcp())
+                                             self._optimizer_for_dcp(), registered=self.registered)
             if loaded != decision.step:
                 raise RuntimeError(f"checkpoint {decision.checkpoint} held step {loaded}")
+        self.begin_at(decision, lost)
+
+    def begin_at(self, decision: RestoreDecision, lost: list[str] | None = None) -> None:
+        """Start the step loop at ``decision.step`` (every rank; collective): the state of that
+        checkpoint is loaded already -- by restore(), or by the framework's own resume
+        (spec/frameworks.md FRAME-10, scout.job.framework)."""
+        if self._started:
+            raise RuntimeError("the step loop has begun already: restore() or begin_at() once, before job.step()")
+        lost = lost or []
         self._started = True
         self._step, self.timeline = decision.step, decision.timeline
         self.pipeline.begin(decision, lost=lost)
@@ -194,6 +209,7 @@ class Job:
             self._begin(None, checkpoints=False)
         self._step += 1
         outcome = self.parts.control.run(run_step(self.pipeline, self._step))
+        self.checkpoint_due = outcome.checkpoint_due
         if outcome.checkpoint_due and self.parts.checkpoint_dir is not None:
             started = time.perf_counter()
             self._checkpoint(self._step)
@@ -220,7 +236,8 @@ class Job:
             try:
                 with self.checkpoint_io("write", str(checkpoint)):
                     dcp.save_checkpoint(self.parts.checkpoint_dir, checkpoint, self.model,
-                                        self._optimizer_for_dcp(), process_group=control.group)
+                                        self._optimizer_for_dcp(), process_group=control.group,
+                                        registered=self.registered)
             except BaseException as raised:  # DCP's CheckpointException is a BaseException
                 if isinstance(raised, (KeyboardInterrupt, SystemExit, GeneratorExit)):
                     raise
@@ -312,20 +329,28 @@ class Job:
 def attach(model: nn.Module, optimizer: torch.optim.Optimizer | None, *, run_dir: str | os.PathLike[str],
            checkpoint_dir: str | os.PathLike[str] | None = None, peers: TorchPeerGroup | None = None,
            config: str | os.PathLike[str] | Config | Mapping[str, Any] | None = None, adopt_run_dir: bool = False,
-           **overrides: Any) -> Job:
+           state: Mapping[str, Any] | None = None, **overrides: Any) -> Job:
     """Attach scout to ``model`` (a plain module, DDP or FSDP2) and ``optimizer`` on every rank;
     collective over the world. ``peers``: the replay peer groups (default: the whole world as
     one group of data-parallel replicas; ``TorchPeerGroup.from_mesh`` for HSDP or 2-D meshes).
     ``config``: a TOML file, a mapping or a :class:`Config`; keyword ``overrides`` win over it,
     and ``SCOUT_<KEY>`` environment variables over the file (docs/attach.md). ``adopt_run_dir``
-    (or ``SCOUT_ADOPT_RUN_DIR=1``): continue a run directory bound to another job (RECOVERY-6)."""
+    (or ``SCOUT_ADOPT_RUN_DIR=1``): continue a run directory bound to another job (RECOVERY-6).
+    ``state``: the other training state, by name (``{"lr": scheduler, "data": sampler}``), each
+    with ``state_dict()``/``load_state_dict()``; saved in scout's checkpoints and brought back by
+    ``restore()`` (spec/frameworks.md FRAME-3..5). Known framework wrappers of the model, the
+    optimizer and the state are unwrapped; anything else is a ConfigError (FRAME-1)."""
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("scout.attach needs torch.distributed: call init_process_group first")
 
     jobs: tuple[str, ...] = ()
 
+    inputs: dict[str, Any] = {}
+
     def checked() -> Config:
         nonlocal jobs
+        # FRAME-1, FRAME-3: the objects first, before anything is started or written.
+        inputs.update(model=unwrap_model(model), optimizer=unwrap_optimizer(optimizer), state=checked_state(state))
         resolved = load_config(config, overrides)
         check_directory(run_dir, "run_dir")
         if checkpoint_dir is not None:
@@ -346,7 +371,8 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer | None, *, run_dir
         logger.warning("scout: environment variable(s) %s are not scout settings and are ignored "
                        "(the settings are in docs/attach.md)", ", ".join(ignored))
     started = time.monotonic()
-    job = Job(model, optimizer, run_dir=run_dir, checkpoint_dir=checkpoint_dir, peers=peers, config=resolved)
+    job = Job(inputs["model"], inputs["optimizer"], run_dir=run_dir, checkpoint_dir=checkpoint_dir, peers=peers,
+              config=resolved, state=inputs["state"])
     logger.info("scout: attached on rank %d in %.2f s", job.rank, time.monotonic() - started)
     return job
 

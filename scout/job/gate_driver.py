@@ -28,6 +28,7 @@ from scout.core.compat import assert_never
 from scout.core.failure import FailureClass
 from scout.core.sdc_reports import SdcReportCounter
 from scout.gate.model import (
+    Artifact,
     CheckpointCaptured,
     CheckpointId,
     CheckpointLost,
@@ -38,11 +39,13 @@ from scout.gate.model import (
     GateReportKind,
     Persist,
     Restart,
+    Trust,
     TrustChange,
 )
 from scout.gate.recorder import GateWriter
 from scout.gate.recovery import Choice, recover
 from scout.gate.results import recipe_verdicts
+from scout.job.framework_marks import mark_framework_checkpoint
 from scout.reports.kinds import EXHAUSTED, ReportKind, at_fault_in_every_attempt
 from scout.reports.timing import make_timing_record
 
@@ -210,8 +213,8 @@ class GateDriver:
     def boundary(self, step: int) -> None:
         self._apply(CycleBoundary(step))
 
-    def captured(self, step: int) -> None:
-        self._apply(CheckpointCaptured(step))
+    def captured(self, step: int, artifact: Artifact | None = None) -> None:
+        self._apply(CheckpointCaptured(step, artifact))
 
     def lost(self, checkpoint: CheckpointId, detail: str) -> None:
         """GATE-42: ``checkpoint``'s files are gone; it becomes LOST (committed first, GATE-9) and
@@ -230,11 +233,16 @@ class GateDriver:
         if isinstance(effect, Persist):
             pass  # committed by the writer before apply() returned (GATE-9)
         elif isinstance(effect, TrustChange):
+            entry = self.writer.state.context.entry(effect.checkpoint)
+            artifact = None if entry is None else entry.artifact
             self.reporter.record(ReportKind.CHECKPOINT, effect.after.value.lower().replace("_", "-"),
                                  step=effect.checkpoint.step, evidence={
                                      "checkpoint": str(effect.checkpoint),
                                      "before": None if effect.before is None else effect.before.value,
-                                     "after": effect.after.value, "detail": effect.reason})
+                                     "after": effect.after.value, "detail": effect.reason,
+                                     **({} if artifact is None else {"path": artifact.path, "format": artifact.format})})
+            if artifact is not None and effect.after is Trust.QUARANTINED:
+                mark_framework_checkpoint(artifact, effect, self.reporter.job_id)
         elif isinstance(effect, GateReport):
             self._report(effect, feed)
         else:

@@ -32,7 +32,7 @@ import attrs
 from scout.core.failure import FailureClass
 from scout.core.recipes import RecipeResult
 from scout.core.straggler.tracking import StragglerEvent, straggler_record_arguments
-from scout.gate.model import CheckpointId, Recipe
+from scout.gate.model import Artifact, CheckpointId, Recipe
 from scout.job import aggregate
 from scout.job.gate_driver import GateDriver, Reporter, RestoreDecision
 from scout.reports.kinds import ReportKind
@@ -286,10 +286,11 @@ class Pipeline:
         if self.gate is not None:
             self.gate.lost(checkpoint, detail)
 
-    def captured(self, step: int) -> None:
-        """The checkpoint of ``step`` is complete on stable storage (every rank)."""
+    def captured(self, step: int, artifact: Artifact | None = None) -> None:
+        """The checkpoint of ``step`` is complete on stable storage (every rank); ``artifact``:
+        the framework wrote it, there (spec/frameworks.md FRAME-6)."""
         if self.gate is not None:
-            self.gate.captured(step)
+            self.gate.captured(step, artifact)
 
     def close(self) -> None:
         for check in self.checks:

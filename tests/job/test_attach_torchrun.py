@@ -6,6 +6,7 @@ the checkpoints, ``exclude_hosts.txt`` -- is what these tests check."""
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import re
 import subprocess
@@ -40,7 +41,7 @@ def torchrun(tmp_path: Path, *, steps: int, fault: str = "", restarts: int = 0, 
            **{f"SCOUT_{key.upper()}": str(value) for key, value in settings.items()}}
     command = [str(TORCHRUN), "--nproc-per-node", "4", "--standalone", "--max-restarts", str(restarts),
                str(EXAMPLE), "--steps", str(steps), "--run-dir", str(run_dir), "--checkpoint-dir",
-               str(checkpoint_dir), "--fault", fault]
+               str(checkpoint_dir), "--fault", fault, "--step-log", str(tmp_path / "steps.jsonl")]
     run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout_s)
     return run, reports.read_records(run_dir / reports.REPORTS_FILE), run_dir
 
@@ -108,6 +109,24 @@ def test_ATTACH_sdc_on_rank_1_restarts_once_from_a_verified_checkpoint_before_it
     assert [r["step"] for r in records if r["kind"] == "restart" and r["reason"] == "sdc"] == [sdc["step"]]
     assert (run_dir / "exclude_hosts.txt").read_text().split() == sdc["hosts"]
     assert "step 100 loss" in run.stdout, "the restarted job finishes"
+    # FRAME-4, FRAME-5: the LR schedule and the data position registered with attach(state=...)
+    # came back with the model: the first step after the restore has the LR, the batch and -- bit
+    # for bit -- the loss the first attempt logged at that step; every later step re-run before
+    # the fault's onset has its LR and batch, and its loss to float32 rounding (DDP rebuilds its
+    # gradient buckets after a process's first iteration, so that one all-reduce sums in another
+    # order than the first attempt's did at that step: seen, 1 ulp five steps later).
+    logged = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
+    first = {r["step"]: r for r in logged if r["attempt"] == "0"}
+    second = [r for r in logged if r["attempt"] == "1"]
+    assert second[0]["step"] == restored["step"] + 1 and second[-1]["step"] == 100, second[:1]
+    assert second[0] == {**first[second[0]["step"]], "attempt": "1"}, (second[0], first[second[0]["step"]])
+    rerun = [r for r in second if r["step"] < 57]
+    assert len(rerun) >= 2, "the verified checkpoint lies before the onset"
+    for row in rerun:
+        before = first[row["step"]]
+        assert (row["lr"], row["position"]) == (before["lr"], before["position"]), (row, before)
+        assert float.fromhex(row["loss"]) == pytest.approx(float.fromhex(before["loss"]), rel=1e-5), (row, before)
+    assert second[0]["position"] == restored["step"] + 1, "the data stream goes on after the checkpoint's batch"
 
 
 def test_COMPLETION_3_ddp_with_a_buffer_at_default_settings_a_rank_asleep_before_its_forward_is_named(
