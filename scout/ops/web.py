@@ -270,10 +270,10 @@ class _Handler(BaseHTTPRequestHandler):
         host = self.headers.get("Host")
         if host is None or _host_name(host) not in self.server.host_names:
             # OPS-14: a name this server was not started for: a DNS-rebinding page, or a proxy.
+            # The answer names nothing the server knows (a rebinding page can read it).
             self._send(HTTPStatus.MISDIRECTED_REQUEST,
-                       f"scout serve answers requests for {', '.join(sorted(self.server.host_names))} only, not "
-                       f"Host {host!r}; start it with --allow-host NAME for another name\n".encode(),
-                       "text/plain; charset=utf-8", head)
+                       b"scout serve does not answer for this Host; if the name is meant, start it with "
+                       b"--allow-host NAME\n", "text/plain; charset=utf-8", head)
             return
         if not self.server.slots.acquire(blocking=False):
             self._send(HTTPStatus.SERVICE_UNAVAILABLE, b"busy\n", "text/plain; charset=utf-8", head)
