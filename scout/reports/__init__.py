@@ -21,6 +21,7 @@ import fcntl
 import json
 import os
 import re
+import stat
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -167,14 +168,21 @@ def _locked(fd: int) -> Iterator[None]:
         fcntl.flock(fd, fcntl.LOCK_UN)
 
 
-def fresh_line_prefix(fd: int) -> bytes:
-    """OPS-11: ``b"\\n"`` when the file open on ``fd`` (readable) does not end with a newline --
-    a line torn by a crash or a full disk -- so that what is appended next starts a line of its
-    own instead of being glued to the torn one (and lost with it); else ``b""``."""
-    size = os.fstat(fd).st_size
-    if size == 0:
+def fresh_line_prefix(fd: int, path: str | os.PathLike[str]) -> bytes:
+    """OPS-11: ``b"\\n"`` when the regular file open on ``fd`` (for appending, at ``path``) does
+    not end with a newline -- a line torn by a crash or a full disk -- so that what is appended
+    next starts a line of its own instead of being glued to the torn one (and lost with it);
+    else ``b""``. The last byte is read through a descriptor of its own, so ``fd`` stays
+    write-only (a FIFO or a device in the file's place is written as before, never read)."""
+    status = os.fstat(fd)
+    if not stat.S_ISREG(status.st_mode) or status.st_size == 0:
         return b""
-    return b"" if os.pread(fd, 1, size - 1) == b"\n" else b"\n"
+    reader = os.open(path, os.O_RDONLY)
+    try:
+        last = os.pread(reader, 1, status.st_size - 1)
+    finally:
+        os.close(reader)
+    return b"" if last in (b"\n", b"") else b"\n"
 
 
 def append_record(path: str | os.PathLike[str], record: Mapping[str, Any]) -> None:
@@ -186,10 +194,10 @@ def append_record(path: str | os.PathLike[str], record: Mapping[str, Any]) -> No
     target = Path(path)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(target, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             with _locked(fd):
-                data = fresh_line_prefix(fd) + line
+                data = fresh_line_prefix(fd, target) + line
                 written = os.write(fd, data)
                 if written != len(data):
                     raise OSError(errno.ENOSPC if written else errno.EIO,
@@ -308,7 +316,7 @@ def append_hosts(path: str | os.PathLike[str], hosts: list[str]) -> None:
                 known = set(os.pread(fd, 1 << 20, 0).decode("utf-8", "replace").split())
                 new = [host for host in dict.fromkeys(hosts) if host and host not in known]
                 if new:
-                    data = fresh_line_prefix(fd) + "".join(f"{host}\n" for host in new).encode()
+                    data = fresh_line_prefix(fd, target) + "".join(f"{host}\n" for host in new).encode()
                     if os.write(fd, data) != len(data):
                         raise OSError(errno.ENOSPC, f"short write of {len(data)} bytes")
                     os.fsync(fd)

@@ -183,11 +183,11 @@ class TimingLog:
             return False
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             try:
                 # One write of the whole line (a crash tears the last line only), on a fresh line
                 # after a torn one (OPS-11).
-                data = fresh_line_prefix(fd) + line
+                data = fresh_line_prefix(fd, self.path) + line
                 written = os.write(fd, data)
             finally:
                 os.close(fd)

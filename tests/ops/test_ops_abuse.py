@@ -461,3 +461,47 @@ def test_OPS_13_scout_report_shows_an_attempt_that_ended_with_an_exception(tmp_p
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 3, done.stdout
     assert "attempt 0 ended by exception at step 41: OSError: [Errno 28] No space left" in done.stdout, done.stdout
+
+
+@pytest.mark.slow  # a 4-rank torchrun job (about a minute); the tmpfs test above bounds each writer
+@pytest.mark.torchdist
+def test_OPS_13_under_torchrun_a_run_dir_that_fills_up_names_itself_and_scout_report_says_so(
+        tmp_path: Path, full_disk: Path) -> None:
+    # Issue 39, attack 6, on a real job: its run_dir fills up mid-run (a 256 KiB tmpfs, filled by
+    # this test once the job trains). Whatever the job then does -- stops, or trains on if its
+    # exception boundary keeps it going -- no "No space left on device" may go without the path,
+    # and scout report must not say "no fault reported" with exit 0.
+    subprocess.run(["umount", "-l", str(full_disk)], capture_output=True, timeout=30, check=False)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(full_disk)], capture_output=True,
+                             text=True, timeout=30)
+    assert mounted.returncode == 0, mounted.stderr
+    run_dir = full_disk / "run"
+    env = {key: value for key, value in os.environ.items() if not key.startswith("SCOUT_")}
+    env.update(OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", SCOUT_CHECKPOINT_EVERY_CYCLES="1")
+    command = [str(Path(sys.executable).with_name("torchrun")), "--nproc-per-node", "4", "--standalone",
+               str(REPO / "examples" / "train_gpt.py"), "--steps", "60", "--run-dir", str(run_dir),
+               "--checkpoint-dir", str(tmp_path / "ckpt")]
+    with subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as job:
+        try:
+            assert job.stdout is not None
+            for line in job.stdout:  # rank 0 prints every 10 steps
+                if line.startswith("step 10 "):
+                    break
+            _fill(full_disk)
+            stdout, stderr = job.communicate(timeout=240)
+        finally:
+            if job.poll() is None:
+                os.killpg(job.pid, 9)
+                job.wait(10)
+    output = stdout + stderr
+    for line in output.splitlines():
+        if "No space left on device" in line or "Errno 28" in line:
+            assert str(full_disk) in line, f"a full disk without its path: {line}"
+    assert job.returncode == 0 or str(run_dir) in stderr, stderr[-3000:]
+    done = subprocess.run([sys.executable, "-m", "scout.cli", "report", str(run_dir), "--no-picture"],
+                          capture_output=True, text=True, timeout=120)
+    print(f"job exit {job.returncode}; scout report exit {done.returncode}:\n{done.stdout}")
+    if job.returncode != 0:
+        assert done.returncode == 3, (done.returncode, done.stdout, done.stderr[-2000:])
+        assert "did not end cleanly" in done.stdout or "ended by exception" in done.stdout, done.stdout

@@ -121,7 +121,7 @@ def test_OPS_10_requeue_refuses_what_it_cannot_use_before_touching_the_job(tmp_p
                                   text=True, timeout=30)
         assert submitted.returncode == 0, submitted.stderr
         job_id = submitted.stdout.strip().split(";")[0]
-        _wait_state(cluster, job_id, {"RUNNING"}, 60)
+        _wait_state(cluster, job_id, {"RUNNING"}, JOB_TIMEOUT_S)
         run_dir = tmp_path / "run"
         run_dir.mkdir()
         (run_dir / "job.json").write_text('{"jobs": ["x"]}\n')
@@ -153,7 +153,7 @@ def test_OPS_10_requeue_refuses_what_it_cannot_use_before_touching_the_job(tmp_p
         exclude.unlink()
         done = _requeue(cluster, job_id, str(run_dir), "--allow-no-exclude-file")
         assert done.returncode == 0 and "no host added" in done.stdout, done
-        requeued = _wait_state(cluster, job_id, {"RUNNING"}, 60)
+        requeued = _wait_state(cluster, job_id, {"RUNNING"}, JOB_TIMEOUT_S)
         assert requeued["Restarts"] == "1", requeued
     finally:
         context.__exit__(None, None, None)
