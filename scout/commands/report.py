@@ -3,8 +3,11 @@
 Prints the summary (faults by kind with ranks, hosts, steps and reasons; restarts and what they
 restored; checkpoint trust) and writes ``RUN_DIR/scout-report.png`` (``--picture PATH`` for
 another path or ``.svg``; ``--no-picture`` to skip it). ``--json`` prints the summary as JSON
-(schema ``scout.run-summary/1``) instead. Exit status: 0 no fault reported, 1 faults reported,
-2 the run directory cannot be read.
+(schema ``scout.run-summary/1``) instead. Exit status (spec/ops.md OPS-12, OPS-13): 0 no fault
+reported and every attempt ended cleanly; 1 faults reported; 2 the run directory cannot be read;
+3 no fault reported, but the run did not end cleanly -- an attempt raised, or left no
+``finished`` report (a crash, a kill, a full run_dir; or it still runs), or lines of
+``reports.jsonl`` could not be read.
 """
 
 from __future__ import annotations
@@ -27,10 +30,11 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from scout.job.summary import load_run, summary_json, summary_text
+    from scout.reports import ReportError
 
     try:
         view = load_run(args.run_dir)
-    except (FileNotFoundError, PermissionError) as error:
+    except (OSError, ReportError) as error:
         print(f"scout report: {error}", file=sys.stderr)
         return 2
     if args.json:
@@ -51,4 +55,6 @@ def run(args: argparse.Namespace) -> int:
             written = render_picture(view, picture)
             if not args.json:
                 print(f"picture: {written}")
-    return 1 if view.faults else 0
+    if view.faults:
+        return 1
+    return 3 if view.unclean or view.skipped else 0

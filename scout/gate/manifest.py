@@ -66,6 +66,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from scout.core.io_errors import name_write_error
+
 __all__ = [
     "FORMAT_VERSION",
     "HEAD_NAME",
@@ -826,10 +828,16 @@ class ManifestWriter:
             self.generation = generation
             self._stage("renamed", generation)
             _fsync_directory(self.directory)
-        except BaseException:
+        except BaseException as error:
             if not renamed:
                 with contextlib.suppress(OSError):
                     os.unlink(temp)
+            if isinstance(error, OSError):
+                # spec/ops.md OPS-13: name the file and what to do (ENOSPC alone names neither).
+                named = name_write_error(error, final if renamed else temp, f"committing gate manifest generation "
+                                                                             f"{generation}")
+                if named is not error:
+                    raise named from error
             raise
         self._stage("dir-fsynced", generation)
         self._append_log([*self._pending_log, *records])

@@ -24,6 +24,13 @@ from typing import Any, Final
 import attrs
 
 from scout.core.finite import finite_number
+from scout.core.observer.model import (
+    CHECKPOINT_STALL_THRESHOLD_S_DEFAULT,
+    DATA_STALL_THRESHOLD_S_DEFAULT,
+    RECHECK_INTERVAL_S_DEFAULT,
+    ROUND_DEADLINE_S_DEFAULT,
+    STALL_THRESHOLD_S_DEFAULT,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -136,18 +143,21 @@ class Config:
     gives the reasoning for each)."""
 
     #: Idle time after which an observer opens a round (a hang is reported about this long after
-    #: it began). 10 s: a step of a large job takes seconds, a healthy rank's publishes (layers,
-    #: DDP buckets, collectives) come far more often than that, and start-up, checkpoint I/O and
-    #: data loading have thresholds of their own.
-    stall_threshold_s: float = attrs.field(default=10.0, validator=_positive_s("stall_threshold_s"))
-    data_stall_threshold_s: float = attrs.field(default=60.0, validator=_positive_s("data_stall_threshold_s"))
+    #: it began). The defaults of these five live with the observer's config
+    #: (scout/core/observer/model.py, ``*_DEFAULT``: one home, the same for a bare observer), which
+    #: says why 10 s.
+    stall_threshold_s: float = attrs.field(default=STALL_THRESHOLD_S_DEFAULT, validator=_positive_s("stall_threshold_s"))
+    data_stall_threshold_s: float = attrs.field(default=DATA_STALL_THRESHOLD_S_DEFAULT,
+                                                validator=_positive_s("data_stall_threshold_s"))
     #: Checkpoint reads and writes, and the job's start-up (published as a checkpoint read).
     checkpoint_stall_threshold_s: float = attrs.field(
-        default=300.0, validator=_positive_s("checkpoint_stall_threshold_s"))
+        default=CHECKPOINT_STALL_THRESHOLD_S_DEFAULT, validator=_positive_s("checkpoint_stall_threshold_s"))
     #: A round ends when every peer answered or this long after it opened.
-    round_deadline_s: float = attrs.field(default=1.0, validator=_positive_s("round_deadline_s", 60.0))
+    round_deadline_s: float = attrs.field(default=ROUND_DEADLINE_S_DEFAULT,
+                                          validator=_positive_s("round_deadline_s", 60.0))
     #: While a stall lasts, rounds repeat this often (one report per stuck position).
-    recheck_interval_s: float = attrs.field(default=5.0, validator=_positive_s("recheck_interval_s", 600.0))
+    recheck_interval_s: float = attrs.field(default=RECHECK_INTERVAL_S_DEFAULT,
+                                            validator=_positive_s("recheck_interval_s", 600.0))
     #: Steps between two replay checks (1 = every step). One hidden layer is replayed per check,
     #: so a replay cycle -- every recipe once -- is ``replay_interval_steps x hidden layers``.
     replay_interval_steps: int = attrs.field(default=2, validator=_count("replay_interval_steps", 1, 1_000_000))

@@ -85,8 +85,9 @@ def attempts_of(view: RunView) -> list[Attempt]:
         for record in records:
             kind, reason, evidence = record["kind"], record["reason"], record.get("evidence") or {}
             if kind == ReportKind.RESTART and reason in ATTEMPT_STARTS:
+                lost = evidence.get("lost")
                 began = start_phrase(reason, record["step"], evidence.get("choice"), evidence.get("failure"),
-                                     evidence.get("lost"))
+                                     [str(item) for item in lost] if isinstance(lost, list) else None)
                 first = record["step"] or 0
             elif kind == ReportKind.RESTART and reason == "exhausted":
                 ended, badly = f"job stopped at step {record['step']}: restarts spent", True
@@ -126,7 +127,9 @@ def _time_s(record: dict[str, Any]) -> float | None:
 def _idle_s(record: dict[str, Any]) -> float | None:
     """How long the named rank had been idle when an observer reported it."""
     evidence = record.get("evidence") or {}
-    idle = [peer.get("idle_s") for peer in evidence.get("peers", []) if peer.get("rank") in record["ranks"]]
+    peers = evidence.get("peers")
+    peers = peers if isinstance(peers, list) else []  # evidence is each kind's own: OPS-12
+    idle = [peer.get("idle_s") for peer in peers if isinstance(peer, dict) and peer.get("rank") in record["ranks"]]
     values = [float(value) for value in idle if isinstance(value, (int, float))]
     if values:
         return max(values)
@@ -247,7 +250,9 @@ def _attempt_panel(axes: Any, attempt: Attempt, checkpoints: list[tuple[str, int
                 axes.text(step, -0.75, f"  {text}", fontsize=7, color=END_COLOUR, va="center", fontweight="bold")
                 legend["job stopped"] = Line2D([], [], marker="s", color=END_COLOUR, linestyle="")
         elif mark.style is MarkStyle.GROUP:
-            members = evidence.get("group_ranks", [])
+            members = evidence.get("group_ranks")
+            members = [m for m in members if isinstance(m, int) and not isinstance(m, bool)] \
+                if isinstance(members, list) else []
             if members:
                 axes.add_patch(Rectangle((step - 0.4, min(members) - 0.4), 0.8, max(members) - min(members) + 0.8,
                                          color=mark.colour, alpha=0.5, zorder=2))

@@ -6,6 +6,7 @@ is bound to (spec/recovery.md RECOVERY-6)."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import logging
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from scout import reports
+from scout.core.io_errors import name_write_error
 from scout.reports.kinds import ReportKind
 from scout.reports.timing import TIMING_FILE, TimingLog
 
@@ -74,9 +76,17 @@ def bind(path: str | os.PathLike[str], jobs: Sequence[str]) -> None:
     if bound_jobs(path) == tuple(jobs):
         return
     temporary = target.with_name(f".{JOB_FILE}.{os.getpid()}.tmp")
-    temporary.write_text(json.dumps({"jobs": list(jobs), "bound": datetime.datetime.now(datetime.timezone.utc)
-                                     .isoformat(timespec="seconds")}) + "\n", encoding="utf-8")
-    os.replace(temporary, target)
+    try:
+        temporary.write_text(json.dumps({"jobs": list(jobs), "bound": datetime.datetime.now(datetime.timezone.utc)
+                                         .isoformat(timespec="seconds")}) + "\n", encoding="utf-8")
+        os.replace(temporary, target)
+    except OSError as error:  # spec/ops.md OPS-13: a full run_dir names itself
+        with contextlib.suppress(OSError):
+            temporary.unlink()
+        named = name_write_error(error, target, "binding the run directory")
+        if named is error:
+            raise
+        raise named from error
 
 
 class RunDir:

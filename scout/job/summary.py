@@ -3,10 +3,11 @@
 It reads ``run_dir/reports.jsonl`` (every finding, ``scout.report/1``), ``run_dir/timing.jsonl``
 (every loop check's ratios, spec/replay.md LOOP-6) and the gate's manifest (``run_dir/gate``:
 the final trust of every checkpoint) and gives a summary -- faults by kind, with ranks, hosts,
-steps and reasons; the loop checks' ratios per rank; restarts and what they restored;
-checkpoint trust -- as
-text (:func:`summary_text`) or JSON (:func:`summary_json`). :mod:`scout.job.picture` draws it.
-No torch.
+steps and reasons; the loop checks' ratios per rank; restarts and what they restored; how each
+attempt ended (spec/ops.md OPS-13: an attempt that raised, or that left no ``finished`` report --
+a crash, a kill, a full run_dir -- is shown as such); checkpoint trust -- as text
+(:func:`summary_text`) or JSON (:func:`summary_json`). :mod:`scout.job.picture` draws it. Lines
+that are not reports (torn, or of the wrong types) are skipped and counted (OPS-12). No torch.
 """
 
 from __future__ import annotations
@@ -43,10 +44,24 @@ class RunView:
     last_step: int
     timing: tuple[dict[str, Any], ...] = ()  # LOOP-6: run_dir/timing.jsonl's records
     timing_skipped: int = 0  # its lines that could not be read (a torn last line)
+    skipped: int = 0  # OPS-12: lines of reports.jsonl that are not reports (torn, or of the wrong types)
 
     @property
     def faults(self) -> list[dict[str, Any]]:
         return [r for r in self.records if r["kind"] in FAULT_KINDS]
+
+    @property
+    def unclean(self) -> list[dict[str, Any]]:
+        """OPS-13: the attempts that did not end by closing scout or by a policy's stop."""
+        return [attempt for attempt in attempt_ends(self.records) if attempt["ended"] not in CLEAN_ENDS]
+
+
+def _natural(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _texts(value: object) -> list[str]:
+    return [str(item) for item in value] if isinstance(value, list) else []
 
 
 def load_run(run_dir: str | Path) -> RunView:
@@ -54,7 +69,8 @@ def load_run(run_dir: str | Path) -> RunView:
     path = Path(run_dir)
     if not path.is_dir():
         raise FileNotFoundError(f"{path} is not a run directory (scout.attach's run_dir)")
-    records = tuple(reports.read_records(path / reports.REPORTS_FILE))
+    found = reports.read_reports(path / reports.REPORTS_FILE)
+    records = found.records
     checkpoints: list[tuple[int, int, str, str]] = []
     problem: str | None = None
     gate = path / "gate"
@@ -70,14 +86,18 @@ def load_run(run_dir: str | Path) -> RunView:
             problem = str(error)
     world = 0
     for record in records:
-        world = max(world, int(record["evidence"].get("world_size", 0) or 0), *(r + 1 for r in record["ranks"]))
-        world = max([world, *(p["rank"] + 1 for p in record["evidence"].get("peers", []))])
+        # Evidence is each kind's own: a value of another type is not a rank (OPS-12).
+        evidence = record["evidence"]
+        peers = evidence.get("peers") if isinstance(evidence.get("peers"), list) else []
+        world = max([world, _natural(evidence.get("world_size")) or 0, *(r + 1 for r in record["ranks"]),
+                     *((_natural(p.get("rank")) or 0) + 1 for p in peers if isinstance(p, dict))])
     timing = read_timing(path / TIMING_FILE)
     for record in timing.records:
         world = max([world, *(int(r) + 1 for r in record["ranks"])])
     last_step = max([0, *(r["step"] or 0 for r in records), *(c[1] for c in checkpoints),
                      *(r["step"] for r in timing.records)])
-    return RunView(path, records, tuple(checkpoints), problem, world, last_step, timing.records, timing.skipped)
+    return RunView(path, records, tuple(checkpoints), problem, world, last_step, timing.records, timing.skipped,
+                   found.skipped)
 
 
 def attempt_numbers(records: Sequence[dict[str, Any]]) -> list[int]:
@@ -90,6 +110,39 @@ def attempt_numbers(records: Sequence[dict[str, Any]]) -> list[int]:
             starts += 1
         numbers.append(max(0, starts - 1))
     return numbers
+
+
+#: How an attempt may end and still be clean (OPS-13): scout closed, or a policy stopped it.
+CLEAN_ENDS: Final = ("closed", "stopped")
+
+
+def attempt_ends(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """OPS-13: how each attempt (:func:`attempt_numbers`) ended: ``closed`` (``finished``
+    ``closed``), ``stopped`` (a policy's ``restart`` report), ``exception`` or ``interrupted``
+    (``finished`` with that reason and its error), or ``none``: no end report at all -- it
+    crashed, was killed, could not write its run_dir (full), or still runs."""
+    ends: list[dict[str, Any]] = []
+    for record in records:
+        kind, reason = record["kind"], record["reason"]
+        if kind == ReportKind.RESTART.value and reason in ATTEMPT_STARTS:
+            ends.append({"attempt": len(ends), "generation": record["generation"], "ended": "none", "step": None,
+                         "error": None})
+        elif ends and ends[-1]["ended"] == "none" and kind == ReportKind.FINISHED.value:
+            error = record["evidence"].get("error")
+            ends[-1].update(ended="closed" if reason == "closed" else reason, step=record["step"],
+                            error=None if error is None else str(error))
+        elif ends and ends[-1]["ended"] == "none" and kind == ReportKind.RESTART.value:
+            ends[-1].update(ended="stopped", step=record["step"], error=reason)
+    return ends
+
+
+def end_phrase(end: dict[str, Any]) -> str:
+    """OPS-13: an attempt that did not end cleanly, in one line of ``scout report``."""
+    where = f" at step {end['step']}" if end["step"] is not None else ""
+    if end["ended"] == "none":
+        return (f"attempt {end['attempt']} did not end cleanly: no finished report (it crashed, was killed, could "
+                "not write its run_dir -- full? -- or still runs; see the job's log)")
+    return f"attempt {end['attempt']} ended by {end['ended']}{where}: {_clip(str(end['error'] or '?'), 300)}"
 
 
 def start_phrase(reason: str, step: int, choice: str | None, failure: str | None, lost: list[str] | None = None) -> str:
@@ -108,7 +161,7 @@ def summary_json(view: RunView) -> dict[str, Any]:
     numbers = dict(zip(map(id, view.records), attempt_numbers(view.records), strict=True))
     restarts = [{"generation": r["generation"], "attempt": numbers[id(r)], "step": r["step"], "reason": r["reason"],
                  "failure": r["evidence"].get("failure"), "choice": r["evidence"].get("choice"),
-                 "lost": list(r["evidence"].get("lost") or [])}
+                 "lost": _texts(r["evidence"].get("lost"))}
                 for r in view.records if r["kind"] == ReportKind.RESTART]
     verified = [f"t{t}/s{s}" for t, s, trust, _ in view.checkpoints if trust == Trust.RECOVERY_VERIFIED.value]
     return {
@@ -125,6 +178,9 @@ def summary_json(view: RunView) -> dict[str, Any]:
                         for t, s, trust, reason in view.checkpoints],
         "restore_candidate": verified[-1] if verified else None,
         "manifest_problem": view.manifest_problem,
+        "attempts": attempt_ends(view.records),
+        "unclean_attempts": [end["attempt"] for end in view.unclean],
+        "skipped_lines": view.skipped,
         "exclude_hosts": _exclude_hosts(view.run_dir),
         "loop_timing": loop_timing_json(view.timing, view.timing_skipped,
                                         [r for r in view.records if r["kind"] == ReportKind.STRAGGLER]),
@@ -133,7 +189,10 @@ def summary_json(view: RunView) -> dict[str, Any]:
 
 def _exclude_hosts(run_dir: Path) -> list[str]:
     path = run_dir / "exclude_hosts.txt"
-    return path.read_text(encoding="utf-8").split() if path.is_file() else []
+    if not path.is_file():
+        return []
+    with path.open("rb") as file:
+        return file.read(1 << 20).decode("utf-8", "replace").split()
 
 
 def _clip(text: str, width: int) -> str:
@@ -148,6 +207,8 @@ def summary_text(view: RunView) -> str:
         for r in view.faults:
             lines.append(f"{r['kind']:<16} {str(r['ranks']):<10} {','.join(r['hosts']) or '-':<18} "
                          f"{r['step'] if r['step'] is not None else '-':>6}  {r['generation']:>3}  {r['reason']}")
+    elif view.unclean or view.skipped:
+        lines.append("no fault reported, but the run did not end cleanly (below)")
     else:
         lines.append("no fault reported")
     unchecked = [r for r in view.records if r["kind"] == ReportKind.UNCHECKED]
@@ -162,6 +223,10 @@ def summary_text(view: RunView) -> str:
         what = (start_phrase(restart["reason"], restart["step"], restart["choice"], restart["failure"], restart["lost"])
                 if restart["reason"] in ATTEMPT_STARTS else f"stopped by policy ({restart['reason']})")
         lines.append(f"attempt {restart['attempt']}: {what}")
+    lines += [end_phrase(end) for end in view.unclean]  # OPS-13
+    if view.skipped:  # OPS-12
+        lines.append(f"{view.skipped} line(s) of {reports.REPORTS_FILE} skipped: torn (a crash or a full disk) or not "
+                     f"{reports.SCHEMA} records")
     if data["checkpoints"]:
         lines.append("")
         lines.append("checkpoints: " + ", ".join(f"{c['checkpoint']} {c['trust']}" for c in data["checkpoints"]))

@@ -212,8 +212,11 @@ class RecordIdentity:
 def launcher_job_id(environ: Mapping[str, str]) -> str:
     """The launcher's name for this job, the same in every restart of it: ``SCOUT_JOB_ID``,
     torchrun's ``TORCHELASTIC_RUN_ID`` (its default ``none`` is qualified by the rendezvous
-    endpoint, which two jobs on one host cannot share), Slurm's job and step, MPI's namespace;
-    last, the rendezvous endpoint or the launching process."""
+    endpoint, which two jobs on one host cannot share), Slurm's job and step, MPI's namespace
+    (``PMIX_NAMESPACE``: Open MPI 5, PRRTE, Slurm's PMIx; ``OMPI_MCA_orte_ess_jobid``: Open MPI
+    4). MPICH's and Intel MPI's ``mpiexec`` (Hydra: ``PMI_RANK`` set) export no name for the
+    job: there it is ``mpi@`` and the rendezvous endpoint. Last, the rendezvous endpoint or the
+    launching process. docs/attach.md ("Job identity") lists the same, in the same order."""
     env = environ
     endpoint = f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}" if "MASTER_ADDR" in env and "MASTER_PORT" in env else ""
     run_id = env.get("TORCHELASTIC_RUN_ID", "")
@@ -222,8 +225,9 @@ def launcher_job_id(environ: Mapping[str, str]) -> str:
     slurm = env.get("SLURM_JOB_ID", "")
     if slurm and env.get("SLURM_STEP_ID"):
         slurm = f"{slurm}.{env['SLURM_STEP_ID']}"
+    hydra = f"mpi@{endpoint}" if endpoint and "PMI_RANK" in env else ""
     return (env.get("SCOUT_JOB_ID") or run_id or slurm or env.get("PMIX_NAMESPACE") or env.get("OMPI_MCA_orte_ess_jobid")
-            or endpoint or f"local-{os.getppid()}")
+            or hydra or endpoint or f"local-{os.getppid()}")
 
 
 def record_name(job_id: str, generation: int, rank: int) -> str:

@@ -184,6 +184,11 @@ def _start_sidecar(spec: dict[str, Any]) -> tuple[subprocess.Popen[bytes] | None
             process.wait(5.0)
         return None, None
     address = message.get("metrics_address")
+    if message.get("metrics_error"):
+        # OPS-9: only the metrics are off; the sidecar runs on_report (and writes its node file).
+        logger.warning("scout: the ops sidecar on %s %s; metrics are off on this node%s (pick another metrics_port, "
+                       "or 0 for any free port)", spec["host"], message["metrics_error"],
+                       ", on_report still runs" if spec.get("on_report") else "")
     if address:
         logger.info("scout: metrics of %s at http://%s:%d/metrics", spec["host"], address[0], address[1])
     return process, (str(address[0]), int(address[1])) if address else None

@@ -9,14 +9,18 @@ metrics_port`` (prometheus_client's server thread), runs ``on_report`` for each 
 (OPS-4), and writes ``run_dir/ops/node-<host>-r<rank>.json`` (its ranks' progress and the metrics
 address) once a second for ``scout serve`` and for people.
 
+A metrics port it cannot bind (taken by another job on the host) switches off the metrics
+only: the hook runs and the node file is written all the same (OPS-9). A report it cannot count
+is logged and skipped; the reports after it are counted and hooked (OPS-12).
+
 It ends when every trainer of its node is gone (record closed, or process dead) or on SIGTERM:
 a last read of the reports (so their hooks run), queued hooks get ``on_report_timeout_s``, and a
 watchdog ends the process ``EXIT_DEADLINE_S`` after that whatever the loop is blocked on (OPS-2).
 
 Protocol with the trainer that starts it: stdin, one JSON line (the spec: run directory, the
 node's ranks with their record names and tokens, settings); stdout, one JSON line once it
-serves (``{"ready": true, "metrics_address": [host, port] | null}``) or fails
-(``{"error": "..."}``).
+runs (``{"ready": true, "metrics_address": [host, port] | null, "metrics_error": "..." | null}``)
+or fails (``{"error": "..."}``).
 """
 
 from __future__ import annotations
@@ -169,7 +173,13 @@ class Sidecar:
 
     def _read_reports(self) -> None:
         for record in self.tail.read():
-            counted = self.state.add_record(record, _unix_time(record.get("time")))
+            # OPS-12: the tail hands over well-typed reports only; should one still fail to count,
+            # it is logged and the rest of the read is counted and hooked all the same.
+            try:
+                counted = self.state.add_record(record, _unix_time(record.get("time")))
+            except Exception as error:
+                _log(self.host, f"a report it cannot count was skipped ({error!r}): {str(record)[:200]}")
+                continue
             if counted and self.hooks is not None:
                 self.hooks.submit(record)
 
@@ -331,12 +341,17 @@ def main() -> int:
     except (KeyError, TypeError, ValueError) as error:
         _say({"error": f"a spec it cannot use: {error!r}"})
         return EXIT_FAILED
+    metrics_error = None
     try:
         sidecar.serve_metrics()
-    except Exception as error:  # a taken port, a missing prometheus_client: say so and stop
-        _say({"error": f"cannot serve metrics on {spec.get('metrics_addr')}:{spec.get('metrics_port')}: {error}"})
-        return EXIT_FAILED
-    _say({"ready": True, "metrics_address": list(sidecar.metrics_address) if sidecar.metrics_address else None})
+    except Exception as error:  # a taken port, a missing prometheus_client
+        # OPS-9: the metrics are off on this node; the alerts (on_report) and the node file are not.
+        metrics_error = f"cannot serve metrics on {spec.get('metrics_addr')}:{spec.get('metrics_port')}: {error}"
+        _log(sidecar.host, f"{metrics_error}; metrics are off on this node, "
+             + ("on_report still runs" if sidecar.hooks is not None else "its node file is still written")
+             + " (OPS-9)")
+    _say({"ready": True, "metrics_address": list(sidecar.metrics_address) if sidecar.metrics_address else None,
+          "metrics_error": metrics_error})
     poll_interval_s = float(spec.get("poll_interval_s", 0.25))
     hook_timeout_s = float(spec.get("on_report_timeout_s", 10.0))
     finished = threading.Event()

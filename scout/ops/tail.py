@@ -1,11 +1,12 @@
 """Follow ``run_dir/reports.jsonl`` as it grows: each call returns the complete records appended
 since the last one. Writers append one whole line under a lock (:mod:`scout.reports`), so a
 line without its newline yet is held back until it is complete; a file that shrank or was
-replaced is followed again from its start. Every read is bounded (``READ_BYTES_MAX``)."""
+replaced is followed again from its start. Every read is bounded (``READ_BYTES_MAX``). A line
+that is not a report (:func:`scout.reports.parse_record`: torn, or of the wrong types) is
+skipped and counted in ``skipped`` (spec/ops.md OPS-12): it never costs the lines after it."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any, Final
@@ -22,19 +23,24 @@ class ReportTail:
     """The records appended to one reports file since the previous :meth:`read`.
 
     ``from_end``: start at the file's current end (only records written from now on), else at
-    its start. ``offset`` is the byte offset of the next unread line.
+    ``offset`` (the start of a line; 0, the file's start, by default). ``offset`` is the byte
+    offset of the next unread line.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, from_end: bool) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, from_end: bool, offset: int = 0) -> None:
+        if offset < 0:
+            raise ValueError(f"offset must be >= 0, got {offset}")
         self.path = Path(path)
-        self.offset = 0
+        self.offset = offset
+        self.skipped = 0  # lines read that were not reports (OPS-12)
         self._identity: tuple[int, int] | None = None
-        if from_end:
+        if from_end or offset:
             try:
                 status = self.path.stat()
             except OSError:
+                self.offset = 0
                 return
-            self.offset = status.st_size
+            self.offset = status.st_size if from_end else offset
             self._identity = (status.st_dev, status.st_ino)
 
     def read(self, max_bytes: int = READ_BYTES_MAX) -> list[dict[str, Any]]:
@@ -61,10 +67,11 @@ class ReportTail:
         self.offset += end + 1
         records = []
         for raw in data[: end + 1].splitlines():
-            try:
-                value = json.loads(raw)
-            except ValueError:
-                continue  # a torn line from a crash elsewhere, as reports.read_records skips it
-            if isinstance(value, dict) and value.get("schema") == reports.SCHEMA:
-                records.append(value)
+            if not raw.strip():
+                continue
+            record = reports.parse_record(raw)
+            if record is None:
+                self.skipped += 1  # torn by a crash, or not a report: skipped as read_reports does
+            else:
+                records.append(record)
         return records

@@ -4,22 +4,31 @@
 Every report kind -- a hang or desync from the observers, an SDC or a straggler from replay, a
 checkpoint trust change from the gate, a restart decision -- is built by :func:`make_record`
 (which checks it against the schema's rules and refuses a bad field naming it) and appended by
-:func:`append_record` (one ``write`` of one line under an exclusive lock, then ``fsync``: a
-crash never leaves half a line, and several processes on one host can append to one file).
+:func:`append_record` (one ``write`` of one line under an exclusive lock, then ``fsync``; several
+processes on one host can append to one file). A crash -- or a full disk -- can still leave a
+torn last line: the next append starts on a fresh line, so the torn one costs only itself
+(spec/ops.md OPS-11). Readers take a line as a report only when :func:`parse_record` accepts it
+(every field of the schema with its type), so one damaged or forged line never stops a reader
+(OPS-12); :func:`read_reports` also counts the lines it skipped.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import fcntl
 import json
 import os
 import re
+import stat
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
+import attrs
+
+from scout.core.io_errors import name_write_error
 from scout.reports.kinds import ReportKind, Source
 
 __all__ = [
@@ -31,9 +40,13 @@ __all__ = [
     "ReportError",
     "ReportKind",
     "append_hosts",
+    "ReportReading",
     "append_record",
+    "fresh_line_prefix",
     "make_record",
+    "parse_record",
     "read_records",
+    "read_reports",
     "record_line",
     "utc_now",
 ]
@@ -155,22 +168,48 @@ def _locked(fd: int) -> Iterator[None]:
         fcntl.flock(fd, fcntl.LOCK_UN)
 
 
+def fresh_line_prefix(fd: int, path: str | os.PathLike[str]) -> bytes:
+    """OPS-11: ``b"\\n"`` when the regular file open on ``fd`` (for appending, at ``path``) does
+    not end with a newline -- a line torn by a crash or a full disk -- so that what is appended
+    next starts a line of its own instead of being glued to the torn one (and lost with it);
+    else ``b""``. The last byte is read through a descriptor of its own, so ``fd`` stays
+    write-only (a FIFO or a device in the file's place is written as before, never read)."""
+    status = os.fstat(fd)
+    if not stat.S_ISREG(status.st_mode) or status.st_size == 0:
+        return b""
+    reader = os.open(path, os.O_RDONLY)
+    try:
+        last = os.pread(reader, 1, status.st_size - 1)
+    finally:
+        os.close(reader)
+    return b"" if last in (b"\n", b"") else b"\n"
+
+
 def append_record(path: str | os.PathLike[str], record: Mapping[str, Any]) -> None:
-    """Append one report line durably: one write under an exclusive lock, then fsync."""
+    """Append one report line durably: one write under an exclusive lock, then fsync. It starts
+    on a fresh line (OPS-11). A failure raises an OSError that names the file (OPS-13)."""
     line = (json.dumps(record, sort_keys=True) + "\n").encode("utf-8")
     if len(line) > REPORT_BYTES_MAX:
         raise ReportError(f"report line of {len(line)} bytes is over REPORT_BYTES_MAX={REPORT_BYTES_MAX}")
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        with _locked(fd):
-            written = os.write(fd, line)
-            if written != len(line):
-                raise OSError(f"short write to {target}: {written} of {len(line)} bytes")
-            os.fsync(fd)
-    finally:
-        os.close(fd)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            with _locked(fd):
+                data = fresh_line_prefix(fd, target) + line
+                written = os.write(fd, data)
+                if written != len(data):
+                    raise OSError(errno.ENOSPC if written else errno.EIO,
+                                  f"short write: {written} of {len(data)} bytes")
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as error:
+        named = name_write_error(error, target, "appending a report")  # OPS-13
+        if named is error:
+            raise
+        raise named from error
     audit = os.environ.get("SCOUT_REPORT_AUDIT_FILE")
     if audit:  # tests: every report any process writes is validated against the schema at the end
         fd = os.open(audit, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -180,26 +219,81 @@ def append_record(path: str | os.PathLike[str], record: Mapping[str, Any]) -> No
             os.close(fd)
 
 
-def read_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Every report in a reports file, in order. A missing file is no reports; a line that is
-    not a JSON object (a torn write from a crash elsewhere) is skipped; the file is read at most
-    ``REPORTS_FILE_BYTES_MAX`` bytes far."""
+def _natural(value: object, *, optional: bool = False) -> bool:
+    if value is None:
+        return optional
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def parse_record(raw: bytes | str) -> dict[str, Any] | None:
+    """OPS-12: the report on one line of a reports file, or None when the line is not one --
+    torn, not JSON, another schema, or a ``scout.report/1`` tag on fields of the wrong type
+    (every field :func:`make_record` writes is checked, except what ``evidence`` holds, which
+    each kind defines). Readers skip (and count) what this refuses instead of failing on it."""
+    try:
+        value = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(value, dict) or value.get("schema") != SCHEMA:
+        return None
+    ranks, hosts = value.get("ranks"), value.get("hosts")
+    valid = (
+        # A kind or source this version does not know may come from a newer one: a string is
+        # kept (readers ask ReportKind and pass over what it does not name).
+        isinstance(value.get("kind"), str)
+        and isinstance(value.get("source"), str)
+        and isinstance(value.get("reason"), str)
+        and isinstance(value.get("time"), str)
+        and isinstance(value.get("job_id"), str)
+        and isinstance(ranks, list) and all(_natural(rank) for rank in ranks)
+        and isinstance(hosts, list) and all(isinstance(host, str) for host in hosts)
+        and _natural(value.get("step"), optional=True)
+        and _natural(value.get("generation"))
+        and _natural(value.get("reporter_rank"), optional=True)
+        and isinstance(value.get("evidence"), dict)
+    )
+    return value if valid else None
+
+
+@attrs.frozen
+class ReportReading:
+    """What :func:`read_reports` found: the reports in file order, and the non-empty lines it
+    skipped (torn by a crash or a full disk, or not ``scout.report/1`` records: OPS-12)."""
+
+    records: tuple[dict[str, Any], ...]
+    skipped: int
+
+
+def read_reports(path: str | os.PathLike[str]) -> ReportReading:
+    """Every report in a reports file, in order, and the lines skipped. A missing file is no
+    reports; the file is read line by line, at most ``REPORTS_FILE_BYTES_MAX`` bytes far."""
     target = Path(path)
     if not target.exists():
-        return []
+        return ReportReading((), 0)
     if not target.is_file():
         raise ReportError(f"{target} is not a regular file; a reports file is a JSON-lines file")
     records: list[dict[str, Any]] = []
+    skipped = 0
+    read = 0
     with target.open("rb") as file:
-        data = file.read(REPORTS_FILE_BYTES_MAX)
-    for raw in data.splitlines():
-        try:
-            value = json.loads(raw)
-        except ValueError:
-            continue
-        if isinstance(value, dict) and value.get("schema") == SCHEMA:
-            records.append(value)
-    return records
+        for raw in file:
+            read += len(raw)
+            if read > REPORTS_FILE_BYTES_MAX:
+                break
+            if not raw.strip():
+                continue
+            record = parse_record(raw)
+            if record is None:
+                skipped += 1
+            else:
+                records.append(record)
+    return ReportReading(tuple(records), skipped)
+
+
+def read_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Every report in a reports file, in order (:func:`read_reports` without the count of
+    skipped lines)."""
+    return list(read_reports(path).records)
 
 
 def record_line(record: Mapping[str, Any]) -> str:
@@ -211,16 +305,25 @@ def record_line(record: Mapping[str, Any]) -> str:
 
 
 def append_hosts(path: str | os.PathLike[str], hosts: list[str]) -> None:
-    """Add hosts to an exclude-hosts file (one per line, each once), durably."""
+    """Add hosts to an exclude-hosts file (one per line, each once), durably; on a fresh line
+    (OPS-11). A failure raises an OSError that names the file (OPS-13)."""
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(target, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        with _locked(fd):
-            known = set(os.pread(fd, 1 << 20, 0).decode("utf-8", "replace").split())
-            new = [host for host in dict.fromkeys(hosts) if host and host not in known]
-            if new:
-                os.write(fd, "".join(f"{host}\n" for host in new).encode())
-                os.fsync(fd)
-    finally:
-        os.close(fd)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(target, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            with _locked(fd):
+                known = set(os.pread(fd, 1 << 20, 0).decode("utf-8", "replace").split())
+                new = [host for host in dict.fromkeys(hosts) if host and host not in known]
+                if new:
+                    data = fresh_line_prefix(fd, target) + "".join(f"{host}\n" for host in new).encode()
+                    if os.write(fd, data) != len(data):
+                        raise OSError(errno.ENOSPC, f"short write of {len(data)} bytes")
+                    os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as error:
+        named = name_write_error(error, target, "adding hosts")  # OPS-13
+        if named is error:
+            raise
+        raise named from error

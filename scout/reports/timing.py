@@ -6,7 +6,9 @@ It is observation, not a finding: nothing is decided from it, so it is a file of
 never part of ``reports.jsonl`` (``restore()`` classifies attempts from the reports). Only the
 pipeline's reporter rank writes it (:class:`TimingLog`, one process), with one ``write`` of a
 whole line per record and no fsync; a crash leaves at most a torn last line, which
-:func:`read_timing` skips and counts. The file is bounded in lines of each kind (so the replay's
+:func:`read_timing` skips and counts, and the next append starts on a fresh line (spec/ops.md
+OPS-11). A line tagged ``scout.timing/1`` whose fields have the wrong types is skipped and
+counted the same way (OPS-12). The file is bounded in lines of each kind (so the replay's
 checks, several per loop check, cannot crowd the loop's out) and in bytes, across attempts.
 """
 
@@ -22,7 +24,7 @@ from typing import Any, Final
 
 import attrs
 
-from scout.reports import ReportError, utc_now
+from scout.reports import ReportError, fresh_line_prefix, utc_now
 
 __all__ = [
     "TIMING_FILE",
@@ -183,7 +185,10 @@ class TimingLog:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             try:
-                written = os.write(fd, line)  # one write of the whole line: a crash tears the last line only
+                # One write of the whole line (a crash tears the last line only), on a fresh line
+                # after a torn one (OPS-11).
+                data = fresh_line_prefix(fd, self.path) + line
+                written = os.write(fd, data)
             finally:
                 os.close(fd)
         except OSError as error:
@@ -192,7 +197,32 @@ class TimingLog:
             return False
         lines[kind] += 1
         self.bytes += written
-        return written == len(line)
+        return written == len(data)
+
+
+def _natural(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _numbers(value: object, length: int) -> bool:
+    return isinstance(value, list) and len(value) == length and all(
+        item is None or (isinstance(item, (int, float)) and not isinstance(item, bool)) for item in value)
+
+
+def _timing_record(value: object) -> bool:
+    """OPS-12: a ``scout.timing/1`` record with every field the readers use of its type."""
+    if not isinstance(value, dict) or value.get("schema") != TIMING_SCHEMA:
+        return False
+    ranks = value.get("ranks")
+    if not isinstance(ranks, list) or not all(_natural(rank) for rank in ranks):
+        return False
+    slow_ratio = value.get("slow_ratio")
+    confirmed = value.get("confirmed", [])
+    return (value.get("kind") in TIMING_KINDS and _natural(value.get("step"))
+            and (value.get("generation") is None or _natural(value.get("generation")))
+            and all(_numbers(value.get(field), len(ranks)) for field in ("times_ms", "performance_ratio", "evidence"))
+            and (slow_ratio is None or (isinstance(slow_ratio, (int, float)) and not isinstance(slow_ratio, bool)))
+            and isinstance(confirmed, list) and all(_natural(rank) for rank in confirmed))
 
 
 @attrs.frozen
@@ -221,13 +251,10 @@ def read_timing(path: str | os.PathLike[str]) -> TimingReading:
             continue
         try:
             value = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             skipped += 1
             continue
-        if (isinstance(value, dict) and value.get("schema") == TIMING_SCHEMA and isinstance(value.get("step"), int)
-                and isinstance(value.get("ranks"), list)
-                and all(isinstance(value.get(f), list) and len(value[f]) == len(value["ranks"])
-                        for f in ("times_ms", "performance_ratio", "evidence"))):
+        if _timing_record(value):
             records.append(value)
         else:
             skipped += 1

@@ -143,3 +143,78 @@ def page_server(run_dir: Path) -> Iterator[str]:
         _stop(process)
         if process.stdout is not None:
             process.stdout.close()
+
+
+@contextlib.contextmanager
+def serve(run_dir: Path, *arguments: str) -> Iterator[tuple[str, int]]:
+    """``scout serve RUN_DIR --port 0 ARGUMENTS...`` as a process; yields the page's URL and its pid."""
+    import re
+    import sys
+
+    process = subprocess.Popen([sys.executable, "-m", "scout.cli", "serve", str(run_dir), "--port", "0", *arguments],
+                               stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert process.stdout is not None
+        found = re.search(r"http://\S+/", process.stdout.readline())
+        if found is None:
+            raise RuntimeError(f"scout serve did not print its address (exit code {process.poll()})")
+        yield found.group(0), process.pid
+    finally:
+        _stop(process)
+        if process.stdout is not None:
+            process.stdout.close()
+
+
+#: A process that publishes progress like a trainer (the sidecar's rank): its record's name,
+#: token, pid and start ticks on its first line; it runs a minute at most.
+TRAINER = """
+import json, os, sys, time
+from scout.observer.progress import ProgressPublisher, RecordIdentity, process_start_ticks
+publisher = ProgressPublisher(RecordIdentity("ops-test-" + sys.argv[1], 0, 5))
+publisher.begin_step(12)
+print(json.dumps({"name": publisher.name, "token": publisher.token.hex(), "pid": os.getpid(),
+                  "start_ticks": process_start_ticks(os.getpid()) or 0}), flush=True)
+for _ in range(1200):
+    publisher.advance()
+    time.sleep(0.05)
+"""
+
+
+@contextlib.contextmanager
+def fake_trainer(tag: str) -> Iterator[tuple[subprocess.Popen[str], dict[str, Any]]]:
+    """A process with a progress record, as a trainer has; killed at the end."""
+    import signal
+    import sys
+
+    process = subprocess.Popen([sys.executable, "-c", TRAINER, tag], stdout=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    try:
+        assert process.stdout is not None
+        yield process, json.loads(process.stdout.readline())
+    finally:
+        process.send_signal(signal.SIGCONT)
+        process.kill()
+        process.wait(10)
+        if process.stdout is not None:
+            process.stdout.close()
+
+
+@contextlib.contextmanager
+def sidecar(spec: dict[str, Any], log: Path) -> Iterator[tuple[subprocess.Popen[str], dict[str, Any]]]:
+    """``python -m scout.ops.sidecar`` given ``spec``, its stderr to ``log``; yields the process
+    and its first line (ready or error). Killed at the end if it still runs."""
+    import sys
+
+    with log.open("w") as stderr:
+        process = subprocess.Popen([sys.executable, "-m", "scout.ops.sidecar"], stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True)
+    try:
+        assert process.stdin is not None and process.stdout is not None
+        process.stdin.write(json.dumps(spec) + "\n")
+        process.stdin.flush()
+        yield process, json.loads(process.stdout.readline())
+    finally:
+        _stop(process)
+        for stream in (process.stdin, process.stdout):
+            if stream is not None:
+                stream.close()

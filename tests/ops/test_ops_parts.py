@@ -264,3 +264,37 @@ def test_OPS_4_the_webhook_example_posts_faults_and_ignores_the_rest(webhook: tu
     closed = {**env, "ALERT_WEBHOOK_URL": "http://127.0.0.1:9/nothing-listens"}
     done = processes.run(example, input=json.dumps(_record()), env=closed, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and "posting the hang report failed" in done.stderr
+
+
+def test_OPS_10_a_scontrol_that_cannot_start_is_a_slurm_error_and_a_held_job_says_how_to_release_it() -> None:
+    from scout.ops.slurm import run_scontrol
+
+    # The kernel refuses one argument over 128 KiB (E2BIG): a SlurmError naming it, no traceback.
+    with pytest.raises(SlurmError, match="could not be started: Argument list too long"):
+        run_scontrol(["update", "x" * 200_000], scontrol="true")
+    slurm = ScriptedSlurm()
+
+    def failing_update(arguments: Sequence[str]) -> str:
+        if arguments[0] == "update":
+            raise SlurmError("scontrol update ... could not be started: Argument list too long")
+        return slurm(arguments)
+
+    with pytest.raises(SlurmError, match=r"could not be started.*job 42 is held; release it by hand with: "
+                                         r"scontrol release 42"):
+        requeue_excluding("42", ["node2"], run=failing_update, sleep=lambda _s: None)
+    assert slurm.held
+
+
+def test_OPS_10_an_exclude_file_that_cannot_be_used_is_named(tmp_path: Path) -> None:
+    from scout.ops.slurm import read_exclude_file
+
+    path = tmp_path / "exclude_hosts.txt"
+    with pytest.raises(FileNotFoundError):
+        read_exclude_file(path)
+    path.write_bytes(b"gpu1\n\xffgpu2\n")
+    with pytest.raises(SlurmError, match=r"exclude_hosts.txt is not UTF-8 text \(byte 5"):
+        read_exclude_file(path)
+    path.unlink()
+    path.mkdir()
+    with pytest.raises(SlurmError, match="is a directory"):
+        read_exclude_file(path)

@@ -7,6 +7,7 @@ node and finishes. Skipped with a one-line reason where Slurm cannot start."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -89,5 +90,70 @@ def test_OPS_7_OPS_8_a_requeued_job_never_lands_on_the_host_scout_excluded(tmp_p
         assert [r["step"] for r in finished] == [4], "the requeued run trains to its end"
         phases["second run ended"] = time.monotonic() - began
         print("Slurm phases (s after sbatch): " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items()))
+    finally:
+        context.__exit__(None, None, None)
+
+
+def _requeue(cluster: slurm_cluster.Cluster, *arguments: str) -> subprocess.CompletedProcess[str]:
+    return processes.run([sys.executable, "-m", "scout.cli", "slurm-requeue", *arguments], env=cluster.env,
+                         capture_output=True, text=True, timeout=90)
+
+
+def _untouched(job: dict[str, str]) -> bool:
+    """Still running its first run, not held, nothing excluded."""
+    return (job["JobState"], job["Restarts"], job.get("ExcNodeList", "(null)")) == ("RUNNING", "0", "(null)") and \
+        "Held" not in job.get("Reason", "")
+
+
+def test_OPS_10_requeue_refuses_what_it_cannot_use_before_touching_the_job(tmp_path: Path) -> None:
+    # Issue 39, attacks 3 and 11, against a real scontrol: no exclude_hosts.txt (a misspelt
+    # RUN_DIR, or a node-local one read from elsewhere) requeued with nothing excluded and exit 0;
+    # a non-UTF-8 file or a directory in its place gave tracebacks; a list too long for one
+    # argument left the job held without a word on how to release it.
+    try:
+        context = slurm_cluster.start(tmp_path / "slurm-logs", str(Path(sys.executable).parent))
+        cluster = context.__enter__()
+    except slurm_cluster.Unavailable as why:
+        pytest.skip(str(why))
+    try:
+        submitted = processes.run(["sbatch", "--parsable", "--requeue", "--nodes=1", f"--output={tmp_path}/job-%j.out",
+                                   "--wrap", "sleep 300"], env=cluster.env, cwd=tmp_path, capture_output=True,
+                                  text=True, timeout=30)
+        assert submitted.returncode == 0, submitted.stderr
+        job_id = submitted.stdout.strip().split(";")[0]
+        _wait_state(cluster, job_id, {"RUNNING"}, JOB_TIMEOUT_S)
+        run_dir = tmp_path / "run"
+        run_dir.mkdir()
+        (run_dir / "job.json").write_text('{"jobs": ["x"]}\n')
+
+        for arguments, said in (
+                ((str(tmp_path / "rnu"),), "is not a directory here"),  # a misspelt RUN_DIR
+                ((str(run_dir),), "exclude_hosts.txt does not exist"),  # a node-local run_dir, read elsewhere
+                ((str(run_dir), "--exclude-file", str(tmp_path / "nowhere.txt")), "does not exist")):
+            done = _requeue(cluster, job_id, *arguments)
+            assert done.returncode == 2 and said in done.stderr and "--allow-no-exclude-file" in done.stderr, done
+            assert "Traceback" not in done.stderr and _untouched(cluster.job(job_id)), cluster.job(job_id)
+
+        exclude = run_dir / "exclude_hosts.txt"
+        exclude.write_bytes(b"scoutnode2\n\xff\xfenode\n")
+        done = _requeue(cluster, job_id, str(run_dir))
+        assert done.returncode == 2 and "is not UTF-8 text" in done.stderr and "Traceback" not in done.stderr, done
+        exclude.unlink()
+        exclude.mkdir()
+        done = _requeue(cluster, job_id, str(run_dir))
+        assert done.returncode == 2 and "is a directory" in done.stderr and "Traceback" not in done.stderr, done
+        exclude.rmdir()
+        # 20,000 names: an ExcNodeList of 220 kB, over what one argument may hold (128 KiB).
+        exclude.write_text("".join(f"gpu{index:06d}\n" for index in range(20_000)))
+        done = _requeue(cluster, job_id, str(run_dir))
+        assert done.returncode == 2 and "argument list too long" in done.stderr and "not touched" in done.stderr, done
+        assert "Traceback" not in done.stderr and _untouched(cluster.job(job_id)), cluster.job(job_id)
+
+        # On purpose, with nothing to exclude: requeued, and the output says no host was added.
+        exclude.unlink()
+        done = _requeue(cluster, job_id, str(run_dir), "--allow-no-exclude-file")
+        assert done.returncode == 0 and "no host added" in done.stdout, done
+        requeued = _wait_state(cluster, job_id, {"RUNNING"}, JOB_TIMEOUT_S)
+        assert requeued["Restarts"] == "1", requeued
     finally:
         context.__exit__(None, None, None)

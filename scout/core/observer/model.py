@@ -73,7 +73,12 @@ from scout.core.finite import finite_number
 
 __all__ = [
     "COMPLETION_GROUPS_MAX",
+    "CHECKPOINT_STALL_THRESHOLD_S_DEFAULT",
+    "DATA_STALL_THRESHOLD_S_DEFAULT",
     "JOINED_STATES",
+    "RECHECK_INTERVAL_S_DEFAULT",
+    "ROUND_DEADLINE_S_DEFAULT",
+    "STALL_THRESHOLD_S_DEFAULT",
     "Answer",
     "Assessment",
     "Attached",
@@ -436,20 +441,38 @@ def _count(name: str, minimum: int) -> Any:
     return check
 
 
+#: The observer's timing defaults: one home for every way of starting observers -- ``scout.attach``
+#: (``scout.job.config.Config`` takes these), ``start_observer`` and ``start_mpi_observer``
+#: (``ObserverConfig``) -- so a hang is reported after the same idle time whichever is used.
+#: 10 s: a step of a large job takes seconds, a healthy rank's publishes (layers, DDP buckets,
+#: collectives) come far more often than that, and start-up, checkpoint I/O and data loading
+#: have thresholds of their own (docs/attach.md).
+STALL_THRESHOLD_S_DEFAULT: Final = 10.0
+DATA_STALL_THRESHOLD_S_DEFAULT: Final = 60.0
+#: Checkpoint reads and writes, and a job's start-up (published as a checkpoint read).
+CHECKPOINT_STALL_THRESHOLD_S_DEFAULT: Final = 300.0
+ROUND_DEADLINE_S_DEFAULT: Final = 1.0
+RECHECK_INTERVAL_S_DEFAULT: Final = 5.0
+
+
 @attrs.frozen
 class ObserverConfig:
     """Thresholds and bounds of one observer. Validated at construction; every error names the
-    value and the rule."""
+    value and the rule. The timing defaults are ``*_DEFAULT`` above (one home)."""
 
     position: int = attrs.field(validator=_count("position", 0))
     group_size: int = attrs.field(validator=_count("group_size", 2))
-    stall_threshold_s: float = attrs.field(default=30.0, validator=_positive_finite("stall_threshold_s"))
-    data_stall_threshold_s: float = attrs.field(default=30.0, validator=_positive_finite("data_stall_threshold_s"))
+    stall_threshold_s: float = attrs.field(default=STALL_THRESHOLD_S_DEFAULT,
+                                           validator=_positive_finite("stall_threshold_s"))
+    data_stall_threshold_s: float = attrs.field(default=DATA_STALL_THRESHOLD_S_DEFAULT,
+                                                validator=_positive_finite("data_stall_threshold_s"))
     checkpoint_stall_threshold_s: float = attrs.field(
-        default=120.0, validator=_positive_finite("checkpoint_stall_threshold_s")
+        default=CHECKPOINT_STALL_THRESHOLD_S_DEFAULT, validator=_positive_finite("checkpoint_stall_threshold_s")
     )
-    round_deadline_s: float = attrs.field(default=1.0, validator=_positive_finite("round_deadline_s"))
-    recheck_interval_s: float = attrs.field(default=5.0, validator=_positive_finite("recheck_interval_s"))
+    round_deadline_s: float = attrs.field(default=ROUND_DEADLINE_S_DEFAULT,
+                                          validator=_positive_finite("round_deadline_s"))
+    recheck_interval_s: float = attrs.field(default=RECHECK_INTERVAL_S_DEFAULT,
+                                            validator=_positive_finite("recheck_interval_s"))
     settle_idle_s: float = attrs.field(validator=_positive_finite("settle_idle_s"))
     join_deadline_s: float = attrs.field(default=120.0, validator=_positive_finite("join_deadline_s"))
     attach_deadline_s: float = attrs.field(default=120.0, validator=_positive_finite("attach_deadline_s"))
