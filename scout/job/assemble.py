@@ -29,6 +29,7 @@ from scout.job.control import ControlGroup
 from scout.job.gate_driver import GateDriver, Reporter, restarts_left
 from scout.job.hooks import publish_ddp_buckets
 from scout.job.idle_loops import IdleLoops
+from scout.job.layouts import JobLayout, resolve_layout
 from scout.job.pipeline import Pipeline
 from scout.job.run_dir import RunDir
 from scout.observer import instrument
@@ -65,6 +66,8 @@ class Assembly:
     ops: NodeOps | None
     #: WAIT-5: the event loops of scout's own gloo groups, idle except inside scout's calls.
     idle_loops: IdleLoops
+    #: LAYOUT-1: the replica groups, their names, the stage (checkpoint namespace).
+    layout: JobLayout
 
 
 def _rendezvous_backend(parent: int) -> str | None:
@@ -152,10 +155,14 @@ def _cycle_line(cycle: Cycle, config: Config, checkpoints: bool) -> str:
 
 
 def assemble(model: nn.Module, optimizer: torch.optim.Optimizer | None, *, run_dir: str | os.PathLike[str],
-             checkpoint_dir: str | os.PathLike[str] | None, peers: TorchPeerGroup | None, config: Config) -> Assembly:
+             checkpoint_dir: str | os.PathLike[str] | None, peers: TorchPeerGroup | None, config: Config,
+             layout: Any = None) -> Assembly:
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("scout.attach needs torch.distributed: call init_process_group first")
     rank, world_size = dist.get_rank(), dist.get_world_size()
+    # LAYOUT-1: the replicas (and from them the replay groups, their names, the observer's
+    # peers) follow from the layout when one is given, else from the peers as before.
+    job_layout = resolve_layout(layout, None if peers is None else peers.partition, rank=rank, world_size=world_size)
     sink = RunDir(run_dir)
     _warn_about_the_launcher(rank)
     control = ControlGroup(config.collective_timeout_s)
@@ -163,17 +170,23 @@ def assemble(model: nn.Module, optimizer: torch.optim.Optimizer | None, *, run_d
     hosts = tuple(control.all_gather(hostname))
     identity = RecordIdentity.from_environment(rank, job_id=config.job_id)
     publisher, listen = _instrument(model, identity)
-    if peers is None and any(type(p).__name__ == "DTensor" for p in model.parameters()):
+    if (peers is None and layout is None and rank == 0
+            and any(type(p).__name__ == "DTensor" for p in model.parameters())):
         logger.warning("scout: the model's parameters are sharded (FSDP2 or tensor parallel), so the whole world "
-                       "is not one group of replicas: pass peers=scout.replay.TorchPeerGroup.from_mesh(mesh, "
-                       "('replicate',)) naming the replicas, or every replay will be Inconclusive")
-    peers = peers if peers is not None else TorchPeerGroup(timeout_s=config.collective_timeout_s)
-    group_index = next(i for i, g in enumerate(peers.partition) if rank in g)
+                       "is not one group of replicas: pass layout=mesh (the root DeviceMesh, docs/layouts.md) or "
+                       "peers=scout.replay.TorchPeerGroup.from_mesh(mesh, ('replicate',)) naming the replicas, or "
+                       "every replay will be Inconclusive")
+    if rank == 0:
+        for line in job_layout.said():  # LAYOUT-5: once, on the console, in words
+            logger.info("%s", line)
+            print(line, file=sys.stderr, flush=True)
+    peers = peers if peers is not None else TorchPeerGroup(partition=job_layout.partition,
+                                                           timeout_s=config.collective_timeout_s)
+    group_index = job_layout.index
     observer = None
     if config.observer:
-        group = peers.partition[group_index] if len(peers.partition) > 1 else tuple(range(world_size))
         observer = start_job_observer(
-            publisher, group_ranks=group, group_index=group_index, control=control.group,
+            publisher, group_ranks=job_layout.observer_peers, group_index=group_index, control=control.group,
             observer_config=config.observer_fields(), rendezvous_dir=config.rendezvous_dir,
             observer_host=config.observer_host, report_path=sink.reports_path,
             exclude_hosts_path=sink.exclude_hosts_path, hostname=hostname, on_hang=config.on_hang,
@@ -188,7 +201,7 @@ def assemble(model: nn.Module, optimizer: torch.optim.Optimizer | None, *, run_d
     if config.replay:
         checks, cycle = build_checks(model, optimizer, peers, config, rank=rank, hosts=hosts,
                                      exchange=control.all_gather, run_dir=str(sink.path),
-                                     add_collective_listener=listen)
+                                     add_collective_listener=listen, names=job_layout.names)
         cycle_steps, said = cycle.steps, _cycle_line(cycle, config, ckpt is not None)
         logger.info("%s", said)
         if rank == 0:
@@ -217,4 +230,5 @@ def assemble(model: nn.Module, optimizer: torch.optim.Optimizer | None, *, run_d
                         host=hostname)  # metrics and on_report (docs/metrics.md)
     control.barrier()
     return Assembly(rank, world_size, sink, ckpt, control, hosts, identity, publisher, observer, pipeline, ops,
-                    IdleLoops(gloo_groups.own_loop_threads()))  # WAIT-5, WAIT-6: none on a gloo job
+                    IdleLoops(gloo_groups.own_loop_threads()),  # WAIT-5, WAIT-6: none on a gloo job
+                    job_layout)

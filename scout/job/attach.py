@@ -61,10 +61,10 @@ class Job:
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, *,
                  run_dir: str | os.PathLike[str], checkpoint_dir: str | os.PathLike[str] | None,
-                 peers: TorchPeerGroup | None, config: Config) -> None:
+                 peers: TorchPeerGroup | None, config: Config, layout: Any = None) -> None:
         self.model, self.optimizer, self.config = model, optimizer, config
         self.parts = assemble(model, optimizer, run_dir=run_dir, checkpoint_dir=checkpoint_dir, peers=peers,
-                              config=config)
+                              config=config, layout=layout)
         self.rank, self.world_size = self.parts.rank, self.parts.world_size
         self.publisher, self.observer, self.pipeline = self.parts.publisher, self.parts.observer, self.parts.pipeline
         self.pipeline.clock = time.perf_counter
@@ -122,7 +122,8 @@ class Job:
         if decision.checkpoint is not None and self.parts.checkpoint_dir is not None:
             with self.checkpoint_io("read", str(decision.checkpoint)):
                 loaded = dcp.load_checkpoint(self.parts.checkpoint_dir, decision.checkpoint, self.model,
-                                             self._optimizer_for_dcp())
+                                             self._optimizer_for_dcp(),
+                                             namespace=self.parts.layout.checkpoint_namespace)
             if loaded != decision.step:
                 raise RuntimeError(f"checkpoint {decision.checkpoint} held step {loaded}")
         self._started = True
@@ -220,7 +221,8 @@ class Job:
             try:
                 with self.checkpoint_io("write", str(checkpoint)):
                     dcp.save_checkpoint(self.parts.checkpoint_dir, checkpoint, self.model,
-                                        self._optimizer_for_dcp(), process_group=control.group)
+                                        self._optimizer_for_dcp(), process_group=control.group,
+                                        namespace=self.parts.layout.checkpoint_namespace)
             except BaseException as raised:  # DCP's CheckpointException is a BaseException
                 if isinstance(raised, (KeyboardInterrupt, SystemExit, GeneratorExit)):
                     raise
@@ -312,10 +314,13 @@ class Job:
 def attach(model: nn.Module, optimizer: torch.optim.Optimizer | None, *, run_dir: str | os.PathLike[str],
            checkpoint_dir: str | os.PathLike[str] | None = None, peers: TorchPeerGroup | None = None,
            config: str | os.PathLike[str] | Config | Mapping[str, Any] | None = None, adopt_run_dir: bool = False,
-           **overrides: Any) -> Job:
-    """Attach scout to ``model`` (a plain module, DDP or FSDP2) and ``optimizer`` on every rank;
-    collective over the world. ``peers``: the replay peer groups (default: the whole world as
-    one group of data-parallel replicas; ``TorchPeerGroup.from_mesh`` for HSDP or 2-D meshes).
+           layout: Any = None, **overrides: Any) -> Job:
+    """Attach scout to ``model`` (a plain module, DDP, FSDP2, a tensor-parallel module or a
+    pipeline stage's module) and ``optimizer`` on every rank; collective over the world.
+    ``layout``: the job's root ``DeviceMesh`` (dimensions named ``pp``, ``dp``/``replicate``,
+    ``tp``, ...) or a :class:`scout.ParallelLayout`; replay groups, the observer's peers and the
+    checkpoints of pipeline stages follow from it (docs/layouts.md). ``peers`` instead: the replay
+    peer groups (default: the whole world as one group of data-parallel replicas).
     ``config``: a TOML file, a mapping or a :class:`Config`; keyword ``overrides`` win over it,
     and ``SCOUT_<KEY>`` environment variables over the file (docs/attach.md). ``adopt_run_dir``
     (or ``SCOUT_ADOPT_RUN_DIR=1``): continue a run directory bound to another job (RECOVERY-6)."""
@@ -346,7 +351,8 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer | None, *, run_dir
         logger.warning("scout: environment variable(s) %s are not scout settings and are ignored "
                        "(the settings are in docs/attach.md)", ", ".join(ignored))
     started = time.monotonic()
-    job = Job(model, optimizer, run_dir=run_dir, checkpoint_dir=checkpoint_dir, peers=peers, config=resolved)
+    job = Job(model, optimizer, run_dir=run_dir, checkpoint_dir=checkpoint_dir, peers=peers, config=resolved,
+              layout=layout)
     logger.info("scout: attached on rank %d in %.2f s", job.rank, time.monotonic() - started)
     return job
 
