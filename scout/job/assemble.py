@@ -198,10 +198,13 @@ def assemble(model: nn.Module, optimizer: torch.optim.Optimizer | None, *, run_d
                         hosts=hosts, rank=rank, restarts_left=restarts_left(), earlier_records=sink.records)
     checks: list[Any] = []
     cycle_steps, gate, ckpt = 0, None, None if checkpoint_dir is None else Path(checkpoint_dir)
-    if config.replay:
+    # LAYOUT-4: groups of one replica compare nothing; replay is off there (attach said so once)
+    # rather than an Inconclusive result at every check.
+    if config.replay and not job_layout.uncovered:
         checks, cycle = build_checks(model, optimizer, peers, config, rank=rank, hosts=hosts,
                                      exchange=control.all_gather, run_dir=str(sink.path),
-                                     add_collective_listener=listen, names=job_layout.names)
+                                     add_collective_listener=listen, names=job_layout.names,
+                                     loop_check=job_layout.loop_check_off is None)
         cycle_steps, said = cycle.steps, _cycle_line(cycle, config, ckpt is not None)
         logger.info("%s", said)
         if rank == 0:
@@ -211,13 +214,16 @@ def assemble(model: nn.Module, optimizer: torch.optim.Optimizer | None, *, run_d
             names = tuple(dict.fromkeys(n for check in checks for n in check.layout.names))
             gate_config = GateConfig(sink.path.resolve().name or "run",
                                      [r for check in checks for r in check.gate_recipes()], names, notes)
-            gate = GateDriver(GateWriter.open(sink.gate_path, gate_config), reporter)
+            two = tuple(name for name, group in zip(job_layout.names, job_layout.partition, strict=True)
+                        if len(group) == 2)
+            gate = GateDriver(GateWriter.open(sink.gate_path, gate_config), reporter, two_replica_groups=two)
         if ckpt is not None:
             for problem in _verification_impossible(peers, config, checks):
                 logger.warning("scout: no checkpoint can ever become recovery-verified: %s", problem)
     elif ckpt is not None:
-        logger.warning("scout: replay is off, so no checkpoint can be verified; scout saves no checkpoints "
-                       "(checkpoint_dir is ignored)")
+        if rank == 0:
+            logger.warning("scout: replay is off, so no checkpoint can be verified; scout saves no checkpoints "
+                           "(checkpoint_dir is ignored)")
         ckpt = None
     pipeline = Pipeline(checks, rank=rank, world_size=world_size, hosts=hosts, groups=peers.partition,
                         on_sdc=config.on_sdc, cycle_steps=cycle_steps,

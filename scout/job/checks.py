@@ -308,10 +308,12 @@ def build_checks(
     run_dir: str,
     add_collective_listener: Callable[[Callable[..., Callable[[], None]]], None],
     names: Sequence[str] | None = None,
+    loop_check: bool = True,
 ) -> tuple[list[Any], Cycle]:
     """Every check the configuration asks for, in the order they run at a step, and the
     replay cycle (the longest schedule's over the whole job, REC-4, with what sets it: REC-8).
-    ``names``: the gate's names of the peers' groups (LAYOUT-2; default ``dp``, ``dp0``, ...).
+    ``names``: the gate's names of the peers' groups (LAYOUT-2; default ``dp``, ``dp0``, ...);
+    ``loop_check`` False: no loop straggler check (LAYOUT-3: waits on neighbours unpublished).
     Collective over the world."""
     modules = RecipeModules.discover(model)
     if rank == 0 and (stats := running_statistics(modules.hidden)):
@@ -339,7 +341,7 @@ def build_checks(
     # Loop stragglers: arrival at the step's collectives, timed by the instrumentation and DDP's
     # bucket hook, checked every loop_check_steps.
     checks: list[Any] = [ReplayCheck("replay", replayer, dense, hosts)]
-    if "loop_timer" not in bench_switches.parts_off():  # a benchmark's private switch, not a setting
+    if loop_check and "loop_timer" not in bench_switches.parts_off():  # a benchmark's private switch
         loop = LoopTimer(peers, LoopConfig(check_every_steps=config.loop_check_steps))
         add_collective_listener(loop.collective_started)  # LOOP-5: waits timed from enqueue to completion
         checks.insert(0, LoopStragglerCheck(loop, dense, hosts, modules.hidden))

@@ -41,6 +41,29 @@ class JobLayout:
         return tuple(sorted(r for group in self.partition for r in group))
 
     @property
+    def partners(self) -> bool:
+        """A rank's step waits on ranks that are not its replicas: pipeline or tensor-parallel
+        neighbours (LAYOUT-3)."""
+        return self.layout is not None and (self.layout.stages > 1 or self.layout.tensor_size > 1)
+
+    @property
+    def loop_check_off(self) -> str | None:
+        """LAYOUT-3: why the loop and forward straggler checks are off, or None. They time the
+        loop less its published waits; the waits of pipelining's point-to-point transfers and of
+        DTensor's collectives are not published, so a rank waiting for a slow neighbour would
+        look slow itself. Replay timing (local: TP-4) judges stragglers instead."""
+        if not self.partners:
+            return None
+        return ("the loop and forward straggler checks are off: a rank that waits for a slow pipeline or "
+                "tensor-parallel neighbour would look slow itself (those waits are not published); replay "
+                "timing names a slow rank")
+
+    @property
+    def uncovered(self) -> bool:
+        """LAYOUT-4: the layout gives every group one replica: replay has nothing to compare."""
+        return self.layout is not None and self.layout.coverage() is Coverage.NONE
+
+    @property
     def stage(self) -> int:
         return 0 if self.layout is None else self.layout.stage_of(self.rank)
 
@@ -66,11 +89,13 @@ class JobLayout:
                  + {Coverage.NAMES: "replay names a faulty rank in each group, the observer names a hung one",
                     Coverage.DETECTS: "DETECT ONLY: replay sees a disagreement and the observer a stall, but neither "
                                       "can name a rank",
-                    Coverage.NONE: "NOT COVERED: no replay can be compared, no checkpoint can be verified, no hang "
-                                   "can be localized"}[coverage]]
+                    Coverage.NONE: "NOT COVERED: every group holds one replica, so replay is off (nothing to "
+                                   "compare), no checkpoint is saved or verified, and no hang can be localized"}[coverage]]
         advice = layout.advice()
         if advice is not None:
             lines.append(f"scout: {advice} (docs/layouts.md)")
+        if self.loop_check_off is not None and coverage is not Coverage.NONE:
+            lines.append(f"scout: {self.loop_check_off} (docs/layouts.md)")
         return lines
 
 

@@ -198,6 +198,8 @@ def decode_message(data: bytes, group_size: int) -> Message:
     return message
 
 
+#: LAYOUT-4: the reason of an inconclusive finding in a group of two (a layout that only detects).
+DETECT_ONLY: Final = "detect-only"
 _REASONS: Final = {
     Finding.DESYNC: "collective-differs",
     Finding.GROUP_STALL: "same-point-same-collective",
@@ -248,6 +250,8 @@ def report_record(
     at_fault = report.missing if report.outcome is Finding.UNRESPONSIVE else report.attributed
     if report.outcome is Finding.BEHIND:
         reason = "ahead-of-majority" if set(report.attributed) == set(report.ahead) else "behind-majority"
+    elif report.outcome is Finding.INCONCLUSIVE and size == 2:
+        reason = DETECT_ONLY  # LAYOUT-4: two replicas can show a stall, never outvote each other
     else:
         reason = _REASONS[report.outcome]
     return reports.make_record(

@@ -300,7 +300,8 @@ class ModuleCapture:
                     step,
                     ReplayStatus.NOT_READY,
                     f"the parameters of {recipe} are still sharded ({still_sharded[0]}) inside "
-                    "its forward; replay needs them gathered (FSDP2 gathers them before the call)",
+                    "its forward; replay needs them gathered (FSDP2 gathers them before the call; FSDP2 "
+                    "with tensor parallel is not replayed yet, docs/layouts.md)",
                 )
         byte_count = sum(t.numel() * t.element_size() for t in [*live, *rng.tensors(), *own])
         if self.held_bytes + byte_count > self.max_capture_bytes:

@@ -82,9 +82,10 @@ def _scattered(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> torch.Tensor
 
 
 def _exchanged(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> torch.Tensor:
-    """all_to_all_single(input, output_split_sizes, input_split_sizes, group): even splits only."""
+    """all_to_all_single(input, output_split_sizes, input_split_sizes, group): this rank's input
+    when it receives what it sends (equal splits); anything else has no stand-in of its shape."""
     tensor = _input(args, kwargs)
-    if args[1] is not None or args[2] is not None:
+    if list(args[1]) != list(args[2]) or len(set(args[1])) > 1:
         raise UnreplayableCollective("an all_to_all_single with uneven splits has no local stand-in (TP-1)")
     return tensor.clone()
 
