@@ -46,7 +46,11 @@ def _replay(block: nn.Module, x: torch.Tensor) -> tuple[int, dict[str, int]]:
 def tensor_parallel_replay(rank: int, world: int) -> dict[str, Any]:
     """TP-2, TP-3, TP-4 on a ("dp", "tp") = (2, 2) mesh."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
 
     from scout.replay.signature import structured_signature
 

@@ -202,3 +202,47 @@ def test_LAYOUT_7_the_documented_table_is_every_layout_of_4_6_8_ranks_with_what_
     wanted = [f"| {layout.world_size} | {layout.shape[0]} | {layout.shape[1]} | {layout.shape[2]} | "
               f"{len(layout.replica_groups())} x {layout.replicas} | {words[layout.coverage()]} |" for layout in ALL]
     assert _table_rows() == wanted
+
+
+def _record(kind: str, ranks: list[int], step: int, *, reason: str = "r", at: float = 0.0,
+            group: list[int] | None = None) -> dict[str, Any]:
+    import datetime
+
+    time = datetime.datetime.fromtimestamp(at, tz=datetime.timezone.utc).isoformat().replace("+00:00", "Z")
+    return {"kind": kind, "ranks": ranks, "step": step, "reason": reason, "time": time,
+            "evidence": {"group_ranks": group or []}}
+
+
+def test_LAYOUT_4_the_campaign_s_layouts_part_counts_what_the_jobs_named() -> None:
+    from scout.scenarios.campaign import Outcome
+    from scout.scenarios.layout_campaign import LAYOUT_KINDS, LayoutCase, classify_case, layout_cases
+
+    quick = layout_cases(quick=True, seed=3)
+    assert quick == layout_cases(quick=True, seed=3) and len(quick) == len(LAYOUT_KINDS) + 2
+    assert all(case.rank in case.spec.candidates and case.step in case.spec.steps for case in quick)
+    assert len(layout_cases(quick=False, seed=3)) == 2 * (len(LAYOUT_KINDS) + 1) + 4
+    sdc = LayoutCase("pp: sdc in stage 0", 1, 8, 0)
+    assert (sdc.fault, sdc.steps, sdc.spec.replicas) == ("sdc:1:8", 10, 3)
+    assert classify_case(sdc, [_record("sdc", [1], 8), _record("sdc", [1], 10)], "", exit_code=0)[0] is \
+        Outcome.LOCALIZED
+    assert classify_case(sdc, [_record("sdc", [1], 10)], "", exit_code=0)[0] is Outcome.INCONCLUSIVE  # late
+    assert classify_case(sdc, [_record("sdc", [2], 8)], "", exit_code=0)[0] is Outcome.MISATTRIBUTED
+    assert classify_case(sdc, [], "", exit_code=0)[0] is Outcome.MISSED
+    hang = LayoutCase("pp: hang in stage 1", 4, 8, 0)
+    struck = "EXAMPLE-FAULT hang-before-forward rank 4 step 8 at 100.000\n"
+    named = [_record("hang", [4], 8, at=103.2)]
+    assert classify_case(hang, named, struck, exit_code=0)[:2] == (Outcome.LOCALIZED, (4,))
+    assert classify_case(hang, [_record("hang", [4], 8, at=104.5)], struck, exit_code=0)[0] is Outcome.INCONCLUSIVE
+    # LAYOUT-3's known limit counts as it is: the waiting neighbour named with the culprit.
+    assert classify_case(hang, [*named, _record("hang", [1], 8, at=103.3)], struck, exit_code=0)[:2] == (
+        Outcome.MISATTRIBUTED, (1, 4))
+    detect = LayoutCase("pp x tp: hang (detect only)", 5, 8, 0)
+    only = [_record("inconclusive", [], 8, reason="detect-only", group=[1, 5])]
+    assert classify_case(detect, only, struck, exit_code=0)[0] is Outcome.LOCALIZED
+    assert classify_case(detect, [_record("inconclusive", [], 8, reason="no-majority", group=[1, 5])], struck,
+                         exit_code=0)[0] is Outcome.INCONCLUSIVE
+    healthy = LayoutCase("healthy tp", 0, 24, 0)
+    assert classify_case(healthy, [], "", exit_code=0)[0] is Outcome.CLEAN
+    assert classify_case(healthy, [_record("inconclusive", [], 3)], "", exit_code=0)[0] is Outcome.FALSE_ALARM
+    assert classify_case(healthy, [_record("straggler", [2], 3)], "", exit_code=0)[0] is Outcome.FALSE_ATTRIBUTION
+    assert classify_case(healthy, [], "", exit_code=None)[0] is Outcome.FALSE_ALARM  # killed at its deadline

@@ -16,7 +16,11 @@ import torch
 
 from scout.core.recipes import RecipeClass, RecipeId
 from scout.replay.capture import ModuleCapture
-from scout.replay.tensor_parallel import TP_NOT_SELF_CHECKED, LocalCollectives, UnreplayableCollective
+from scout.replay.tensor_parallel import (
+    TP_NOT_SELF_CHECKED,
+    LocalCollectives,
+    UnreplayableCollective,
+)
 from tests import processes
 
 REPO = Path(__file__).resolve().parents[2]
