@@ -210,7 +210,7 @@ def test_LAYOUT_4_pipeline_2_x_tensor_2_x_data_2_healthy_and_a_hang_detected_say
     tmp_path: Path,
 ) -> None:
     healthy = torchrun(tmp_path / "healthy", 8, "--pp", "2", "--tp", "2", "--steps", "44")
-    _healthy(healthy, ["t0/s20"])
+    _healthy(healthy, ["t0/s20", "t0/s40"])  # a cycle of 4 steps, a checkpoint every 20
     assert "DETECT ONLY" in healthy.stderr
     hung = torchrun(tmp_path / "hang", 8, "--pp", "2", "--tp", "2", "--steps", "24",
                     fault=f"hang-before-forward:5:20:{THRESHOLD_S + 8}", stall_threshold_s=THRESHOLD_S,
