@@ -192,6 +192,10 @@ def classify_case(case: LayoutCase, records: Sequence[dict[str, Any]], output: s
     elif faults:
         problems.append(f"{len(faults)} fault report(s) in a healthy run")
     injected = () if case.healthy else (case.rank,)
+    extra = sorted(set(named) - set(injected))
+    if extra and not case.healthy:
+        why = " (LAYOUT-3: a neighbour waiting for it in an unpublished transfer)" if expect == "hang" else ""
+        problems.append(f"also named rank(s) {extra}{why}")
     ok = not problems
     outcome = classify(injected, named, ok, bool(faults), case.healthy)
     return outcome, named, "; ".join(problems) if problems else "every check holds"
