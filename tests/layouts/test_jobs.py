@@ -83,16 +83,16 @@ def _named_in_time(run: Run, rank: int, kind: str = "hang-before-forward") -> di
 
 # -- pipeline: 2 stages x 3 replicas, 1F1B, an SDC in stage 0 and a hang in stage 1 ------------------
 
-SDC_STEP, HANG_STEP = 20, 30
+SDC_STEP, HANG_STEP = 12, 16
 
 
 @pytest.fixture(scope="module")
 def pipeline_faults(tmp_path_factory: pytest.TempPathFactory) -> Run:
-    """Rank 0 (stage 0, replica 0) computes a wrong bit in its second block from step 20 on;
-    rank 4 (stage 1, replica 1) sleeps before its forward of step 30."""
-    run = torchrun(tmp_path_factory.mktemp("pp"), 6, "--pp", "2", "--schedule", "1f1b", "--steps", "34",
+    """Rank 0 (stage 0, replica 0) computes a wrong bit in its second block from step 12 on;
+    rank 4 (stage 1, replica 1) sleeps before its forward of step 16."""
+    run = torchrun(tmp_path_factory.mktemp("pp"), 6, "--pp", "2", "--schedule", "1f1b", "--steps", "19",
                    fault=f"sdc:0:{SDC_STEP},hang-before-forward:4:{HANG_STEP}:{THRESHOLD_S + 5}",
-                   stall_threshold_s=THRESHOLD_S, recheck_interval_s=2.0, checkpoint_every_cycles=2)
+                   stall_threshold_s=THRESHOLD_S, recheck_interval_s=2.0, checkpoint_every_cycles=1)
     assert run.returncode == 0, run.stderr[-3000:]
     return run
 
@@ -107,7 +107,7 @@ def test_LAYOUT_2_LAYOUT_5_a_pipeline_job_runs_every_stage_s_recipes_and_says_it
     started = next(r for r in pipeline_faults.records if r["kind"] == "restart")
     assert started["evidence"]["groups"] == [[0, 1, 2], [3, 4, 5]]
     # The gate's catalog: stage 0's embedding, stage 1's head, both stages' layers (LAYOUT-2).
-    assert "step 30 loss" in pipeline_faults.stdout
+    assert "step 10 loss" in pipeline_faults.stdout
 
 
 def test_LAYOUT_2_an_sdc_in_stage_0_is_named_at_its_step_and_nothing_trained_on_it_is_certified(
@@ -118,11 +118,11 @@ def test_LAYOUT_2_an_sdc_in_stage_0_is_named_at_its_step_and_nothing_trained_on_
     first = min(sdc, key=lambda r: r["step"])
     assert (first["step"], first["evidence"]["group"], first["evidence"]["recipe"]) == (SDC_STEP, "pp0", "hidden.1")
     trust = pipeline_faults.trust()
-    # Boundaries every 4 steps, a checkpoint every 8: 8 verified at 12; 16 was awaiting its next
-    # clean cycle when the SDC came (step 20), so it is quarantined, and so is every later one.
-    assert trust["t0/s8"] == "RECOVERY_VERIFIED"
-    assert [c for c, t in trust.items() if t == "RECOVERY_VERIFIED" and int(c.split("/s")[1]) >= 16] == []
-    assert trust["t0/s16"] == trust["t0/s24"] == "QUARANTINED"
+    # A boundary and a checkpoint every 4 steps: 4 verified at 8; 8 was awaiting its next clean
+    # cycle when the SDC came (step 12), so it is quarantined, and so is every later one.
+    assert trust["t0/s4"] == "RECOVERY_VERIFIED"
+    assert [c for c, t in trust.items() if t == "RECOVERY_VERIFIED" and int(c.split("/s")[1]) >= 8] == []
+    assert trust["t0/s8"] == trust["t0/s12"] == trust["t0/s16"] == "QUARANTINED"
 
 
 def test_LAYOUT_3_a_hang_in_stage_1_is_named_by_its_replicas_within_the_threshold(pipeline_faults: Run) -> None:

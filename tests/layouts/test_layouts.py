@@ -215,7 +215,12 @@ def _record(kind: str, ranks: list[int], step: int, *, reason: str = "r", at: fl
 
 def test_LAYOUT_4_the_campaign_s_layouts_part_counts_what_the_jobs_named() -> None:
     from scout.scenarios.campaign import Outcome
-    from scout.scenarios.layout_campaign import LAYOUT_KINDS, LayoutCase, classify_case, layout_cases
+    from scout.scenarios.layout_campaign import (
+        LAYOUT_KINDS,
+        LayoutCase,
+        classify_case,
+        layout_cases,
+    )
 
     quick = layout_cases(quick=True, seed=3)
     assert quick == layout_cases(quick=True, seed=3) and len(quick) == len(LAYOUT_KINDS) + 2
