@@ -12,7 +12,7 @@ equivalent replicas is the outlier (SCOUT, arXiv 2608.11034)::
     job.close()
 
 ``attach``, ``Job`` and ``FaultDetected`` live in :mod:`scout.job.attach`, ``Config`` in
-:mod:`scout.job.config`; they are resolved lazily so that ``import scout`` never imports torch
+:mod:`scout.job.config`, ``ParallelLayout`` in :mod:`scout.core.layouts`; they are resolved lazily so that ``import scout`` never imports torch
 (docs/design.md §1).
 """
 
@@ -21,7 +21,8 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.2.0"
-__all__ = ["CheckpointSaveFailed", "Config", "ConfigError", "FaultDetected", "Job", "__version__", "attach"]
+__all__ = ["CheckpointSaveFailed", "Config", "ConfigError", "FaultDetected", "Job", "ParallelLayout", "__version__",
+           "attach"]
 
 _LAZY = {
     "attach": "scout.job.attach",
@@ -30,6 +31,7 @@ _LAZY = {
     "CheckpointSaveFailed": "scout.job.attach",
     "Config": "scout.job.config",
     "ConfigError": "scout.job.config",
+    "ParallelLayout": "scout.core.layouts",
 }
 
 

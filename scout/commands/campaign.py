@@ -38,10 +38,11 @@ def register(subparsers: Any) -> None:
         "inconclusive / missed per kind.",
     )
     parser.add_argument("--quick", action="store_true", help="the CI-sized matrix (a few minutes on 2 cores)")
-    parser.add_argument("--part", choices=("all", "sim", "real", "device", "innocence"), default="all",
-                        help="which part to run (device: the NCCL-semantics matrix on the emulated backend; innocence: "
-                             "random run-ahead schedules on it, never a wrong name -- not part of 'all', about an "
-                             "hour at full size)")
+    parser.add_argument("--part", choices=("all", "sim", "real", "device", "layouts", "innocence"), default="all",
+                        help="which part to run (device: the NCCL-semantics matrix on the emulated backend; "
+                        "layouts: pipeline, tensor and data parallel torchrun jobs of 6-8 ranks; innocence: random "
+                        "run-ahead schedules on the emulated backend, never a wrong name, about an hour at full "
+                        "size; layouts and innocence run only by name; all: sim, real and device)")
     parser.add_argument("--seed", type=integer("--seed"), default=0, help="campaign seed (default 0)")
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write every case as JSON to PATH")
     parser.add_argument("--real-case", metavar="KIND", help="run one real-process case again (see --list)")
@@ -66,6 +67,11 @@ def main(args: argparse.Namespace) -> int:
             print(f"real  {name}")
         for name in (*device_campaign.DEVICE_KINDS, device_campaign.HEALTHY_KIND):
             print(f"device {name}")
+        from scout.scenarios import layout_campaign
+
+        for layout_kind in (*layout_campaign.LAYOUT_KINDS, *layout_campaign.FULL_ONLY_KINDS,
+                            *layout_campaign.HEALTHY_KINDS):
+            print(f"layouts {layout_kind.name}")
         return 0
     if not 0 <= args.seed <= SEED_MAX:
         return _error(f"--seed must be in 0..{SEED_MAX}, got {args.seed}")

@@ -62,14 +62,16 @@ def _cuda_module() -> Any:
     return torch.cuda
 
 
-def _state(model: nn.Module, optimizer: torch.optim.Optimizer, rank: int, step: int) -> dict[str, Any]:
+def _state(model: nn.Module, optimizer: torch.optim.Optimizer, rank: int, step: int,
+           namespace: str | None = None) -> dict[str, Any]:
     import torch
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     model_state, optimizer_state = get_state_dict(model, optimizer)
+    suffix = "" if namespace is None else f"@{namespace}"
     return {
-        "model": model_state,
-        "optimizer": optimizer_state,
+        f"model{suffix}": model_state,
+        f"optimizer{suffix}": optimizer_state,
         _rng_key(rank): torch.get_rng_state(),
         "step": torch.tensor(step, dtype=torch.int64),
     }
@@ -130,11 +132,15 @@ def save_checkpoint(
     *,
     process_group: Any = None,
     registered: Mapping[str, Any] | None = None,
+    namespace: str | None = None,
 ) -> Path:
     """Collective: every rank of ``process_group`` calls it with the same checkpoint id. Returns
     once DCP has written every rank's shard and the metadata; a checkpoint directory that exists
     already is refused (a step has one checkpoint per timeline, GATE-16). ``registered``: the
-    other training state of ``attach(state=...)``, saved per rank (spec/frameworks.md FRAME-4)."""
+    other training state of ``attach(state=...)``, saved per rank (spec/frameworks.md FRAME-4).
+    ``namespace``: the model and optimizer are saved under keys of their own
+    (``model@<namespace>``): each pipeline stage's (LAYOUT-5), whose modules name their layers
+    alike, and which DCP would otherwise keep one copy of as if they were replicas."""
     import torch.distributed as dist
     from torch.distributed.checkpoint import state_dict_saver
 
@@ -142,7 +148,7 @@ def save_checkpoint(
     if (path / ".metadata").exists():
         raise FileExistsError(f"checkpoint {checkpoint} already exists at {path}; a step is saved once per timeline")
     rank = dist.get_rank(process_group)
-    state = _state(model, optimizer, rank, checkpoint.step) | _saved_cuda_rng(rank)
+    state = _state(model, optimizer, rank, checkpoint.step, namespace) | _saved_cuda_rng(rank)
     state |= registered_tensors(registered or {}, rank)
     state_dict_saver.save(state, checkpoint_id=str(path), process_group=process_group)
     return path
@@ -156,9 +162,11 @@ def load_checkpoint(
     *,
     process_group: Any = None,
     registered: Mapping[str, Any] | None = None,
+    namespace: str | None = None,
 ) -> int:
     """Collective: load model, optimizer, the registered state (spec/frameworks.md FRAME-5) and
-    this rank's RNG states in place; returns the step."""
+    this rank's RNG states in place; returns the step. ``namespace``: as saved
+    (:func:`save_checkpoint`)."""
     import torch
     import torch.distributed as dist
     from torch.distributed.checkpoint import state_dict_loader
@@ -168,10 +176,12 @@ def load_checkpoint(
     if not (path / ".metadata").exists():
         raise FileNotFoundError(f"checkpoint {checkpoint} has no complete DCP checkpoint at {path}")
     rank = dist.get_rank(process_group)
-    state = _state(model, optimizer, rank, 0) | _cuda_rng_template(path, rank)
+    state = _state(model, optimizer, rank, 0, namespace) | _cuda_rng_template(path, rank)
     state |= templates(path, registered or {}, rank)
     state_dict_loader.load(state, checkpoint_id=str(path), process_group=process_group)
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    suffix = "" if namespace is None else f"@{namespace}"
+    set_state_dict(model, optimizer, model_state_dict=state[f"model{suffix}"],
+                   optim_state_dict=state[f"optimizer{suffix}"])
     # FRAME-5: after the optimizer (an LR scheduler's state refers to its param groups' lr).
     load_registered(state, registered or {}, rank)
     torch.set_rng_state(state[_rng_key(rank)])

@@ -29,6 +29,7 @@ from scout.job.control import ControlGroup
 from scout.job.gate_driver import GateDriver, Reporter, restarts_left
 from scout.job.hooks import publish_ddp_buckets
 from scout.job.idle_loops import IdleLoops
+from scout.job.layouts import JobLayout, resolve_layout
 from scout.job.pipeline import Pipeline
 from scout.job.run_dir import RunDir
 from scout.observer import instrument
@@ -66,6 +67,8 @@ class Assembly:
     ops: NodeOps | None
     #: WAIT-5: the event loops of scout's own gloo groups, idle except inside scout's calls.
     idle_loops: IdleLoops
+    #: LAYOUT-1: the replica groups, their names, the stage (checkpoint namespace).
+    layout: JobLayout
 
 
 def _rendezvous_backend(parent: int) -> str | None:
@@ -157,14 +160,15 @@ def _cycle_line(cycle: Cycle, config: Config, checkpoints: bool) -> str:
 
 
 def assemble(model: nn.Module, optimizer: torch.optim.Optimizer | None, *, run_dir: str | os.PathLike[str],
-             checkpoint_dir: str | os.PathLike[str] | None, peers: TorchPeerGroup | None, config: Config) -> Assembly:
+             checkpoint_dir: str | os.PathLike[str] | None, peers: TorchPeerGroup | None, config: Config,
+             layout: Any = None) -> Assembly:
     """Start every part on this rank. FRAME-2: if anything raises on the way, what was started
     is stopped again, newest first -- the observer process, the metrics sidecar, the checks'
     hooks, the instrumentation and the progress record -- before the error goes on."""
     started: list[Callable[[], object]] = []
     try:
         return _assemble(model, optimizer, run_dir=run_dir, checkpoint_dir=checkpoint_dir, peers=peers,
-                         config=config, started=started)
+                         config=config, started=started, layout=layout)
     except BaseException:
         for stop in reversed(started):
             try:
@@ -176,10 +180,13 @@ def assemble(model: nn.Module, optimizer: torch.optim.Optimizer | None, *, run_d
 
 def _assemble(model: nn.Module, optimizer: torch.optim.Optimizer | None, *, run_dir: str | os.PathLike[str],
               checkpoint_dir: str | os.PathLike[str] | None, peers: TorchPeerGroup | None, config: Config,
-              started: list[Callable[[], object]]) -> Assembly:
+              started: list[Callable[[], object]], layout: Any = None) -> Assembly:
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("scout.attach needs torch.distributed: call init_process_group first")
     rank, world_size = dist.get_rank(), dist.get_world_size()
+    # LAYOUT-1: the replicas (and from them the replay groups, their names, the observer's
+    # peers) follow from the layout when one is given, else from the peers as before.
+    job_layout = resolve_layout(layout, None if peers is None else peers.partition, rank=rank, world_size=world_size)
     sink = RunDir(run_dir)
     _warn_about_the_launcher(rank)
     control = ControlGroup(config.collective_timeout_s)
@@ -187,17 +194,23 @@ def _assemble(model: nn.Module, optimizer: torch.optim.Optimizer | None, *, run_
     hosts = tuple(control.all_gather(hostname))
     identity = RecordIdentity.from_environment(rank, job_id=config.job_id)
     publisher, listen = _instrument(model, identity, started)
-    if peers is None and any(type(p).__name__ == "DTensor" for p in model.parameters()):
+    if (peers is None and layout is None and rank == 0
+            and any(type(p).__name__ == "DTensor" for p in model.parameters())):
         logger.warning("scout: the model's parameters are sharded (FSDP2 or tensor parallel), so the whole world "
-                       "is not one group of replicas: pass peers=scout.replay.TorchPeerGroup.from_mesh(mesh, "
-                       "('replicate',)) naming the replicas, or every replay will be Inconclusive")
-    peers = peers if peers is not None else TorchPeerGroup(timeout_s=config.collective_timeout_s)
-    group_index = next(i for i, g in enumerate(peers.partition) if rank in g)
+                       "is not one group of replicas: pass layout=mesh (the root DeviceMesh, docs/layouts.md) or "
+                       "peers=scout.replay.TorchPeerGroup.from_mesh(mesh, ('replicate',)) naming the replicas, or "
+                       "every replay will be Inconclusive")
+    if rank == 0:
+        for line in job_layout.said():  # LAYOUT-5: once, on the console, in words
+            logger.info("%s", line)
+            print(line, file=sys.stderr, flush=True)
+    peers = peers if peers is not None else TorchPeerGroup(partition=job_layout.partition,
+                                                           timeout_s=config.collective_timeout_s)
+    group_index = job_layout.index
     observer = None
     if config.observer:
-        group = peers.partition[group_index] if len(peers.partition) > 1 else tuple(range(world_size))
         observer = start_job_observer(
-            publisher, group_ranks=group, group_index=group_index, control=control.group,
+            publisher, group_ranks=job_layout.observer_peers, group_index=group_index, control=control.group,
             observer_config=config.observer_fields(), rendezvous_dir=config.rendezvous_dir,
             observer_host=config.observer_host, report_path=sink.reports_path,
             exclude_hosts_path=sink.exclude_hosts_path, hostname=hostname, on_hang=config.on_hang,
@@ -211,10 +224,13 @@ def _assemble(model: nn.Module, optimizer: torch.optim.Optimizer | None, *, run_
                         hosts=hosts, rank=rank, restarts_left=restarts_left(), earlier_records=sink.records)
     checks: list[Any] = []
     cycle_steps, gate, ckpt = 0, None, None if checkpoint_dir is None else Path(checkpoint_dir)
-    if config.replay:
+    # LAYOUT-4: groups of one replica compare nothing; replay is off there (attach said so once)
+    # rather than an Inconclusive result at every check.
+    if config.replay and not job_layout.uncovered:
         checks, cycle = build_checks(model, optimizer, peers, config, rank=rank, hosts=hosts,
                                      exchange=control.all_gather, run_dir=str(sink.path),
-                                     add_collective_listener=listen)
+                                     add_collective_listener=listen, names=job_layout.names,
+                                     loop_check=job_layout.loop_check_off is None)
         started.extend(check.close for check in checks)
         cycle_steps, said = cycle.steps, _cycle_line(cycle, config, ckpt is not None)
         logger.info("%s", said)
@@ -225,14 +241,17 @@ def _assemble(model: nn.Module, optimizer: torch.optim.Optimizer | None, *, run_
             names = tuple(dict.fromkeys(n for check in checks for n in check.layout.names))
             gate_config = GateConfig(sink.path.resolve().name or "run",
                                      [r for check in checks for r in check.gate_recipes()], names, notes)
-            gate = GateDriver(GateWriter.open(sink.gate_path, gate_config), reporter)
+            two = tuple(name for name, group in zip(job_layout.names, job_layout.partition, strict=True)
+                        if len(group) == 2)
+            gate = GateDriver(GateWriter.open(sink.gate_path, gate_config), reporter, two_replica_groups=two)
             started.append(gate.close)
         if ckpt is not None:
             for problem in _verification_impossible(peers, config, checks):
                 logger.warning("scout: no checkpoint can ever become recovery-verified: %s", problem)
     elif ckpt is not None:
-        logger.warning("scout: replay is off, so no checkpoint can be verified; scout saves no checkpoints "
-                       "(checkpoint_dir is ignored)")
+        if rank == 0:
+            logger.warning("scout: replay is off, so no checkpoint can be verified; scout saves no checkpoints "
+                           "(checkpoint_dir is ignored)")
         ckpt = None
     pipeline = Pipeline(checks, rank=rank, world_size=world_size, hosts=hosts, groups=peers.partition,
                         on_sdc=config.on_sdc, cycle_steps=cycle_steps,
@@ -247,4 +266,5 @@ def _assemble(model: nn.Module, optimizer: torch.optim.Optimizer | None, *, run_
         started.append(ops.close)
     control.barrier()
     return Assembly(rank, world_size, sink, ckpt, control, hosts, identity, publisher, observer, pipeline, ops,
-                    IdleLoops(gloo_groups.own_loop_threads()))  # WAIT-5, WAIT-6: none on a gloo job
+                    IdleLoops(gloo_groups.own_loop_threads()),  # WAIT-5, WAIT-6: none on a gloo job
+                    job_layout)

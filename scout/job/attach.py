@@ -62,12 +62,13 @@ class Job:
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, *,
                  run_dir: str | os.PathLike[str], checkpoint_dir: str | os.PathLike[str] | None,
-                 peers: TorchPeerGroup | None, config: Config, state: Mapping[str, Any] | None = None) -> None:
+                 peers: TorchPeerGroup | None, config: Config, state: Mapping[str, Any] | None = None,
+                 layout: Any = None) -> None:
         self.model, self.optimizer, self.config = model, optimizer, config
         #: FRAME-3: the other training state saved and restored with the model (attach(state=...)).
         self.registered: dict[str, Any] = dict(state or {})
         self.parts = assemble(model, optimizer, run_dir=run_dir, checkpoint_dir=checkpoint_dir, peers=peers,
-                              config=config)
+                              config=config, layout=layout)
         self.rank, self.world_size = self.parts.rank, self.parts.world_size
         self.publisher, self.observer, self.pipeline = self.parts.publisher, self.parts.observer, self.parts.pipeline
         self.pipeline.clock = time.perf_counter
@@ -128,7 +129,8 @@ class Job:
         if decision.checkpoint is not None and self.parts.checkpoint_dir is not None:
             with self.checkpoint_io("read", str(decision.checkpoint)):
                 loaded = dcp.load_checkpoint(self.parts.checkpoint_dir, decision.checkpoint, self.model,
-                                             self._optimizer_for_dcp(), registered=self.registered)
+                                             self._optimizer_for_dcp(), registered=self.registered,
+                                             namespace=self.parts.layout.checkpoint_namespace)
             if loaded != decision.step:
                 raise RuntimeError(f"checkpoint {decision.checkpoint} held step {loaded}")
         self.begin_at(decision, lost)
@@ -237,7 +239,8 @@ class Job:
                 with self.checkpoint_io("write", str(checkpoint)):
                     dcp.save_checkpoint(self.parts.checkpoint_dir, checkpoint, self.model,
                                         self._optimizer_for_dcp(), process_group=control.group,
-                                        registered=self.registered)
+                                        registered=self.registered,
+                                        namespace=self.parts.layout.checkpoint_namespace)
             except BaseException as raised:  # DCP's CheckpointException is a BaseException
                 if isinstance(raised, (KeyboardInterrupt, SystemExit, GeneratorExit)):
                     raise
@@ -329,10 +332,13 @@ class Job:
 def attach(model: nn.Module, optimizer: torch.optim.Optimizer | None, *, run_dir: str | os.PathLike[str],
            checkpoint_dir: str | os.PathLike[str] | None = None, peers: TorchPeerGroup | None = None,
            config: str | os.PathLike[str] | Config | Mapping[str, Any] | None = None, adopt_run_dir: bool = False,
-           state: Mapping[str, Any] | None = None, **overrides: Any) -> Job:
-    """Attach scout to ``model`` (a plain module, DDP or FSDP2) and ``optimizer`` on every rank;
-    collective over the world. ``peers``: the replay peer groups (default: the whole world as
-    one group of data-parallel replicas; ``TorchPeerGroup.from_mesh`` for HSDP or 2-D meshes).
+           layout: Any = None, state: Mapping[str, Any] | None = None, **overrides: Any) -> Job:
+    """Attach scout to ``model`` (a plain module, DDP, FSDP2, a tensor-parallel module or a
+    pipeline stage's module) and ``optimizer`` on every rank; collective over the world.
+    ``layout``: the job's root ``DeviceMesh`` (dimensions named ``pp``, ``dp``/``replicate``,
+    ``tp``, ...) or a :class:`scout.ParallelLayout`; replay groups, the observer's peers and the
+    checkpoints of pipeline stages follow from it (docs/layouts.md). ``peers`` instead: the replay
+    peer groups (default: the whole world as one group of data-parallel replicas).
     ``config``: a TOML file, a mapping or a :class:`Config`; keyword ``overrides`` win over it,
     and ``SCOUT_<KEY>`` environment variables over the file (docs/attach.md). ``adopt_run_dir``
     (or ``SCOUT_ADOPT_RUN_DIR=1``): continue a run directory bound to another job (RECOVERY-6).
@@ -372,7 +378,7 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer | None, *, run_dir
                        "(the settings are in docs/attach.md)", ", ".join(ignored))
     started = time.monotonic()
     job = Job(inputs["model"], inputs["optimizer"], run_dir=run_dir, checkpoint_dir=checkpoint_dir, peers=peers,
-              config=resolved, state=inputs["state"])
+              config=resolved, state=inputs["state"], layout=layout)
     logger.info("scout: attached on rank %d in %.2f s", job.rank, time.monotonic() - started)
     return job
 

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from scout.core.canary import CanaryOutcome
-from scout.core.recipes import Intervals, RecipeClass, Schedule
+from scout.core.recipes import Intervals, RecipeClass, RecipeId, Schedule
 from scout.core.verdict import Status
 from scout.gate.model import Recipe
 from scout.job import bench_switches
@@ -75,9 +75,20 @@ class ReplayCheck(_NoOps):
         self.layout = layout
         self.hosts = tuple(hosts)
         self.notes = tuple(notes)
+        #: LAYOUT-2: each group's catalog (recipe ids), when the groups' catalogs were exchanged
+        #: (a pipeline stage may hold no embedding or no head); None: every group has this rank's.
+        self.group_catalogs: tuple[tuple[str, ...], ...] | None = None
 
     def gate_recipes(self) -> list[Recipe]:
-        return [Recipe(str(recipe), self.layout.names) for recipe in self.runner.catalog.recipes()]
+        """Every recipe of the job's groups, each applying to the groups whose catalog holds it."""
+        if self.group_catalogs is None:
+            return [Recipe(str(recipe), self.layout.names) for recipe in self.runner.catalog.recipes()]
+        holders: dict[str, list[str]] = {}
+        for name, catalog in zip(self.layout.names, self.group_catalogs, strict=True):
+            for recipe in catalog:
+                holders.setdefault(recipe, []).append(name)
+        ordered = sorted(holders, key=RecipeId.parse)
+        return [Recipe(recipe, tuple(holders[recipe])) for recipe in ordered]
 
     def run(self, step: int) -> Generator[Any, Any, CheckOutput | None]:
         if self.runner.step_count + 1 != step:
@@ -296,10 +307,14 @@ def build_checks(
     exchange: Callable[[Any], list[Any]],
     run_dir: str,
     add_collective_listener: Callable[[Callable[..., Callable[[], None]]], None],
+    names: Sequence[str] | None = None,
+    loop_check: bool = True,
 ) -> tuple[list[Any], Cycle]:
     """Every check the configuration asks for, in the order they run at a step, and the
-    replay cycle (the longest schedule's, REC-4, with what sets it: REC-8). Collective over
-    the world."""
+    replay cycle (the longest schedule's over the whole job, REC-4, with what sets it: REC-8).
+    ``names``: the gate's names of the peers' groups (LAYOUT-2; default ``dp``, ``dp0``, ...);
+    ``loop_check`` False: no loop straggler check (LAYOUT-3: waits on neighbours unpublished).
+    Collective over the world."""
     modules = RecipeModules.discover(model)
     if rank == 0 and (stats := running_statistics(modules.hidden)):
         logger.warning("scout: hidden layer module(s) %s keep running statistics that each replica updates from its "
@@ -308,7 +323,9 @@ def build_checks(
                        "torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) before wrapping it, or use a norm "
                        "without running statistics (LayerNorm, GroupNorm)", ", ".join(stats))
     k = config.replay_interval_steps
-    layers = len(modules.hidden)
+    # LAYOUT-2: pipeline stages may hold different numbers of layers; every stage's schedule is
+    # built on the deepest stage's, so the job has one cycle (REC-4).
+    layers = max(int(count) for count in exchange(len(modules.hidden)))
     intervals = Intervals(embedding_steps=k * layers, hidden_steps=k, output_steps=k * layers,
                           optimizer_steps=k * layers)
     # STRAG-1: with straggler_repetitions = 0 the run that gives the SDC evidence is also the
@@ -318,12 +335,13 @@ def build_checks(
     replayer = Replayer(model, optimizer, peers, ReplayConfig(
         intervals=intervals, max_capture_bytes=config.max_capture_bytes, replay_rows=config.replay_rows,
         timing_warmup_runs=warmup_runs, timing_repetitions=timed_runs, self_check=config.self_check), modules)
-    dense = Layout.of(peers.partition, group_names("dp", len(peers.partition)), rank)
+    dense_names = tuple(names) if names is not None else group_names("dp", len(peers.partition))
+    dense = Layout.of(peers.partition, dense_names, rank)
     cycle = Cycle.of(replayer.schedule)
     # Loop stragglers: arrival at the step's collectives, timed by the instrumentation and DDP's
     # bucket hook, checked every loop_check_steps.
     checks: list[Any] = [ReplayCheck("replay", replayer, dense, hosts)]
-    if "loop_timer" not in bench_switches.parts_off():  # a benchmark's private switch, not a setting
+    if loop_check and "loop_timer" not in bench_switches.parts_off():  # a benchmark's private switch
         loop = LoopTimer(peers, LoopConfig(check_every_steps=config.loop_check_steps))
         add_collective_listener(loop.collective_started)  # LOOP-5: waits timed from enqueue to completion
         checks.insert(0, LoopStragglerCheck(loop, dense, hosts, modules.hidden))
@@ -349,11 +367,26 @@ def build_checks(
         cycle = cycle.longest(expert_cycle)
         checks.append(ReplayCheck("experts", experts, Layout.of(peers.partition, group_names(
             "ep", len(peers.partition)), rank), hosts, _coverage_notes(catalog)))
+    cycle = _job_wide(checks, cycle, exchange)
     if config.canary:
         device = next((p.device for p in model.parameters()), torch.device("cpu"))
         monitor = CanaryMonitor(Canary(device=device), exchange, rank=rank, golden_path=f"{run_dir}/gate/canary.json")
         checks.append(CanaryCheck(monitor, dense, cycle.steps))
     return checks, cycle
+
+
+def _job_wide(checks: Sequence[Any], cycle: Cycle, exchange: Callable[[Any], list[Any]]) -> Cycle:
+    """LAYOUT-2, REC-4: every replay check learns each group's catalog (its first rank's: a
+    group's members agree on theirs, READY-1), and the job's cycle is the longest of any rank's.
+    One exchange over the world."""
+    replays = [check for check in checks if isinstance(check, ReplayCheck)]
+    mine = ((cycle.steps, cycle.set_by, cycle.note),
+            tuple(tuple(str(r) for r in check.runner.catalog.recipes()) for check in replays))
+    gathered = exchange(mine)
+    for index, check in enumerate(replays):
+        check.group_catalogs = tuple(tuple(gathered[group[0]][1][index]) for group in check.layout.groups)
+    steps, set_by, note = max((tuple(row[0]) for row in gathered), key=lambda c: int(c[0]))
+    return cycle if int(steps) == cycle.steps else Cycle(int(steps), str(set_by), str(note))
 
 
 def _coverage_notes(catalog: Any) -> tuple[str, ...]:

@@ -163,10 +163,12 @@ def _restarted(writer: GateWriter) -> bool:
 class GateDriver:
     """The gate on its writer rank (module docstring)."""
 
-    def __init__(self, writer: GateWriter, reporter: Reporter) -> None:
+    def __init__(self, writer: GateWriter, reporter: Reporter, *, two_replica_groups: Sequence[str] = ()) -> None:
         self.writer = writer
         self.reporter = reporter
         self.sdc_counts = SdcReportCounter()  # GATE-41, for this attempt
+        #: LAYOUT-4: the groups of two replicas, where a disagreement is seen and cannot be named.
+        self.two_replica_groups = frozenset(two_replica_groups)
 
     def decide_restore(self, failure: FailureClass | None, *, checkpoints: bool) -> RestoreDecision:
         """The recovery decision for an attempt whose predecessor ended with ``failure`` (None:
@@ -248,9 +250,19 @@ class GateDriver:
         else:
             assert_never(effect)
 
+    def _detect_only(self, report: GateReport, feed: GateFeed | None) -> bool:
+        """LAYOUT-4: every group that could not check the recipe holds two replicas that
+        disagreed (a layout that detects and cannot name), not a replay that failed."""
+        if feed is None or not report.groups:
+            return False
+        results = [feed.results.get(group) for group in report.groups]
+        return all(group in self.two_replica_groups and result is not None and "no-majority" in (result.reason or "")
+                   for group, result in zip(report.groups, results, strict=True))
+
     def _report(self, report: GateReport, feed: GateFeed | None) -> None:
         if report.kind is GateReportKind.UNCHECKED:
-            self.reporter.record(ReportKind.UNCHECKED, "replay-inconclusive", step=report.step, evidence={
+            reason = "replay-detect-only" if self._detect_only(report, feed) else "replay-inconclusive"
+            self.reporter.record(ReportKind.UNCHECKED, reason, step=report.step, evidence={
                 "cycle": report.cycle, "recipes": list(report.recipes), "groups": list(report.groups),
                 "detail": report.detail})
         elif report.kind is GateReportKind.SDC:

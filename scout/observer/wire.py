@@ -227,6 +227,8 @@ def decode_message(data: bytes, group_size: int) -> Message:
     return message
 
 
+#: LAYOUT-4: the reason of an inconclusive finding in a group of two (a layout that only detects).
+DETECT_ONLY: Final = "detect-only"
 #: COMPLETION-9, COMPLETION-10: reason codes a finding may carry instead of its usual one.
 _CODES: Final = frozenset({"", HOST_PROGRESS_ONLY, WAITING_ELSEWHERE})
 _REASONS: Final = {
@@ -285,6 +287,8 @@ def report_record(
         reason = report.code
     elif report.outcome is Finding.BEHIND:
         reason = "ahead-of-majority" if set(report.attributed) == set(report.ahead) else "behind-majority"
+    elif report.outcome is Finding.INCONCLUSIVE and size == 2:
+        reason = DETECT_ONLY  # LAYOUT-4: two replicas can show a stall, never outvote each other
     else:
         reason = _REASONS[report.outcome]
     return reports.make_record(

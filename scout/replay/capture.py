@@ -150,6 +150,7 @@ class ModuleCapture:
         with_parameters: Iterable[RecipeId] = (),
         rows: int = 0,
         self_check: bool = False,
+        not_self_checked: Mapping[RecipeId, str] | None = None,
     ) -> None:
         if max_capture_bytes < 0:
             raise ValueError(f"max_capture_bytes must be >= 0, got {max_capture_bytes}")
@@ -163,6 +164,8 @@ class ModuleCapture:
         self._armed_step = 0
         self._records: dict[RecipeId, Capture | CaptureFailure] = {}
         self.self_check = self_check  # SELF-1
+        #: Recipes whose calls are never self-checked, with the reason (TP-5).
+        self._not_self_checked = dict(not_self_checked or {})
         self._live: dict[RecipeId, LiveOutcome] = {}
         self._pending: list[Any] = []  # one-shot hooks of calls whose forward has not returned
         self._suspended = 0
@@ -207,6 +210,8 @@ class ModuleCapture:
         record = self._records.get(recipe)
         if not self.self_check:
             return LiveOutcome(LiveCheck.UNCHECKED, reason="self_check is off")
+        if recipe in self._not_self_checked:
+            return LiveOutcome(LiveCheck.UNCHECKED, reason=self._not_self_checked[recipe])
         if not isinstance(record, Capture) or record.step != step:
             return LiveOutcome(LiveCheck.UNCHECKED, reason=f"{recipe} has no capture at step {step}")
         return self._live.get(recipe, LiveOutcome(LiveCheck.UNCHECKED, reason=(
@@ -243,7 +248,7 @@ class ModuleCapture:
                 return
             try:
                 record = self._records[recipe] = self._record(recipe, module, args, kwargs)
-                if self.self_check and isinstance(record, Capture):
+                if self.self_check and isinstance(record, Capture) and recipe not in self._not_self_checked:
                     self._watch(recipe, module, record)
             except Exception as exc:  # CAP-6: never into the training loop
                 logger.warning("scout: capture of %s failed: %r", recipe, exc)
@@ -295,7 +300,8 @@ class ModuleCapture:
                     step,
                     ReplayStatus.NOT_READY,
                     f"the parameters of {recipe} are still sharded ({still_sharded[0]}) inside "
-                    "its forward; replay needs them gathered (FSDP2 gathers them before the call)",
+                    "its forward; replay needs them gathered (FSDP2 gathers them before the call; FSDP2 "
+                    "with tensor parallel is not replayed yet, docs/layouts.md)",
                 )
         byte_count = sum(t.numel() * t.element_size() for t in [*live, *rng.tensors(), *own])
         if self.held_bytes + byte_count > self.max_capture_bytes:

@@ -20,14 +20,15 @@ group from it.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Sequence
 from typing import Any
 
 import attrs
 
-__all__ = ["MeshLayout", "mesh_layout", "peer_ranks", "replica_groups"]
+from scout.core.layouts import ParallelLayout
+
+__all__ = ["MeshLayout", "layout_of_mesh", "mesh_layout", "peer_ranks", "replica_groups"]
 
 
 @attrs.frozen
@@ -103,21 +104,10 @@ def replica_groups(
     """
     layout = _validated(shape, dim_names, ranks)
     axes = _replicate_axes(layout, replicate)
-    others = [a for a in range(len(layout.shape)) if a not in axes]
-    strides = [math.prod(layout.shape[a + 1 :]) for a in range(len(layout.shape))]
-    groups: list[tuple[int, ...]] = []
-    for fixed in itertools.product(*(range(layout.shape[a]) for a in others)):
-        members = []
-        for varying in itertools.product(*(range(layout.shape[a]) for a in axes)):
-            coordinate = [0] * len(layout.shape)
-            for axis, value in zip(others, fixed, strict=True):
-                coordinate[axis] = value
-            for axis, value in zip(axes, varying, strict=True):
-                coordinate[axis] = value
-            flat = sum(c * s for c, s in zip(coordinate, strides, strict=True))
-            members.append(layout.ranks[flat])
-        groups.append(tuple(members))
-    return tuple(groups)
+    # One definition of the groups (scout.core.layouts, LAYOUT-1); the roles of the other
+    # dimensions do not change them.
+    return ParallelLayout(layout.shape, layout.dim_names, layout.ranks,
+                          tuple(layout.dim_names[a] for a in axes)).replica_groups()
 
 
 def peer_ranks(
@@ -156,3 +146,13 @@ def mesh_layout(mesh: Any) -> MeshLayout:
         tuple(str(n) for n in names),
         tuple(int(r) for r in layout_tensor.reshape(-1).tolist()),
     )
+
+
+def layout_of_mesh(mesh: Any, *, replicate: str | Sequence[str] | None = None, pipeline: str | None = None,
+                   tensor: str | None = None) -> ParallelLayout:
+    """LAYOUT-1 from a ``DeviceMesh``: its shape, names and rank layout, each dimension's role
+    given or read from its name (``dp``/``replicate``: replicas, ``pp``: stages, ``tp``: tensor
+    shards). The mesh must be the root mesh, spanning every rank of the job."""
+    read = mesh_layout(mesh)
+    return ParallelLayout.from_names(read.shape, read.dim_names, read.ranks, replicate=replicate,
+                                     pipeline=pipeline, tensor=tensor)

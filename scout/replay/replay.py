@@ -19,6 +19,7 @@ their own deadlines pass, and the training job's own process group is never invo
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -58,6 +59,7 @@ from scout.replay.rng import installed_rng_state
 from scout.replay.runner import TIMING_CLOCKS, ReplayRun, ReplayRunner, RunnerSettings, StepReport
 from scout.replay.self_check import WithoutOwnHooks
 from scout.replay.signature import structured_signature
+from scout.replay.tensor_parallel import TP_NOT_SELF_CHECKED, LocalCollectives
 from scout.replay.tree import map_tensors, tensor_leaves
 
 __all__ = [
@@ -261,13 +263,21 @@ class DenseExecutor:
             optimizer_slice_count=config.optimizer_slices_per_cycle if optimizer else 0,
         )
         by_recipe = modules.by_recipe()
-        # REPLAY-8: modules with sharded (FSDP2) parameters replay on the gathered parameters
-        # their own forward used, captured with the inputs (CAP-7).
-        self.sharded_recipes = frozenset(
+        sharded = frozenset(
             recipe for recipe, module in by_recipe.items() if any(is_sharded(p) for p in module.parameters())
         )
+        # REPLAY-8: modules with sharded (FSDP2) parameters replay on the gathered parameters
+        # their own forward used, captured with the inputs (CAP-7). Without FSDP2 a module's
+        # DTensor parameters are tensor-parallel shards: replayed as they are, on their local
+        # shards, every collective replaced by a local stand-in (TP-1), and not self-checked
+        # (TP-5: the live call's collectives cannot be reproduced on one rank).
+        fsdp = _uses_fsdp(model)
+        self.sharded_recipes = sharded if fsdp else frozenset()
+        self.tensor_parallel_recipes = frozenset() if fsdp else sharded
         self.capture = ModuleCapture(by_recipe, config.max_capture_bytes, with_parameters=self.sharded_recipes,
-                                     rows=config.replay_rows, self_check=config.self_check)
+                                     rows=config.replay_rows, self_check=config.self_check,
+                                     not_self_checked={recipe: TP_NOT_SELF_CHECKED
+                                                       for recipe in self.tensor_parallel_recipes})
         self.optimizer = (OptimizerCapture(optimizer, config.optimizer_slice_numel, config.max_capture_bytes)
                           if optimizer is not None else None)
         self._records: dict[RecipeId, Capture | OptimizerSnapshot | CaptureFailure] = {}
@@ -303,7 +313,7 @@ class DenseExecutor:
             description += (
                 tuple((n, str(p.dtype), tuple(p.shape)) for n, p in module.named_parameters()),
                 tuple((n, str(b.dtype), tuple(b.shape)) for n, b in module.named_buffers()),
-            )
+            ) + ((("tensor-parallel", 1),) if recipe in self.tensor_parallel_recipes else ())
         return ReplayStatus.OK, description
 
     def _record(self, due: DueRecipe) -> Capture | OptimizerSnapshot:
@@ -345,7 +355,8 @@ class DenseExecutor:
         record = self._record(due)
         if isinstance(record, OptimizerSnapshot):
             return self._replay_optimizer(record)
-        return self._replay_module(self.capture.module(due.recipe), record)
+        return self._replay_module(self.capture.module(due.recipe), record,
+                                   tensor_parallel=due.recipe in self.tensor_parallel_recipes)
 
     def release(self) -> None:
         self._records.clear()
@@ -370,7 +381,7 @@ class DenseExecutor:
         device = record.segments[0].parameter.device if record.segments else torch.device("cpu")
         return ReplayRun(device, run, lambda updated: {EvidenceKind.INPUT: inputs, EvidenceKind.UPDATED: updated})
 
-    def _replay_module(self, module: nn.Module, capture: Capture) -> ReplayRun:
+    def _replay_module(self, module: nn.Module, capture: Capture, *, tensor_parallel: bool = False) -> ReplayRun:
         signed = {
             EvidenceKind.INPUT: structured_signature((capture.args, capture.kwargs)),
             EvidenceKind.RNG: structured_signature(capture.rng.as_structure()),
@@ -413,6 +424,7 @@ class DenseExecutor:
                 deterministic_algorithms(self.config.deterministic),
                 capture.autocast.context(),
                 torch.enable_grad(),
+                LocalCollectives() if tensor_parallel else contextlib.nullcontext(),  # TP-1
             ):
                 output = functional_call(target, substitutes, tuple(args), kwargs, strict=bool(prefix))
                 outputs = [o for o in tensor_leaves(output) if o.requires_grad]
@@ -492,6 +504,16 @@ class Replayer(ReplayRunner):
     def after_optimizer_step(self) -> StepReport:
         """Finish step ``step_count + 1``: run its due checks, arm the next step."""
         return self.step()
+
+
+def _uses_fsdp(model: nn.Module) -> bool:
+    """Whether FSDP2 manages any of the model's modules (its DTensor parameters are then FSDP's
+    shards, gathered at each forward; otherwise they are tensor-parallel shards)."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # torch without distributed: no FSDP2
+        return False
+    return any(isinstance(module, FSDPModule) for module in model.modules())
 
 
 def _module_state_signature(module: nn.Module) -> int:

@@ -7,7 +7,9 @@ Three parts, each a matrix of cases; every case is classified exactly once:
    evidence, straggler -- at 8 to 4096 ranks, each case a registered scenario
    (``scout simulate``) run with a seed drawn from the campaign seed.
 2. **Real processes** (:mod:`scout.scenarios.real_campaign`): the fault kinds the real path
-   supports, in 4-rank gloo jobs forked from one torch import.
+   supports, in 4-rank gloo jobs forked from one torch import; the NCCL-semantics matrix
+   (:mod:`scout.scenarios.device_campaign`); pipeline, tensor and data parallel jobs
+   (:mod:`scout.scenarios.layout_campaign`).
 3. **Healthy** runs with jitter, simulated and real: any rank named is a false attribution.
 
 Classification of a faulty case (the columns of the paper's Table 3):
@@ -303,6 +305,7 @@ class CampaignResult:
             "real_jobs": sum(case.part == "real" for case in self.cases),
             "device_cases": sum(case.part == "device" for case in self.cases),
             "innocence_schedules": sum(case.part == "innocence" for case in self.cases),
+            "layout_jobs": sum(case.part == "layouts" for case in self.cases),
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -326,7 +329,8 @@ def render(result: CampaignResult) -> str:
     lines = [
         f"scout campaign ({'quick' if result.quick else 'full'}, seed {result.seed}): "
         f"{totals['sim_scenarios']} simulated scenarios, {totals['real_jobs']} real-process jobs, "
-        f"{totals['device_cases']} device-semantics cases, {totals['innocence_schedules']} innocence schedules, "
+        f"{totals['device_cases']} device-semantics cases, {totals['layout_jobs']} layout jobs, "
+        f"{totals['innocence_schedules']} innocence schedules, "
         f"{result.wall_s:.0f} s",
         "",
     ]
@@ -392,9 +396,10 @@ def run_sim_part(plan: CampaignPlan, result: CampaignResult, log: Callable[[str]
 
 
 PARTS: Final = ("sim", "real", "device")
-#: Parts run only when asked for by name (``--part innocence``): the innocence property over
-#: random run-ahead schedules (scout.scenarios.innocence) -- about an hour at full size.
-OPTIONAL_PARTS: Final = ("innocence",)
+#: Parts run only when asked for by name: the layouts part's jobs need 6 and 8 ranks and take
+#: minutes each on 2 cores; the innocence part's random run-ahead schedules (scout.scenarios.
+#: innocence) take about an hour at full size (docs/campaign.md).
+NAMED_PARTS: Final = ("layouts", "innocence")
 #: The innocence part's sizes: random schedules beside the issue's four (quick: two).
 INNOCENCE_SCHEDULES: Final = 500
 INNOCENCE_SCHEDULES_QUICK: Final = 2
@@ -406,9 +411,9 @@ def run_campaign(result: CampaignResult, parts: Sequence[str] = PARTS,
     ``scout campaign``, bench/campaign.py and bench/evaluate.py run this one function. The real
     and device parts import torch in the processes they fork; without torch they are a problem
     of the result, not an error."""
-    unknown = sorted(set(parts) - set(PARTS) - set(OPTIONAL_PARTS))
+    unknown = sorted(set(parts) - set(PARTS) - set(NAMED_PARTS))
     if unknown:
-        raise ValueError(f"unknown campaign part(s) {unknown}; the parts are {', '.join(PARTS + OPTIONAL_PARTS)}")
+        raise ValueError(f"unknown campaign part(s) {unknown}; the parts are {', '.join(PARTS + NAMED_PARTS)}")
     import importlib.util
 
     plan = campaign_plan(quick=result.quick, seed=result.seed)
@@ -442,3 +447,12 @@ def run_campaign(result: CampaignResult, parts: Sequence[str] = PARTS,
                 device_campaign.device_cases(quick=result.quick, seed=result.seed), log, seed=result.seed)
             if not result.quick:
                 result.cases += device_campaign.run_healthy_job(result.seed, log)
+    if "layouts" in parts:
+        from scout.scenarios import layout_campaign
+
+        if not has_torch or layout_campaign.example_path() is None:
+            result.problems.append("the layouts part runs examples/train_3d.py under torchrun: it needs torch and a "
+                                   "source checkout of scout")
+        else:
+            result.cases += layout_campaign.run_layout_part(
+                layout_campaign.layout_cases(quick=result.quick, seed=result.seed), log)

@@ -1,0 +1,116 @@
+"""Tensor-parallel replay on local shards (spec/replay.md TP-1..TP-5) and the checkpoints of
+pipeline stages (LAYOUT-6): the stand-ins in one process, then real gloo processes with a real
+DTensor block (``parallelize_module``, ``ColwiseParallel``/``RowwiseParallel``). The whole path
+under torchrun is tests/layouts/test_jobs.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from scout.core.recipes import RecipeClass, RecipeId
+from scout.replay.capture import ModuleCapture
+from scout.replay.tensor_parallel import (
+    TP_NOT_SELF_CHECKED,
+    LocalCollectives,
+    UnreplayableCollective,
+)
+from tests import processes
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_TP_1_every_functional_collective_is_replaced_by_a_local_stand_in_of_its_shape() -> None:
+    # The group name is never resolved: the stand-in runs instead of the collective.
+    functional = torch.ops._c10d_functional
+    x = torch.arange(12.0).reshape(4, 3)
+    with LocalCollectives() as mode:
+        reduced = functional.wait_tensor(functional.all_reduce(x, "sum", "no-such-group"))
+        gathered = functional.all_gather_into_tensor(x, 2, "no-such-group")
+        scattered = functional.reduce_scatter_tensor(x, "sum", 2, "no-such-group")
+        broadcast = functional.broadcast(x, 0, "no-such-group")
+        exchanged = functional.all_to_all_single(x, [2, 2], [2, 2], "no-such-group")
+        in_place = functional.all_reduce_(x.clone(), "sum", "no-such-group")
+    assert torch.equal(reduced, x) and reduced.data_ptr() != x.data_ptr()
+    assert torch.equal(gathered, torch.cat([x, x])) and gathered.shape == (8, 3)
+    assert torch.equal(scattered, x[:2]) and torch.equal(broadcast, x) and torch.equal(exchanged, x)
+    assert torch.equal(in_place, x)
+    assert mode.replaced["_c10d_functional::all_reduce"] == 1 and mode.replaced["_c10d_functional::wait_tensor"] == 1
+    with LocalCollectives(), pytest.raises(UnreplayableCollective, match="uneven splits"):
+        functional.all_to_all_single(x, [1, 3], [2, 2], "no-such-group")
+
+
+def test_TP_1_a_c10d_collective_inside_a_replay_fails_it_instead_of_communicating(tmp_path: Path) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        with LocalCollectives(), pytest.raises(UnreplayableCollective, match="c10d::allreduce_"):
+            dist.all_reduce(torch.ones(2))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_TP_5_a_tensor_parallel_call_is_not_self_checked_and_says_why() -> None:
+    layer = torch.nn.Linear(3, 3)
+    recipe = RecipeId(RecipeClass.HIDDEN, 0)
+    capture = ModuleCapture({recipe: layer}, 2**20, self_check=True, not_self_checked={recipe: TP_NOT_SELF_CHECKED})
+    capture.arm(1, [recipe])
+    layer(torch.ones(2, 3))
+    outcome = capture.live(recipe, 1)
+    assert outcome.code.name == "UNCHECKED" and outcome.reason == TP_NOT_SELF_CHECKED
+    assert capture._pending == []  # no self-replay hook was registered for the live call
+    capture.close()
+
+
+def _launch(tmp_path: Path, scenario: str, world: int, **kwargs: Any) -> dict[int, Any]:
+    out = tmp_path / "ranks.json"
+    environment = dict(os.environ, OMP_NUM_THREADS="1", SCOUT_TEST_RANK_DEADLINE_S="120")
+    done = processes.run([sys.executable, "-m", "tests.replay._launch", f"tests.layouts._scenarios:{scenario}",
+                          str(world), json.dumps(kwargs), str(out)], cwd=REPO, env=environment, capture_output=True,
+                         text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["late_ranks"] == [], f"ranks {report['late_ranks']} missed the deadline (a replay communicated?)"
+    failed = {r: v["payload"] for r, v in report["ranks"].items() if v["status"] != "ok"}
+    assert not failed, failed
+    return {int(r): v["payload"] for r, v in report["ranks"].items()}
+
+
+@pytest.fixture(scope="module")
+def four_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Any]:
+    """One launch of 4 gloo ranks for every test below: a ("dp", "tp") = (2, 2) mesh."""
+    return _launch(tmp_path_factory.mktemp("layouts"), "layouts", 4)
+
+
+@pytest.mark.torchdist
+def test_TP_2_TP_3_TP_4_replicas_of_a_shard_replay_alike_alone_and_a_corrupt_shard_changes_only_its_rank(
+    four_ranks: dict[int, Any],
+) -> None:
+    ranks = {rank: result["replay"] for rank, result in four_ranks.items()}  # ranks 0, 2 hold shard 0
+    # TP-4: the last rank replayed alone, the others waiting in a barrier, and returned.
+    assert ranks[3]["alone"] == ranks[3]["signature"]
+    # TP-1: the forward's row-wise all-reduce and the backward's column-wise one were stood in for.
+    assert ranks[0]["replaced"]["_c10d_functional::all_reduce"] == 2
+    # TP-2: replicas of one shard replay to the same bits, run after run; the shards differ.
+    assert all(r["again"] == r["signature"] for r in ranks.values())
+    assert ranks[0]["signature"] == ranks[2]["signature"] and ranks[1]["signature"] == ranks[3]["signature"]
+    assert ranks[0]["signature"] != ranks[1]["signature"]
+    assert len({r["live"] for r in ranks.values()}) == 1  # the live forward: the whole value on every rank
+    # TP-3: rank 2's corrupt shard changes its own replay only, not its partner rank 3's.
+    assert ranks[2]["corrupt"] != ranks[0]["corrupt"] == ranks[0]["signature"]
+    assert ranks[3]["corrupt"] == ranks[1]["corrupt"] == ranks[1]["signature"]
+
+
+@pytest.mark.torchdist
+def test_LAYOUT_6_each_pipeline_stage_saves_and_restores_its_own_module(four_ranks: dict[int, Any]) -> None:
+    loaded = {rank: result["checkpoints"] for rank, result in four_ranks.items()}  # stage = rank % 2
+    assert [loaded[r]["namespaced"] for r in range(4)] == [1.0, 2.0, 1.0, 2.0]
+    # Why the namespace: DCP keeps one copy of entries that share a key, as it does for replicas.
+    assert [loaded[r]["plain"] for r in range(4)] == [1.0, 1.0, 1.0, 1.0]
