@@ -48,6 +48,7 @@ from scout.observer.completion import (
     contract_of,
     start_tracking,
 )
+from scout.observer.functional import FunctionalTracking
 from scout.observer.progress import ProgressPublisher, Stage
 
 __all__ = [
@@ -253,9 +254,17 @@ class _Instrumentation:
         # Completion tracking (INSTR-9..13), when it could be started; its tracker is fed here
         # when its source is markers.
         self.tracking: CompletionTracking | None = None
+        # INSTR-17: functional collectives (DTensor's), counted by their groups' markers.
+        self.functional = FunctionalTracking(self._functional_tracker, lambda: self.enabled, self._failed)
 
     def owns_thread(self) -> bool:
         return self.enabled and threading.get_ident() == self.thread_id
+
+    def _functional_tracker(self, group: Any) -> CompletionTracker | None:
+        return None if self.tracking is None else self.tracking.tracker_for(group)
+
+    def _failed(self) -> None:
+        self.failures += 1
 
     @property
     def depth(self) -> int:
@@ -387,6 +396,7 @@ class _Instrumentation:
 
     def restore(self) -> None:
         self.enabled = False
+        self.functional.restore()
         if self.tracking is not None:
             self.tracking.stop()
             self.tracking = None
@@ -424,6 +434,7 @@ def instrument(publisher: ProgressPublisher, *, collectives: bool = True, comple
         _declare_contract(publisher)
         if collectives:
             active.patch_collectives()
+            active.functional.patch()
             if completion:
                 try:
                     active.tracking = start_tracking(publisher, source=completion_source, device=device)

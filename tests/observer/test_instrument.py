@@ -329,3 +329,35 @@ def test_INSTR_9_10_11_every_group_is_tracked_from_any_thread_with_ddps_buffer_b
     assert snapshot.collectives_entered == 4  # main thread: all_reduce, broadcast, other group, async
     inst.uninstrument()
     assert inst._ACTIVE is None and not tracking.watcher._thread.is_alive()
+
+
+def test_INSTR_17_functional_collectives_are_counted_and_pending_until_waited(
+    world_of_one: None, published: tuple[ProgressPublisher, ProgressReader]
+) -> None:
+    """DTensor's collectives go through torch.distributed._functional_collectives: each call is a
+    marker of its group's tracker, pending (state unknown on gloo: the host may be waiting) until
+    ``wait_tensor`` returned for its output -- the first use of the AsyncCollectiveTensor; a
+    functional collective that calls another counts once; uninstrument() puts the functions
+    back."""
+    import torch.distributed._functional_collectives as funcol
+
+    from scout.core.observer import PendingState
+
+    tracking = inst._ACTIVE.tracking  # type: ignore[union-attr]
+    assert tracking is not None
+    tracker = tracking.tracker_for(dist.group.WORLD)
+    assert tracker is not None
+    before = tracker.coordinate()[:2]  # type: ignore[index]
+    out = funcol.all_reduce(torch.ones(4), "sum", dist.group.WORLD)
+    enqueued, completed, _, state, _, _ = tracker.coordinate()  # type: ignore[misc]
+    assert (enqueued - before[0], completed - before[1], state) == (1, 0, PendingState.UNKNOWN)
+    assert float((out * 2).sum()) == 8.0  # first use: wait_tensor
+    assert tracker.coordinate()[:2] == (before[0] + 1, before[1] + 1)  # type: ignore[index]
+    gathered = funcol.all_gather_tensor(torch.ones(2), 0, dist.group.WORLD)  # calls all_gather_single
+    assert tracker.coordinate()[:2] == (before[0] + 2, before[1] + 1)  # type: ignore[index]
+    assert tracker.coordinate()[3] is PendingState.UNKNOWN  # type: ignore[index]
+    gathered.wait()  # type: ignore[attr-defined]
+    assert tracker.coordinate()[:2] == (before[0] + 2, before[1] + 2)  # type: ignore[index]
+    inst.uninstrument()
+    assert not getattr(funcol.all_reduce, "__scout_instrumented__", False)
+    assert not getattr(funcol.wait_tensor, "__scout_instrumented__", False)

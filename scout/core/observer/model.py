@@ -229,9 +229,9 @@ COMPLETION_GROUPS_MAX: Final = 16
 
 def _completions(value: Any) -> tuple[Completion, ...]:
     """One coordinate per tracked group; a single one or None is accepted for brevity."""
-    if value is None:
+    if value is None or value == ():
         return ()
-    if isinstance(value, Completion):
+    if type(value) is Completion:
         return (value,)
     found = tuple(value)
     if not all(isinstance(item, Completion) for item in found):
@@ -285,8 +285,9 @@ class Progress:
     completion_stale: bool = False
 
     def __attrs_post_init__(self) -> None:
-        object.__setattr__(self, "pending_since_s",
-                           _per_completion(self.pending_since_s, len(self.completions), "pending_since_s"))
+        if self.completions or self.pending_since_s != ():
+            object.__setattr__(self, "pending_since_s",
+                               _per_completion(self.pending_since_s, len(self.completions), "pending_since_s"))
 
     @property
     def coordinate(self) -> Coordinate:
@@ -316,8 +317,9 @@ class Evidence:
     completion_stale: bool = False
 
     def __attrs_post_init__(self) -> None:
-        object.__setattr__(self, "pending_age_s",
-                           _per_completion(self.pending_age_s, len(self.completions), "pending_age_s"))
+        if self.completions or self.pending_age_s != ():
+            object.__setattr__(self, "pending_age_s",
+                               _per_completion(self.pending_age_s, len(self.completions), "pending_age_s"))
 
     @property
     def coordinate(self) -> Coordinate:
