@@ -141,7 +141,7 @@ class GuardedJob:
             if not parts:
                 return
             failures = self.agreement.gather(parts)
-        except ControlFailed as error:
+        except Exception as error:  # GUARD-7: ControlFailed, or the gather's own failure
             self.control_failed(error, step)
             return
         self.switch_off(parts, step)
@@ -188,15 +188,20 @@ class GuardedJob:
         # DDP_HOOK: the hook asks guard.running() at every bucket; AGGREGATE: its checks and the gate.
 
     def report(self, failures: Sequence[Failure], step: int) -> None:
-        """GUARD-5: one ``internal_error`` report per failure (the reporter writes on rank 0)."""
+        """GUARD-5: one ``internal_error`` report per failure (the reporter writes on rank 0). A
+        report that cannot be written is logged with the failure (GUARD-1: never raised)."""
         for failure in failures:
             self.reported.append(failure)
-            self.reporter.record(ReportKind.INTERNAL_ERROR, failure.part.reason, ranks=[failure.rank],
-                                 step=failure.step, evidence={
-                                     "part": failure.part.value, "where": failure.where,
-                                     "error_type": failure.error_type, "message": failure.message,
-                                     "frames": list(failure.frames), "count": failure.count, "off_step": step,
-                                     "consequence": CONSEQUENCES[failure.part]})
+            try:
+                self.reporter.record(ReportKind.INTERNAL_ERROR, failure.part.reason, ranks=[failure.rank],
+                                     step=failure.step, evidence={
+                                         "part": failure.part.value, "where": failure.where,
+                                         "error_type": failure.error_type, "message": failure.message,
+                                         "frames": list(failure.frames), "count": failure.count, "off_step": step,
+                                         "consequence": CONSEQUENCES[failure.part]})
+            except Exception:
+                logger.exception("scout: the internal_error report of %s on rank %d could not be written",
+                                 failure.part.value, failure.rank)
 
     # -- GUARD-7 -------------------------------------------------------------------------------
 

@@ -53,7 +53,7 @@ def test_GUARD_2_every_part_has_a_reason_and_says_what_off_means() -> None:
     assert set(CONSEQUENCES) == set(Part)
     assert Part.DDP_HOOK.reason == "ddp_hook-failed" and Part.GATE.reason == "gate-failed"
     assert all(point.split(".")[0] in {p.value for p in Part} for point in POINTS)
-    assert ALIKE_UNTIL_OFF == {Part.INSTRUMENTATION, Part.DDP_HOOK, Part.COMPLETION}
+    assert {Part.INSTRUMENTATION, Part.DDP_HOOK, Part.COMPLETION} == ALIKE_UNTIL_OFF
 
 
 def test_GUARD_3_a_part_is_recorded_once_with_its_last_frames_and_later_failures_are_counted() -> None:
