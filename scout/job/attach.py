@@ -212,7 +212,10 @@ class Job:
             self._begin(None, checkpoints=False)
         self._step += 1
         step = self.boundary.step = self._step
+        started, entry_ns = time.perf_counter(), time.monotonic_ns()
         self.guarded.agree(step)  # GUARD-4: what failed anywhere at the last step is off from here
+        agreement_s = time.perf_counter() - started
+        self.pipeline.waited(entry_ns, time.monotonic_ns())  # LOOP-1: a wait for the peers, not loop work
         stop = None
         try:
             if guard.INJECTING:
@@ -238,10 +241,12 @@ class Job:
                 self.parts.ops.after_step(step, self.costs, self.pipeline.straggler_trackers())
             except Exception as error:
                 guard.failed(Part.OPS, error, "job.step")
+        started = time.perf_counter()
         try:
             self.guarded.agreement.launch()  # GUARD-4: what failed here since the last launch
         except Exception as error:
             self.guarded.control_failed(error, step)
+        self.costs["agreement_s"] = self.costs.get("agreement_s", 0.0) + agreement_s + time.perf_counter() - started
         self.boundary.step = step + 1  # the next step's training phase begins
         self.pipeline.step_begins()
         if stop is not None:

@@ -182,6 +182,11 @@ class LoopStragglerCheck(_NoOps):
     def due(self, step: int) -> bool:
         return step % self.timer.config.check_every_steps == 0
 
+    def waited(self, entry_ns: int, exit_ns: int) -> None:
+        """LOOP-1: scout's own wait for its peers at the start of ``job.step()`` (the agreement,
+        spec/guard.md GUARD-4) is a wait of this step's loop body, not work of the rank's."""
+        self.timer.collective(entry_ns, exit_ns)
+
     def step_begins(self) -> None:
         self.timer.begin_step()
 

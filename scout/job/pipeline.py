@@ -338,6 +338,19 @@ class Pipeline:
                                  evidence={"failure": None, "choice": None, **evidence})
         self.step_begins()
 
+    def waited(self, entry_ns: int, exit_ns: int) -> None:
+        """Scout waited for its peers between these monotonic times, in a collective the
+        instrumentation does not see (the agreement, spec/guard.md GUARD-4): a check that times
+        the loop counts it as a wait, not as the rank's own work (LOOP-1)."""
+        for check in self.active_checks():
+            waited = getattr(check, "waited", None)
+            if waited is None:
+                continue
+            try:
+                waited(entry_ns, exit_ns)
+            except Exception as error:  # GUARD-1
+                self._failed_check(check, error)
+
     def step_begins(self) -> None:
         for check in self.active_checks():
             try:

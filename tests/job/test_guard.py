@@ -92,7 +92,8 @@ def test_GUARD_1_every_rank_trains_to_its_last_step_while_six_parts_of_scout_fai
     # The user's own failing collective, called through scout's wrapper, reached the user as it
     # was raised (torch's TypeError for an unknown reduce op), on every rank.
     assert all(rank["user_error"].startswith("TypeError: ") for rank in six["ranks"]), six["ranks"]
-    assert not [r for r in six["records"] if r["kind"] in ("unchecked", "sdc", "straggler")], \
+    # A failure is never evidence against a rank, and nothing here left a replay unchecked.
+    assert not [r for r in six["records"] if r["kind"] in ("unchecked", "sdc")], \
         [reports.record_line(r) for r in six["records"]]
 
 
