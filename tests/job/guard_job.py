@@ -6,6 +6,7 @@ and since which step, and what the user's own failing calls raised."""
 
 from __future__ import annotations
 
+import hashlib
 import time
 from typing import Any
 
@@ -74,5 +75,8 @@ def main(rank: int, world: int, *, steps: int, directory: str, settings: dict[st
         slowest_s, last = max(slowest_s, time.monotonic() - started), step
     parts_off = job.parts_off
     job.close()
+    # DDP keeps every replica's parameters equal only if every bucket was averaged: the hook's
+    # future must carry the average whatever happened to scout's work in it (GUARD-3).
+    digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
     return {"rank": rank, "last_step": last, "slowest_step_s": slowest_s, "parts_off": parts_off,
-            "user_error": user_error}
+            "user_error": user_error, "parameters": digest}

@@ -66,6 +66,12 @@ def _trained_to_the_end(job: dict[str, Any], steps: int, slowest_s: float = TIME
     assert max(rank["slowest_step_s"] for rank in job["ranks"]) < slowest_s, job["ranks"]
 
 
+def _replicas_equal(job: dict[str, Any], groups: tuple[tuple[int, ...], ...] = (tuple(range(WORLD)),)) -> None:
+    """Every DDP replica ends with the same parameters: each gradient bucket was averaged."""
+    for group in groups:
+        assert len({job["ranks"][rank]["parameters"] for rank in group}) == 1, job["ranks"]
+
+
 def _off_alike(job: dict[str, Any]) -> dict[str, int]:
     """GUARD-4: the same parts off from the same steps on every rank; that map."""
     offs = [rank["parts_off"] for rank in job["ranks"]]
@@ -89,6 +95,7 @@ def six(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 def test_GUARD_1_every_rank_trains_to_its_last_step_while_six_parts_of_scout_fail(six: dict[str, Any]) -> None:
     _trained_to_the_end(six, STEPS)
+    _replicas_equal(six)  # DDP's hook failed on rank 1 at step 4, and still averaged every bucket
     # The user's own failing collective, called through scout's wrapper, reached the user as it
     # was raised (torch's TypeError for an unknown reduce op), on every rank.
     assert all(rank["user_error"].startswith("TypeError: ") for rank in six["ranks"]), six["ranks"]
@@ -222,6 +229,7 @@ def test_GUARD_1_the_issues_pipeline_stages_layout_trains_on_when_the_gate_meets
     gate learns of stages, no rank may stop: an error there is a report and the gate is off."""
     job = _job(tmp_path, steps=8, inject="", stages=True)
     _trained_to_the_end(job, 8)
+    _replicas_equal(job, ((0, 1), (2, 3)))
     errors = _errors(job)
     assert set(errors) <= {"gate"}, errors
     if errors:
