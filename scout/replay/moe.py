@@ -248,10 +248,10 @@ class ExpertExecutor:
             for armed in self._armed:  # the first call of the layer in the step (CAP-1)
                 if armed.recipe in self._captures:
                     continue
-                slot_layer, expert = self.experts.locate(armed.recipe.index)
-                if slot_layer != layer:
-                    continue
                 try:
+                    slot_layer, expert = self.experts.locate(armed.recipe.index)
+                    if slot_layer != layer:
+                        continue
                     self._captures[armed.recipe] = self._record(armed, module, expert, args, kwargs)
                 except Exception as exc:  # CAP-6: never into the training loop; GUARD-3: a failure of the part
                     self._captures[armed.recipe] = _ExpertCapture(armed.recipe, armed.step, None,
