@@ -158,7 +158,7 @@ def test_GUARD_8_scout_report_names_every_part_that_is_off(six: dict[str, Any]) 
 
 
 @pytest.mark.slow
-def test_GUARD_2_GUARD_6_the_checkpoint_path_a_check_after_its_exchange_the_canary_and_ops_fail(
+def test_GUARD_2_GUARD_6_GATE_40_the_checkpoint_path_a_check_after_its_exchange_the_canary_and_ops_fail(
     tmp_path: Path,
 ) -> None:
     """At step 3's save rank 0's free-space check and then the gate's record of the capture
