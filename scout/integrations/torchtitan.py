@@ -132,8 +132,13 @@ def attach_to_titan(settings: ScoutSettings, optimizers: Any, model_parts: Seque
         experts = ExpertReplayer(layers, expert_peers, catalog.expert_keys(),
                                  ExpertReplayConfig(expert_steps=settings.expert_steps))
     job_step: Callable[[], None] = job.step
+    replaying = [experts]
 
     def after_step(_optimizer: Any, _args: Any, _kwargs: Any) -> None:
+        experts = replaying[0]
+        if experts is not None and "experts" in job.parts_off:  # spec/guard.md GUARD-4: off on every rank
+            experts.close()
+            replaying[0] = experts = None
         if experts is not None:
             report = experts.step()
             for result in report.results:

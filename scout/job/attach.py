@@ -36,6 +36,7 @@ from scout.gate import dcp
 from scout.gate.model import CheckpointId
 from scout.job import leaving
 from scout.job.assemble import assemble
+from scout.job.boundary import Agreement, GuardedJob
 from scout.job.config import Config, ConfigError, load_config, unknown_variables
 from scout.job.gate_driver import RestoreDecision
 from scout.job.inputs import checked_state, unwrap_model, unwrap_optimizer
@@ -45,6 +46,8 @@ from scout.job.startup import check_directory, checked_on_every_rank
 from scout.observer import instrument
 from scout.observer.progress import launcher_job_id
 from scout.replay.collectives import TorchPeerGroup
+from scout.reports import guard
+from scout.reports.guard import Part
 from scout.reports.kinds import SAVE_FAILED, ReportKind, attempt_failure
 
 __all__ = ["CheckpointSaveFailed", "FaultDetected", "Job", "attach"]
@@ -67,11 +70,22 @@ class Job:
         self.model, self.optimizer, self.config = model, optimizer, config
         #: FRAME-3: the other training state saved and restored with the model (attach(state=...)).
         self.registered: dict[str, Any] = dict(state or {})
-        self.parts = assemble(model, optimizer, run_dir=run_dir, checkpoint_dir=checkpoint_dir, peers=peers,
-                              config=config, layout=layout)
+        # spec/guard.md: the rank's record of scout's own failures, before any hook is installed.
+        self.boundary = guard.activate(dist.get_rank())
+        try:
+            self.parts = assemble(model, optimizer, run_dir=run_dir, checkpoint_dir=checkpoint_dir, peers=peers,
+                                  config=config, layout=layout)
+        except BaseException:
+            guard.deactivate(self.boundary)
+            raise
         self.rank, self.world_size = self.parts.rank, self.parts.world_size
         self.publisher, self.observer, self.pipeline = self.parts.publisher, self.parts.observer, self.parts.pipeline
         self.pipeline.clock = time.perf_counter
+        self.pipeline.boundary = self.boundary
+        self._ops_on = True
+        self.guarded = GuardedJob(self.boundary, Agreement(self.parts.control, self.boundary,
+                                                           config.collective_timeout_s),
+                                  self.pipeline, self.pipeline.reporter, rank=self.rank, stop_ops=self._stop_ops)
         #: Seconds this rank spent in each part of scout inside job.step() (bench/attach_overhead.py).
         self.costs = self.pipeline.costs
         self.timeline = self._step = 0
@@ -96,7 +110,8 @@ class Job:
         reason = "interrupted" if isinstance(error, KeyboardInterrupt) else "exception"
         with contextlib.suppress(Exception):
             self.pipeline.reporter.record(ReportKind.FINISHED, reason, step=self._step,
-                                          evidence={"error": f"{type(error).__name__}: {error}"[:ERROR_CHARS_MAX]})
+                                          evidence={"error": f"{type(error).__name__}: {error}"[:ERROR_CHARS_MAX],
+                                                    **self._parts_off()})
 
     def remove_record(self) -> None:
         """PROGRESS-12: at interpreter exit, remove this rank's progress record (closing it)."""
@@ -144,6 +159,7 @@ class Job:
         lost = lost or []
         self._started = True
         self._step, self.timeline = decision.step, decision.timeline
+        self.boundary.step = decision.step + 1
         self.pipeline.begin(decision, lost=lost)
         self.publisher.end_stage()  # start-up (or the restore) is over
         self.publisher.begin_step(self._step + 1)
@@ -192,7 +208,9 @@ class Job:
     def step(self) -> None:
         """Once per training step, after ``optimizer.step()``: the checks, the gate, a checkpoint
         at cycle ends. Raises :class:`FaultDetected` on every rank at the same step when a
-        fault's policy is ``restart``."""
+        fault's policy is ``restart``, and :class:`CheckpointSaveFailed` when a save failed and
+        ``on_checkpoint_error = "stop"``; an error of scout's own is a report and the part that
+        failed is switched off on every rank, and training goes on (spec/guard.md)."""
         if self._closed:
             raise RuntimeError("this scout job was closed")
         if self._leaving and not self._said_left:
@@ -210,18 +228,55 @@ class Job:
         if not self._started:  # no restore(): a fresh start at step 0, whatever the manifest holds
             self._begin(None, checkpoints=False)
         self._step += 1
-        outcome = self.parts.control.run(run_step(self.pipeline, self._step))
-        self.checkpoint_due = outcome.checkpoint_due
-        if outcome.checkpoint_due and self.parts.checkpoint_dir is not None:
-            started = time.perf_counter()
-            self._checkpoint(self._step)
-            self.costs["cycle_end_s"] = self.costs.get("cycle_end_s", 0.0) + time.perf_counter() - started
-        instrument.mark_step(self._step + 1)
-        if self.parts.ops is not None:  # metrics and on_report's per-rank stats (docs/metrics.md)
-            self.parts.ops.after_step(self._step, self.costs, self.pipeline.straggler_trackers())
+        step = self.boundary.step = self._step
+        started, entry_ns = time.perf_counter(), time.monotonic_ns()
+        self.guarded.agree(step)  # GUARD-4: what failed anywhere at the last step is off from here
+        agreement_s = time.perf_counter() - started
+        self.pipeline.waited(entry_ns, time.monotonic_ns())  # LOOP-1: a wait for the peers, not loop work
+        stop = None
+        try:
+            if guard.INJECTING:
+                guard.inject("control.exchange")
+            outcome = self.parts.control.run(run_step(self.pipeline, step))
+            stop = outcome.stop
+            self.checkpoint_due = outcome.checkpoint_due
+            if outcome.checkpoint_due and self.parts.checkpoint_dir is not None:
+                started = time.perf_counter()
+                self._checkpoint(step)
+                self.costs["cycle_end_s"] = self.costs.get("cycle_end_s", 0.0) + time.perf_counter() - started
+        except CheckpointSaveFailed:  # on_checkpoint_error = "stop": a policy the user chose
+            raise
+        except Exception as error:  # GUARD-7: this rank's sequence of control collectives is broken
+            self.guarded.control_failed(error, step)
+        try:
+            instrument.mark_step(step + 1)
+        except Exception as error:  # GUARD-1: the observer's step check, the step's publish
+            guard.failed(Part.INSTRUMENTATION, error, "job.step")
+        if self.parts.ops is not None and self._ops_on:  # metrics and on_report's per-rank stats (docs/metrics.md)
+            try:
+                if guard.INJECTING:
+                    guard.inject("ops.after_step")
+                self.parts.ops.after_step(step, self.costs, self.pipeline.straggler_trackers())
+            except Exception as error:
+                guard.failed(Part.OPS, error, "job.step")
+        started = time.perf_counter()
+        try:
+            self.guarded.agreement.launch()  # GUARD-4: what failed here since the last launch
+        except Exception as error:
+            self.guarded.control_failed(error, step)
+        self.costs["agreement_s"] = self.costs.get("agreement_s", 0.0) + agreement_s + time.perf_counter() - started
+        self.boundary.step = step + 1  # the next step's training phase begins
         self.pipeline.step_begins()
-        if outcome.stop is not None:
-            raise FaultDetected.of(outcome.stop)
+        if stop is not None:
+            raise FaultDetected.of(stop)
+
+    def _stop_ops(self) -> None:
+        self._ops_on = False
+
+    def _parts_off(self) -> dict[str, Any]:
+        """GUARD-8: the parts that are off on this rank, with their off steps (empty: none)."""
+        off = self.guarded.parts_off()
+        return {"parts_off": off} if off else {}
 
     def _checkpoint(self, step: int) -> None:
         """Save the checkpoint of ``step`` (collective, DCP) and tell the gate it is complete; a
@@ -232,7 +287,15 @@ class Job:
         path = dcp.checkpoint_path(self.parts.checkpoint_dir, checkpoint)
         control = self.parts.control
         failed: list[int] = []
-        error = control.broadcast(self._free_space_problem() if self.rank == 0 else None)
+        # GUARD-6: rank 0 says whether its gate's writer stopped since the step's start (then no
+        # rank saves: the gate could not record the capture), or what stands in the way (GATE-40).
+        first = control.broadcast(self._before_save() if self.rank == 0 else None)
+        if isinstance(first, dict):
+            if self.rank == 0:
+                logger.warning("scout: the checkpoint of step %d is not saved: %s (spec/guard.md GUARD-6)", step,
+                               first["skip"])
+            return
+        error = first
         if error is None:
             local: str | None = None
             try:
@@ -251,9 +314,13 @@ class Job:
         manifest = False
         if error is None:
             try:
+                if guard.INJECTING:
+                    guard.inject("gate.capture")
                 self.pipeline.captured(step)  # rank 0 records it in the manifest
-            except OSError as raised:
+            except Exception as raised:  # GATE-40: the record failed; GUARD-3: the gate cannot go on
                 local, manifest = _error_text(raised), True
+                guard.failed(Part.GATE, raised, "gate capture")
+                self.pipeline.stop_gate()
             else:
                 local = None
             error = control.broadcast(local)
@@ -261,17 +328,33 @@ class Job:
             failed = [0] if error else []
         if error is None:
             return
-        stop = manifest or self.config.on_checkpoint_error == "stop"
-        then = "the job stops" if stop else "training goes on without it"
+        stop = self.config.on_checkpoint_error == "stop"
+        then = ("the job stops" if stop else
+                "training goes on without the gate: no checkpoint is saved or certified any more" if manifest else
+                "training goes on without it")
         where = str(self.parts.run_dir.path / "gate") if manifest else str(path)
         self.pipeline.reporter.record(ReportKind.CHECKPOINT, SAVE_FAILED, ranks=failed, step=step, evidence={
             "checkpoint": str(checkpoint), "path": where, "error": error,
-            "policy": "manifest" if manifest else f"on_checkpoint_error={self.config.on_checkpoint_error}"})
+            "policy": f"on_checkpoint_error={self.config.on_checkpoint_error}", "manifest": manifest})
         message = f"scout: the checkpoint of step {step} could not be saved to {where}: {error}; {then} (GATE-40)"
         if self.rank == 0:
             logger.error("%s", message)
         if stop:
             raise CheckpointSaveFailed(message)
+
+    def _before_save(self) -> dict[str, str] | str | None:
+        """Rank 0, before every save: ``{"skip": why}`` when its gate's writer stopped (GUARD-6),
+        else the free-space problem (GATE-40) or None. A failure of the free-space check itself is
+        the checkpoint part's, and the save goes ahead without it (GUARD-3)."""
+        if self.pipeline.gate_stopped:
+            return {"skip": "the gate's writer stopped after a failure, so it could not record it"}
+        try:
+            if guard.INJECTING:
+                guard.inject("checkpoint.space")
+            return self._free_space_problem()
+        except Exception as raised:
+            guard.failed(Part.CHECKPOINT, raised, "job.step")
+            return None
 
     def _free_space_problem(self) -> str | None:
         """GATE-40: why a save cannot succeed before it starts (rank 0): less free space in
@@ -303,22 +386,39 @@ class Job:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def parts_off(self) -> dict[str, int]:
+        """The parts of scout switched off after a failure of their own, with the step each is
+        off from (spec/guard.md GUARD-8); empty while everything runs."""
+        return self.guarded.parts_off()
+
     def close(self) -> None:
-        """Stop everything scout started on this rank; the model and optimizer are as they were."""
+        """Stop everything scout started on this rank; the model and optimizer are as they were.
+        Never raises for scout's own errors (spec/guard.md GUARD-1): each one is logged."""
         if self._closed:
             return
         self._closed = True
         leaving.unwatch(self)
-        if self._started and not self._leaving:
-            self.pipeline.reporter.record(ReportKind.FINISHED, "closed", step=self._step)
-        instrument.uninstrument()
+        with _logged("the finished report"):
+            if self._started and not self._leaving:
+                self.pipeline.reporter.record(ReportKind.FINISHED, "closed", step=self._step,
+                                              evidence=self._parts_off() or None)
+        with _logged("removing the instrumentation"):
+            instrument.uninstrument()
         with self.parts.idle_loops.awake():
-            self.pipeline.close()
-        self.publisher.close()
+            with _logged("the last agreement"):
+                self.guarded.agreement.close()
+            with _logged("closing the checks and the gate"):
+                self.pipeline.close()
+        with _logged("closing the progress record"):
+            self.publisher.close()
         if self.observer is not None:
-            self.observer.close()
+            with _logged("stopping the observer"):
+                self.observer.close()
         if self.parts.ops is not None:
-            self.parts.ops.close()
+            with _logged("stopping the ops sidecar"):
+                self.parts.ops.close()
+        guard.deactivate(self.boundary)
 
     def __enter__(self) -> Job:
         return self
@@ -381,6 +481,15 @@ def attach(model: nn.Module, optimizer: torch.optim.Optimizer | None, *, run_dir
               config=resolved, state=inputs["state"], layout=layout)
     logger.info("scout: attached on rank %d in %.2f s", job.rank, time.monotonic() - started)
     return job
+
+
+@contextlib.contextmanager
+def _logged(what: str) -> Iterator[None]:
+    """GUARD-1 at ``close()``: a failure of scout's own is logged, never raised."""
+    try:
+        yield
+    except Exception:
+        logger.exception("scout: %s failed at close(); the job goes on", what)
 
 
 def _adopt_from_environment() -> bool:

@@ -33,6 +33,8 @@ from scout.replay.collectives import TorchPeerGroup
 from scout.replay.replay import RecipeModules, ReplayConfig, Replayer
 from scout.replay.runner import ReplayRunner, StepReport
 from scout.replay.stragglers import StragglerKind
+from scout.reports import guard
+from scout.reports.guard import Part
 from scout.reports.kinds import ReportKind
 from scout.reports.timing import timing_arguments
 
@@ -89,6 +91,9 @@ class ReplayCheck(_NoOps):
                 holders.setdefault(recipe, []).append(name)
         ordered = sorted(holders, key=RecipeId.parse)
         return [Recipe(recipe, tuple(holders[recipe])) for recipe in ordered]
+
+    def due(self, step: int) -> bool:
+        return bool(self.runner.schedule.due(step))
 
     def run(self, step: int) -> Generator[Any, Any, CheckOutput | None]:
         if self.runner.step_count + 1 != step:
@@ -174,8 +179,8 @@ class LoopStragglerCheck(_NoOps):
         # LOOP-7: the forward window, from the first hidden layer's pre-hook to the last one's
         # forward hook -- registered now, after the hooks the layers already have.
         self._handles = [] if not hidden else [
-            hidden[0].register_forward_pre_hook(lambda _module, _inputs: timer.forward_started()),
-            hidden[-1].register_forward_hook(lambda _module, _inputs, _output: timer.forward_ended())]
+            hidden[0].register_forward_pre_hook(lambda _module, _inputs: _loop_hook(timer.forward_started)),
+            hidden[-1].register_forward_hook(lambda _module, _inputs, _output: _loop_hook(timer.forward_ended))]
 
     def close(self) -> None:
         for handle in self._handles:
@@ -184,6 +189,14 @@ class LoopStragglerCheck(_NoOps):
 
     def gate_recipes(self) -> list[Recipe]:
         return []
+
+    def due(self, step: int) -> bool:
+        return step % self.timer.config.check_every_steps == 0
+
+    def waited(self, entry_ns: int, exit_ns: int) -> None:
+        """LOOP-1: scout's own wait for its peers at the start of ``job.step()`` (the agreement,
+        spec/guard.md GUARD-4) is a wait of this step's loop body, not work of the rank's."""
+        self.timer.collective(entry_ns, exit_ns)
 
     def step_begins(self) -> None:
         self.timer.begin_step()
@@ -195,6 +208,8 @@ class LoopStragglerCheck(_NoOps):
         check = self.timer.end_step(step)
         if check is None:
             return None
+        if guard.INJECTING:  # after the check's exchange: its peers are not left waiting
+            guard.inject("loop.check")
         forward = check.forward
         ratios = {"loop": check.performance_ratios}
         if forward is not None:
@@ -233,10 +248,15 @@ class CanaryCheck(_NoOps):
     def gate_recipes(self) -> list[Recipe]:
         return [Recipe(str(CANARY_RECIPE), self.layout.names)]
 
+    def due(self, step: int) -> bool:
+        return bool(self.cycle_steps) and step % self.cycle_steps == 0
+
     def run(self, step: int) -> Generator[Any, Any, CheckOutput | None]:
         if not self.cycle_steps or step % self.cycle_steps:
             return None
         decision = self.monitor.check(step)
+        if guard.INJECTING:  # after the canary's exchange: the other ranks are not left waiting
+            guard.inject("canary.check")
         results = CanaryMonitor.gate_results(decision, step, self.layout.groups)
         findings: tuple[Finding, ...] = ()
         if decision.ranks:
@@ -247,6 +267,48 @@ class CanaryCheck(_NoOps):
         feed = GateFeed(str(CANARY_RECIPE), step, dict(zip(self.layout.names, results, strict=True)), findings)
         return CheckOutput(self.name, self.layout, feeds=(feed,))
         yield  # a rank program
+
+
+def _loop_hook(action: Callable[[], None]) -> None:
+    """LOOP-7's forward-window hooks on the training thread (spec/guard.md GUARD-3): after a
+    failure of the loop part on this rank they do nothing, and a failure never reaches the forward."""
+    if not guard.running(Part.LOOP):
+        return
+    try:
+        if guard.INJECTING:
+            guard.inject("loop.forward_hook")
+        action()
+    except Exception as error:
+        guard.failed(Part.LOOP, error, "forward hook")
+
+
+def loop_listener(listener: Callable[..., Callable[[], None]]) -> Callable[..., Callable[[], None]]:
+    """A loop timer's collective listener (LOOP-5) under the loop part's boundary (GUARD-3): silent
+    after a failure here, and what it returns at the collective's completion is guarded too."""
+
+    def guarded_finish(finish: Callable[[], None]) -> Callable[[], None]:
+        def finished() -> None:
+            try:
+                finish()
+            except Exception as error:
+                guard.failed(Part.LOOP, error, "collective listener")
+
+        return finished
+
+    def listen(*args: Any, **kwargs: Any) -> Callable[[], None]:
+        if not guard.running(Part.LOOP):
+            return _nothing
+        try:
+            return guarded_finish(listener(*args, **kwargs))
+        except Exception as error:
+            guard.failed(Part.LOOP, error, "collective listener")
+            return _nothing
+
+    return listen
+
+
+def _nothing() -> None:
+    pass
 
 
 def running_statistics(hidden: Sequence[nn.Module]) -> list[str]:
@@ -343,7 +405,7 @@ def build_checks(
     checks: list[Any] = [ReplayCheck("replay", replayer, dense, hosts)]
     if loop_check and "loop_timer" not in bench_switches.parts_off():  # a benchmark's private switch
         loop = LoopTimer(peers, LoopConfig(check_every_steps=config.loop_check_steps))
-        add_collective_listener(loop.collective_started)  # LOOP-5: waits timed from enqueue to completion
+        add_collective_listener(loop_listener(loop.collective_started))  # LOOP-5: from enqueue to completion
         checks.insert(0, LoopStragglerCheck(loop, dense, hosts, modules.hidden))
     if config.moe_catalog is not None:  # spec/moe.md: experts replicated like the dense layers (EP = 1)
         from scout.replay.moe import ExpertLayers, ExpertReplayConfig, ExpertReplayer

@@ -28,6 +28,8 @@ from torch.nn.parallel import DistributedDataParallel
 from scout.core.fingerprint import CollectiveCall, TensorMeta, fingerprint
 from scout.observer import instrument
 from scout.observer.progress import ProgressPublisher
+from scout.reports import guard
+from scout.reports.guard import Part
 
 __all__ = ["publish_ddp_buckets"]
 
@@ -64,28 +66,37 @@ def publish_ddp_buckets(
 
     def hook(state: Any, bucket: Any) -> Any:
         buffer = bucket.buffer()
-        bucket_fingerprint = 0
-        try:
-            call = CollectiveCall("all_reduce", ranks, (TensorMeta(str(buffer.dtype), (buffer.numel(),)),),
-                                  reduce_op="SUM", detail=(("ddp_bucket", bucket.index()),))
-            bucket_fingerprint = fingerprint(call)
-            publisher.enter_async_collective(bucket_fingerprint)
-        except Exception:  # diagnostics never break the training step
-            logger.debug("scout: could not publish a DDP bucket", exc_info=True)
-        finishers = [_started(listener) for listener in tuple(listeners)]
-        tracker = instrument.completion_tracker(group)
-        entry = None
-        if tracker is not None:
+        finishers: list[Callable[[], None] | None] = []
+        tracker, entry, bucket_fingerprint = None, None, 0
+        if guard.running(Part.DDP_HOOK):  # spec/guard.md: off, the hook only averages the bucket
             try:
-                entry = tracker.begin(bucket_fingerprint)
-            except Exception:
-                logger.debug("scout: could not track a DDP bucket", exc_info=True)
+                if guard.INJECTING:
+                    guard.inject("ddp_hook.bucket")
+                call = CollectiveCall("all_reduce", ranks, (TensorMeta(str(buffer.dtype), (buffer.numel(),)),),
+                                      reduce_op="SUM", detail=(("ddp_bucket", bucket.index()),))
+                bucket_fingerprint = fingerprint(call)
+                publisher.enter_async_collective(bucket_fingerprint)
+                finishers = [_started(listener) for listener in tuple(listeners)]
+                tracker = instrument.completion_tracker(group)
+            except Exception as error:  # GUARD-3: never into the backward
+                guard.failed(Part.DDP_HOOK, error, "ddp comm hook")
+            if tracker is not None:
+                try:
+                    entry = tracker.begin(bucket_fingerprint)
+                except Exception as error:
+                    guard.failed(Part.COMPLETION, error, "ddp comm hook")
+                    tracker = None
         # DDP's default hook, spelled out so that the bucket's Work is at hand for completion
-        # tracking (INSTR-11): the bucket's average by an asynchronous all-reduce (INSTR-15).
+        # tracking (INSTR-11): the bucket's average by an asynchronous all-reduce (INSTR-15). It is
+        # the job's collective: what it raises is the job's (GUARD-1), and it runs whatever
+        # happened to scout's work above, so the gradients are averaged as without scout.
         with instrument.already_published():
             work = all_reduce_mean(buffer)
         if tracker is not None:
-            tracker.end(entry, work)
+            try:
+                tracker.end(entry, work)
+            except Exception as error:
+                guard.failed(Part.COMPLETION, error, "ddp comm hook")
 
         def completed(done: Any) -> Any:
             for finish in finishers:

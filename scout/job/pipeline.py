@@ -18,6 +18,12 @@ yields transport ops and receives their results, so any binding can run it.
 4. :func:`decide` applies the fault policy alike on every rank: ``on_sdc = "restart"`` stops
    the job at this step on every rank (:class:`Stop`).
 
+In a job (``pipeline.boundary`` set) each of these is guarded (spec/guard.md): a check, the merge
+and the gate's writer that raise are recorded as their part's failure and the step goes on -- a
+check that was due gives an empty output, so the exchange keeps the same shape on every rank
+(GUARD-3) -- and a part that is off (GUARD-4) is no longer run. Without a boundary (the
+simulator) an exception propagates.
+
 At a replay cycle's end the gate closes the cycle, and the job saves a checkpoint when one is
 due (:attr:`StepOutcome.checkpoint_due`), then reports the capture with :meth:`Pipeline.captured`.
 """
@@ -31,10 +37,13 @@ import attrs
 
 from scout.core.failure import FailureClass
 from scout.core.recipes import RecipeResult
+from scout.core.sdc_reports import SdcReportCounter
 from scout.core.straggler.tracking import StragglerEvent, straggler_record_arguments
 from scout.gate.model import Artifact, CheckpointId, Recipe
 from scout.job import aggregate
 from scout.job.gate_driver import GateDriver, Reporter, RestoreDecision
+from scout.reports import guard
+from scout.reports.guard import Boundary, Part
 from scout.reports.kinds import ReportKind
 from scout.transport.program import Op
 
@@ -127,6 +136,11 @@ class Check(Protocol):
 
     def gate_recipes(self) -> Sequence[Recipe]:
         """The recipes it feeds to the gate, with the groups they apply to (GATE config)."""
+        ...
+
+    def due(self, step: int) -> bool:
+        """Whether ``step`` is one of its check steps: a function of the step alone, the same on
+        every rank (GUARD-3: a check that fails at a due step still gives an output)."""
         ...
 
     def run(self, step: int) -> Generator[Any, Any, CheckOutput | None]:
@@ -231,6 +245,7 @@ class Pipeline:
         gate: GateDriver | None,
         timeout_s: float,
         clock: Callable[[], float] | None = None,
+        boundary: Boundary | None = None,
     ) -> None:
         self.checks = tuple(checks)
         self.rank = rank
@@ -246,6 +261,52 @@ class Pipeline:
         self.clock = clock
         #: Seconds spent per part of the pipeline (``replay_s``, ``gate_and_reports_s``, ...).
         self.costs: dict[str, float] = {}
+        #: spec/guard.md: this rank's record of scout's failures (None: exceptions propagate).
+        self.boundary = boundary
+        #: GUARD-6: the gate still takes cycle boundaries (no part that feeds it is off), and
+        #: scout still saves checkpoints.
+        self.certifying = True
+        self.saving = True
+        #: GUARD-6: the gate's writer stopped after a failure; the SDC findings are then written
+        #: here, once per rank and recipe as GATE-41 counts them.
+        self.gate_stopped = False
+        self._sdc_counts = SdcReportCounter()
+
+    def active_checks(self) -> list[Check]:
+        """The checks that are not off (GUARD-4), in their order."""
+        boundary = self.boundary
+        if boundary is None or not boundary.off:
+            return list(self.checks)
+        return [check for check in self.checks if not boundary.is_off(Part(check.name))]
+
+    def stop_gate(self) -> None:
+        """GUARD-3, GUARD-6: the gate's writer takes no more events, at once (it has no collective);
+        every rank stops saving checkpoints at the part's off step (``certifying``), and before it
+        rank 0 refuses the save in the broadcast that precedes every save."""
+        if self.gate is not None:
+            self.gate_stopped = True
+        self.gate = None
+
+    def report_findings(self, findings: Sequence[Finding]) -> None:
+        """GUARD-6: with the gate stopped, its SDC reports (GATE-41's counting) come from here."""
+        for finding in findings:
+            recipe = str(finding.evidence.get("recipe", ""))
+            count = self._sdc_counts.observe(recipe, finding.ranks, finding.step)
+            if count.report:
+                self.reporter.record(finding.kind, finding.reason, ranks=finding.ranks, step=finding.step,
+                                     evidence={**finding.evidence, "counts": list(count.counts),
+                                               "first_steps": list(count.first_steps), "gate": "stopped"})
+
+    def _failed(self, part: Part, error: Exception, where: str = "job.step") -> None:
+        """GUARD-3: record a failure of ``part``; without a boundary, propagate it."""
+        if self.boundary is None:
+            raise error
+        self.boundary.failed(part, error, where)
+
+    def _failed_check(self, check: Check, error: Exception) -> None:
+        if self.boundary is None:
+            raise error
+        self.boundary.failed(Part(check.name), error, "job.step")
 
     def straggler_trackers(self) -> dict[str, Any]:
         """Every check's straggler trackers by kind (``scout.ops.launch.NodeOps.after_step``)."""
@@ -277,9 +338,25 @@ class Pipeline:
                                  evidence={"failure": None, "choice": None, **evidence})
         self.step_begins()
 
+    def waited(self, entry_ns: int, exit_ns: int) -> None:
+        """Scout waited for its peers between these monotonic times, in a collective the
+        instrumentation does not see (the agreement, spec/guard.md GUARD-4): a check that times
+        the loop counts it as a wait, not as the rank's own work (LOOP-1)."""
+        for check in self.active_checks():
+            waited = getattr(check, "waited", None)
+            if waited is None:
+                continue
+            try:
+                waited(entry_ns, exit_ns)
+            except Exception as error:  # GUARD-1
+                self._failed_check(check, error)
+
     def step_begins(self) -> None:
-        for check in self.checks:
-            check.step_begins()
+        for check in self.active_checks():
+            try:
+                check.step_begins()
+            except Exception as error:  # GUARD-1
+                self._failed_check(check, error)
 
     def lost(self, checkpoint: CheckpointId, detail: str) -> None:
         """The chosen checkpoint has no files (every rank; the gate's writer records it, GATE-42)."""
@@ -303,9 +380,16 @@ def run_step(pipeline: Pipeline, step: int) -> Generator[Op, Any, StepOutcome]:
     """One step through the pipeline (module docstring); alike on every rank."""
     clock = pipeline.clock
     outputs: list[CheckOutput] = []
-    for check in pipeline.checks:
+    for check in pipeline.active_checks():
         started = clock() if clock else 0.0
-        output = yield from check.run(step)
+        due = check.due(step)
+        try:
+            output = yield from check.run(step)
+        except Exception as error:  # GUARD-3: its collectives were entered before it raised
+            pipeline._failed_check(check, error)
+            output = None
+        if output is None and due:
+            output = CheckOutput(check.name, check.layout)  # GUARD-3: nothing from this rank's group
         if output is not None:
             outputs.append(output)
             if clock:
@@ -317,26 +401,63 @@ def run_step(pipeline: Pipeline, step: int) -> Generator[Op, Any, StepOutcome]:
     if outputs:
         gathered = yield from aggregate.exchange_outputs(outputs, world_size=pipeline.world_size,
                                                          timeout_s=pipeline.timeout_s)
+        stop = _after_exchange(pipeline, outputs, gathered)
+    cycle_end = pipeline.cycle_steps > 0 and step % pipeline.cycle_steps == 0
+    if cycle_end and pipeline.gate is not None and pipeline.certifying:
+        try:
+            if guard.INJECTING:
+                guard.inject("gate.boundary")
+            pipeline.gate.boundary(step)
+        except Exception as error:  # GUARD-3: the writer stops at once
+            pipeline._failed(Part.GATE, error)
+            pipeline.stop_gate()
+    if clock:
+        pipeline._cost("gate_and_reports_s", clock() - started)
+    due = (cycle_end and pipeline.checkpoint_every_steps > 0 and step % pipeline.checkpoint_every_steps == 0
+           and stop is None and pipeline.certifying and pipeline.saving)
+    return StepOutcome(step, stop, due)
+
+
+def _after_exchange(pipeline: Pipeline, outputs: Sequence[CheckOutput], gathered: Sequence[Any] | None) -> Stop | None:
+    """Merge, feed the gate, write the step's reports, apply the policy (every rank; GUARD-3)."""
+    try:
+        if guard.INJECTING:
+            guard.inject("aggregate.merge")
         # The gate's writer, and the reporter rank (the same rank in a job), need every group's part.
         merged = aggregate.merge(outputs, gathered,
                                  for_gate=pipeline.gate is not None or pipeline.reporter.sink is not None)
-        if pipeline.gate is not None:
-            for feed in merged.feeds:
-                pipeline.gate.feed(feed)
+        findings = [f for feed in merged.feeds for f in feed.findings]
+        stop = decide(findings, on_sdc=pipeline.on_sdc, hosts=pipeline.hosts)
+    except Exception as error:
+        pipeline._failed(Part.AGGREGATE, error)
+        return None
+    unfed = list(merged.feeds)
+    while unfed and pipeline.gate is not None:
+        try:
+            if guard.INJECTING:
+                guard.inject("gate.feed")
+            pipeline.gate.feed(unfed[0])
+        except Exception as error:  # GUARD-3: the writer stops at once; the findings it missed are written below
+            pipeline._failed(Part.GATE, error)
+            pipeline.stop_gate()
+            break
+        unfed.pop(0)
+    if pipeline.gate_stopped:
+        try:
+            pipeline.report_findings([f for feed in unfed for f in feed.findings])
+        except Exception as error:
+            pipeline._failed(Part.AGGREGATE, error)
+    try:
         for arguments in merged.stragglers:
             pipeline.reporter.straggler(arguments)
         for arguments in merged.timing:  # LOOP-6: run_dir/timing.jsonl, not a report
             pipeline.reporter.timing(arguments)
-        stop = decide([f for feed in merged.feeds for f in feed.findings], on_sdc=pipeline.on_sdc,
-                      hosts=pipeline.hosts)
-        if stop is not None:
-            stop = attrs.evolve(stop, restarts_spent=pipeline.reporter.restarts_left == 0)
+    except Exception as error:
+        pipeline._failed(Part.AGGREGATE, error)
+    if stop is not None:
+        stop = attrs.evolve(stop, restarts_spent=pipeline.reporter.restarts_left == 0)
+        try:
             pipeline.reporter.stopped(stop)
-    cycle_end = pipeline.cycle_steps > 0 and step % pipeline.cycle_steps == 0
-    if cycle_end and pipeline.gate is not None:
-        pipeline.gate.boundary(step)
-    if clock:
-        pipeline._cost("gate_and_reports_s", clock() - started)
-    due = (cycle_end and pipeline.checkpoint_every_steps > 0 and step % pipeline.checkpoint_every_steps == 0
-           and stop is None)
-    return StepOutcome(step, stop, due)
+        except Exception as error:  # the policy still stops every rank; only its report is lost
+            pipeline._failed(Part.AGGREGATE, error)
+    return stop

@@ -184,7 +184,28 @@ def summary_json(view: RunView) -> dict[str, Any]:
         "exclude_hosts": _exclude_hosts(view.run_dir),
         "loop_timing": loop_timing_json(view.timing, view.timing_skipped,
                                         [r for r in view.records if r["kind"] == ReportKind.STRAGGLER]),
+        "parts_off": parts_off(view.records, numbers),
     }
+
+
+def parts_off(records: Sequence[dict[str, Any]], attempts: dict[int, int]) -> list[dict[str, Any]]:
+    """spec/guard.md GUARD-8: every part of scout switched off after an error of its own, by
+    attempt (a restarted attempt starts with every part on), from its ``internal_error`` reports:
+    the step it is off from, where it failed first and with what."""
+    found: dict[tuple[int, str], dict[str, Any]] = {}
+    for record in records:
+        if record["kind"] != ReportKind.INTERNAL_ERROR:
+            continue
+        evidence = record["evidence"]
+        key = (attempts[id(record)], str(evidence.get("part", "?")))
+        if key in found:
+            found[key]["ranks"] = sorted({*found[key]["ranks"], *record["ranks"]})
+            continue
+        found[key] = {"attempt": key[0], "part": key[1], "off_step": evidence.get("off_step"), "step": record["step"],
+                      "ranks": list(record["ranks"]),
+                      "error": f"{evidence.get('error_type', '?')}: {evidence.get('message', '')}",
+                      "consequence": evidence.get("consequence", "")}
+    return list(found.values())
 
 
 def _exclude_hosts(run_dir: Path) -> list[str]:
@@ -216,6 +237,11 @@ def summary_text(view: RunView) -> str:
         last = unchecked[-1]["evidence"]
         lines.append(f"{len(unchecked)} replay(s) could not be checked (not corruption; no promotion in their cycle); "
                      f"last: {_clip(str(last.get('detail', '')), 160)}")
+    if data["parts_off"]:  # GUARD-8: what scout stopped doing, and why
+        lines += ["", "scout parts off after errors of their own (training went on; spec/guard.md):"]
+        for part in data["parts_off"]:
+            lines.append(f"  {part['part']:<16} from step {part['off_step']} (attempt {part['attempt']}): failed on "
+                         f"rank(s) {part['ranks']} at step {part['step']}: {_clip(part['error'], 100)}")
     if data["loop_timing"] is not None:
         lines += ["", *loop_timing_lines(data["loop_timing"])]
     lines.append("")

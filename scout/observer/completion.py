@@ -52,6 +52,8 @@ from scout.observer.progress import (
     CompletionWriter,
     ProgressPublisher,
 )
+from scout.reports import guard
+from scout.reports.guard import Part
 
 __all__ = [
     "ENTRIES_MAX",
@@ -436,12 +438,19 @@ class CompletionWatcher:
         logger.warning("scout: completion tracking stops (%s); the observer judges by host progress alone", reason)
         self._stop.set()
 
+    def withdraw(self, reason: str) -> None:
+        """Withdraw the section and stop polling (spec/guard.md: the completion part is off)."""
+        if self.withdrawn_reason is None:
+            self._withdraw(reason)
+
     def _run(self) -> None:
         while not self._stop.wait(self.poll_interval_s):
             try:
+                if guard.INJECTING:
+                    guard.inject("completion.poll")
                 self.poll_once()
-            except Exception:  # the watcher must never take the trainer down
-                logger.debug("scout: a completion poll failed", exc_info=True)
+            except Exception as error:  # the watcher must never take the trainer down (spec/guard.md GUARD-3)
+                guard.failed(Part.COMPLETION, error, "completion thread")
 
     def stop(self, timeout_s: float = 2.0) -> None:
         """Stop the thread (within one poll interval) and release the section. Idempotent."""

@@ -50,6 +50,8 @@ from scout.observer.completion import (
 )
 from scout.observer.functional import FunctionalTracking
 from scout.observer.progress import ProgressPublisher, Stage
+from scout.reports import guard
+from scout.reports.guard import Part
 
 __all__ = [
     "COLLECTIVES",
@@ -69,6 +71,8 @@ __all__ = [
     "instrumented",
     "mark_step",
     "stage_key",
+    "stop_completion",
+    "stop_publishing",
     "uninstrument",
 ]
 
@@ -238,6 +242,9 @@ class _Instrumentation:
         self.publisher = publisher
         self.thread_id = threading.get_ident()
         self.enabled = True
+        # spec/guard.md GUARD-2: False once the instrumentation part is off -- collectives and
+        # layers are no longer published; step marks and stages still are.
+        self.publishing = True
         self.patched: list[tuple[Any, str, Any, Any]] = []  # (module, name, original, wrapper)
         self.hook_handles: list[Any] = []
         # Called at every step boundary, outside the no-raise guard: how the trainer learns at
@@ -310,11 +317,14 @@ class _Instrumentation:
                 self._fallback[op] = fingerprint(CollectiveCall(op, detail=(("undescribed", 1),)))
             return self._fallback[op]
 
-    def safely(self, action: Callable[..., None], *args: Any) -> None:
+    def safely(self, action: Callable[..., None], *args: Any, part: Part = Part.INSTRUMENTATION) -> None:
         try:
+            if guard.INJECTING and part is Part.INSTRUMENTATION:
+                guard.inject("instrumentation.publish")
             action(*args)
-        except Exception:
+        except Exception as error:  # INSTR-6, spec/guard.md GUARD-3: recorded, never into the trainer
             self.failures += 1
+            guard.failed(part, error, "instrumentation")
 
     def wrap(self, op: str, original: Callable[..., Any]) -> Callable[..., Any]:
         index = GROUP_ARGUMENT.get(op, (0, ""))[0]
@@ -323,7 +333,7 @@ class _Instrumentation:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             if not self.enabled or self.depth:
                 return original(*args, **kwargs)
-            publish = threading.get_ident() == self.thread_id
+            publish = self.publishing and threading.get_ident() == self.thread_id
             tracked = self.on_tracked_group(op, args, kwargs)
             # INSTR-11, INSTR-16: markers where they are the source.
             tracker = self.safe_tracker(op, args, kwargs)
@@ -346,7 +356,7 @@ class _Instrumentation:
             finally:
                 self.depth -= 1
                 if tracker is not None:
-                    self.safely(tracker.end, entry, result if asynchronous else None)
+                    self.safely(tracker.end, entry, result if asynchronous else None, part=Part.COMPLETION)
                 if publish:
                     self.safely(self.publisher.exit_collective)
                 work = result if asynchronous and hasattr(result, "get_future") else None
@@ -376,8 +386,9 @@ class _Instrumentation:
             return None
         try:
             return tracker.begin(fingerprint)
-        except Exception:
+        except Exception as error:
             self.failures += 1
+            guard.failed(Part.COMPLETION, error, "collective wrapper")
             return None
 
     def patch_collectives(self) -> None:
@@ -487,6 +498,28 @@ def instrumented() -> bool:
     return _ACTIVE is not None
 
 
+def stop_publishing() -> None:
+    """spec/guard.md GUARD-2: the instrumentation part is off -- the wrappers pass collectives
+    through unpublished and the layer hooks publish nothing; step marks and stages stay."""
+    active = _ACTIVE
+    if active is not None:
+        active.publishing = False
+
+
+def stop_completion(reason: str) -> None:
+    """spec/guard.md GUARD-2: the completion part is off -- the watcher withdraws the record's
+    completion section (the observer judges by host progress, PROGRESS-8) and stops; the
+    wrappers no longer feed a tracker."""
+    active = _ACTIVE
+    tracking = None if active is None else active.tracking
+    if active is None or tracking is None:
+        return
+    active.tracking = None
+    if tracking.watcher is not None:
+        tracking.watcher.withdraw(reason)
+    tracking.stop()
+
+
 def _active(what: str) -> _Instrumentation:
     if _ACTIVE is None:
         raise InstrumentationError(f"{what} needs instrument(publisher) to be called first")
@@ -591,11 +624,14 @@ def instrument_module(module: Any, *, layers: Iterable[Any] | None = None, befor
     get_ident = threading.get_ident
 
     def publish() -> None:
-        if active.enabled and get_ident() == thread_id:
+        if active.enabled and active.publishing and get_ident() == thread_id:
             try:
+                if guard.INJECTING:
+                    guard.inject("instrumentation.layer_hook")
                 advance()
-            except Exception:
+            except Exception as error:  # spec/guard.md GUARD-3: never into the forward
                 active.failures += 1
+                guard.failed(Part.INSTRUMENTATION, error, "layer hook")
 
     def before(_module: Any, _inputs: Any) -> None:
         publish()

@@ -69,6 +69,8 @@ from scout.core.verdict import (
 )
 from scout.replay.collectives import PeerGroup, RunQueueDelay
 from scout.replay.stragglers import StragglerEvent, StragglerKind, StragglerTracker
+from scout.reports import guard
+from scout.reports.guard import Part
 from scout.transport.base import DeadlineExceeded, TransportError
 from scout.transport.nccl.timing import Mark, Timer, WallTimer, timer_for
 
@@ -408,6 +410,19 @@ class LoopTimer:
                 "once per training step"
             )
         self.last_step = step
+        try:
+            self._close_body(step)
+        except Exception as error:  # spec/guard.md GUARD-3: the check's exchange below is still entered
+            guard.failed(Part.LOOP, error, "job.step")
+            self._window.clear()
+        check = None
+        if step % self.config.check_every_steps == 0:
+            check = self._check(step)
+        self.begin_step()  # the next body starts after the check, unless begin_step says so
+        return check
+
+    def _close_body(self, step: int) -> None:
+        """The loop body of ``step`` ended now: its period and waits join the window."""
         now_ns = self._clock_ns()
         delay_s = self._run_queue_delay()
         with self._lock:
@@ -426,11 +441,6 @@ class LoopTimer:
                 self._unresolved.popleft()
                 self.dropped_steps += 1
         self._settle()
-        check = None
-        if step % self.config.check_every_steps == 0:
-            check = self._check(step)
-        self.begin_step()  # the next body starts after the check, unless begin_step says so
-        return check
 
     # -- the check ----------------------------------------------------------------------------
 
@@ -464,7 +474,12 @@ class LoopTimer:
 
     def _check(self, step: int) -> LoopCheck:
         size = self.peers.size
-        row = self._row(step)
+        try:
+            row = self._row(step)
+        except Exception as error:  # GUARD-3: an empty window, and the exchange is still entered
+            guard.failed(Part.LOOP, error, "job.step")
+            self._window.clear()
+            row = [step, 0, 0, 0, 0, 0, 0]
         nobody: tuple[float | None, ...] = (None,) * size
         if self.disabled_reason is not None:
             return self._undecided(step, nobody, nobody, None, f"disabled: {self.disabled_reason}")

@@ -42,6 +42,8 @@ from scout.core.self_check import LiveCheck
 from scout.replay.rng import RngState, capture_rng_state
 from scout.replay.self_check import LiveOutcome, check_live_call
 from scout.replay.tree import describe, map_tensors, tensor_leaves
+from scout.reports import guard
+from scout.reports.guard import Part
 
 __all__ = ["Capture", "CaptureFailure", "ModuleCapture", "is_sharded"]
 
@@ -246,15 +248,20 @@ class ModuleCapture:
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             if recipe not in self._armed or self._suspended or recipe in self._records:
                 return
+            if not guard.running(Part.REPLAY):  # GUARD-3: no capture after a failure of replay here
+                return
             try:
+                if guard.INJECTING:
+                    guard.inject("replay.capture")
                 record = self._records[recipe] = self._record(recipe, module, args, kwargs)
                 if self.self_check and isinstance(record, Capture) and recipe not in self._not_self_checked:
                     self._watch(recipe, module, record)
-            except Exception as exc:  # CAP-6: never into the training loop
+            except Exception as exc:  # CAP-6: never into the training loop; GUARD-3: a failure of the part
                 logger.warning("scout: capture of %s failed: %r", recipe, exc)
                 self._records[recipe] = CaptureFailure(
                     recipe, self._armed_step, ReplayStatus.NOT_READY, f"capture failed: {exc!r}"
                 )
+                guard.failed(Part.REPLAY, exc, "forward hook")
 
         return hook
 

@@ -52,6 +52,8 @@ from scout.replay.determinism import deterministic_algorithms, fixed_cotangent
 from scout.replay.replay import ReplayConfig
 from scout.replay.runner import ReplayRun, ReplayRunner, StepReport
 from scout.replay.signature import structured_signature, tensor_signature
+from scout.reports import guard
+from scout.reports.guard import Part
 
 __all__ = [
     "AllToAllReplay",
@@ -241,19 +243,20 @@ class ExpertExecutor:
 
     def _hook_for(self, layer: int) -> Callable[..., None]:
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            if self._suspended:
+            if self._suspended or not guard.running(Part.EXPERTS):  # GUARD-3: not after a failure here
                 return
             for armed in self._armed:  # the first call of the layer in the step (CAP-1)
                 if armed.recipe in self._captures:
                     continue
-                slot_layer, expert = self.experts.locate(armed.recipe.index)
-                if slot_layer != layer:
-                    continue
                 try:
+                    slot_layer, expert = self.experts.locate(armed.recipe.index)
+                    if slot_layer != layer:
+                        continue
                     self._captures[armed.recipe] = self._record(armed, module, expert, args, kwargs)
-                except Exception as exc:  # CAP-6: never into the training loop
+                except Exception as exc:  # CAP-6: never into the training loop; GUARD-3: a failure of the part
                     self._captures[armed.recipe] = _ExpertCapture(armed.recipe, armed.step, None,
                                                                   ReplayStatus.NOT_READY, f"capture failed: {exc!r}")
+                    guard.failed(Part.EXPERTS, exc, "forward hook")
         return hook
 
     def _record(self, due: DueRecipe, module: nn.Module, expert: int, args: tuple[Any, ...],
@@ -385,7 +388,7 @@ class ExpertReplayer(ReplayRunner):
         # The dense replay's device and communication tests already judge these ranks' devices
         # and links; expert checks do not feed a second pair (the straggler statistics stay).
         super().__init__(executor, peers, schedule, self.config.replay_config().runner_settings(),
-                         track_stragglers=False, label="expert replay")
+                         track_stragglers=False, label="expert replay", part=Part.EXPERTS)
 
 
 class AllToAllReplay:

@@ -33,6 +33,8 @@ from scout.core.recipes import RecipeId, ReplayStatus, Segment, optimizer_window
 from scout.replay.capture import CaptureFailure, is_sharded
 from scout.replay.signature import structured_signature
 from scout.replay.tree import describe
+from scout.reports import guard
+from scout.reports.guard import Part
 
 __all__ = ["OptimizerCapture", "OptimizerSnapshot", "SegmentSnapshot"]
 
@@ -149,15 +151,18 @@ class OptimizerCapture:
         self._record = None
 
     def _hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if self._armed is None or self._record is not None:
+        if self._armed is None or self._record is not None or not guard.running(Part.REPLAY):
             return
         recipe, step, check_index = self._armed
         try:
+            if guard.INJECTING:
+                guard.inject("replay.optimizer_hook")
             self._record = self._snapshot(recipe, step, check_index)
-        except Exception as exc:  # CAP-6: never into the training loop
+        except Exception as exc:  # CAP-6: never into the training loop; GUARD-3: a failure of the part
             self._record = CaptureFailure(
                 recipe, step, ReplayStatus.NOT_READY, f"optimizer capture failed: {exc!r}"
             )
+            guard.failed(Part.REPLAY, exc, "optimizer hook")
 
     def window(self, check_index: int) -> tuple[Segment, ...]:
         numels = [_local(p).numel() for p, _ in self._parameters()]

@@ -11,7 +11,9 @@ The round decides; the runner executes its ops and owns everything every recipe 
   :class:`ReplayTimer` -- the one place that knows the clock);
 * error handling: a local failure is a status (REPLAY-4, REPLAY-7), a deadline or transport
   failure disables the runner (READY-4), any other error in a check disables it and never
-  reaches the training loop;
+  reaches the training loop -- in a job it is a failure of the runner's part instead
+  (spec/guard.md GUARD-3): the rounds go on, with this peer not ready where its own preparation
+  failed, until the job switches the part off on every rank at one step (GUARD-4);
 * the device and communication straggler tests (STRAG-2..STRAG-4, COMM-2), when asked.
 
 What differs by recipe class is the :class:`RecipeExecutor`: what is captured, how a due recipe
@@ -69,6 +71,8 @@ from scout.core.verdict import Status, TimingConfig, Verdict, classify_exact
 from scout.replay.collectives import OwnWallClock, PeerGroup
 from scout.replay.determinism import NondeterministicReplay
 from scout.replay.signature import structured_signature
+from scout.reports import guard
+from scout.reports.guard import Part
 from scout.transport.base import DeadlineExceeded, TransportError
 from scout.transport.nccl.timing import Mark, Timer, WallTimer, timer_for, wait_elapsed_s
 
@@ -294,7 +298,7 @@ class ReplayRunner:
     schedule contract, READY-1)."""
 
     def __init__(self, executor: RecipeExecutor, peers: PeerGroup, schedule: Schedule, settings: RunnerSettings, *,
-                 track_stragglers: bool = True, label: str = "replay") -> None:
+                 track_stragglers: bool = True, label: str = "replay", part: Part = Part.REPLAY) -> None:
         if settings.source_position >= peers.size:
             raise ValueError(f"source_position {settings.source_position} is outside the peer group of {peers.size}")
         self.executor = executor
@@ -302,6 +306,10 @@ class ReplayRunner:
         self.schedule = schedule
         self.settings = settings
         self.label = label
+        self.part = part  # spec/guard.md GUARD-2: the part its failures are charged to in a job
+        # GUARD-3: the source's broadcast tensors, taken when the recipe is prepared (a peer that
+        # cannot take them is not ready, so no peer ever enters the broadcast without them).
+        self._payloads: dict[Any, Sequence[torch.Tensor]] = {}
         self.timer = ReplayTimer(settings.timing_clock, settings.timing_warmup_runs, settings.timing_repetitions,
                                  settings.timing_resolve_timeout_s)
         self.results: deque[RecipeResult] = deque(maxlen=settings.history_limit)
@@ -349,11 +357,16 @@ class ReplayRunner:
         try:
             return self._check(step)
         except Exception as exc:  # diagnostics never crash the trainer
-            logger.exception("scout: %s check at step %d failed", self.label, step)
-            self.disabled_reason = f"internal error at step {step}: {exc!r}"
-            results = self._inconclusive_all(self.schedule.due(step), self.disabled_reason)
+            reason = f"internal error at step {step}: {exc!r}"
+            if guard.current() is not None:  # GUARD-3: the job switches the part off on every rank
+                guard.failed(self.part, exc, "job.step")
+            else:
+                logger.exception("scout: %s check at step %d failed", self.label, step)
+                self.disabled_reason = reason
+            results = self._inconclusive_all(self.schedule.due(step), reason)
             return StepReport(step, results, {}, {}, 0.0, 0, (repr(exc),))
         finally:
+            self._payloads.clear()
             self.executor.release()
             self._arm(step + 1)
 
@@ -419,6 +432,8 @@ class ReplayRunner:
         return self._report(step, outcome, collective_ms, capture_bytes)
 
     def _report(self, step: int, outcome: RoundOutcome, collective_ms: float, capture_bytes: int) -> StepReport:
+        if guard.INJECTING:
+            guard.inject(f"{self.part.value}.report")
         timing = ReplayTiming({}, None, ())
         ratios: dict[str, tuple[float | None, ...]] = {}
         if self.stragglers is not None:
@@ -442,7 +457,20 @@ class ReplayRunner:
         )
 
     def _prepare(self, due: DueRecipe) -> Prepared:
-        status, description = self.executor.prepare(due)
+        """READY-1 for ``due``, and the broadcast's tensors when it is ready. A failure here comes
+        before the round's first collective: this peer is not ready (READY-3 decides alike on
+        every peer) and it is its part's failure (GUARD-3), never a skipped collective."""
+        try:
+            if guard.INJECTING:
+                guard.inject(f"{self.part.value}.prepare")
+            status, description = self.executor.prepare(due)
+            if status is ReplayStatus.OK:
+                self._payloads[due.recipe] = list(self.executor.payload(due))
+        except Exception as exc:
+            guard.failed(self.part, exc, "job.step")
+            if guard.current() is None:
+                logger.warning("scout: %s could not prepare %s: %r", self.label, due.recipe, exc)
+            status, description = ReplayStatus.NOT_READY, ("not-ready", str(due.recipe), due.step, "internal error")
         digest = structured_signature(("scout-replay-readiness", 1, due.step, description))
         return Prepared(due, status, digest)
 
@@ -474,7 +502,9 @@ class ReplayRunner:
         for signer in self.executor.local_evidence(due):
             self._guarded(due, local, signer)
         if self.peers.size > 1:
-            self.peers.broadcast_(self.executor.payload(due), self.settings.source_position)
+            payload = self._payloads.pop(due.recipe, None)
+            self.peers.broadcast_(self.executor.payload(due) if payload is None else payload,
+                                  self.settings.source_position)
 
         def replay() -> dict[EvidenceKind, int]:
             run = self.executor.replay(due)

@@ -75,6 +75,7 @@ class ReportKind(str, enum.Enum):
     CHECKPOINT = "checkpoint"  # a checkpoint's trust changed (verified, quarantined, ...)
     RESTART = "restart"  # the fault policy stopped the job, or a restart restored a checkpoint
     FINISHED = "finished"  # the job closed scout at the end of its loop (the step it reached)
+    INTERNAL_ERROR = "internal_error"  # scout's own code failed: the part is off, training goes on (GUARD-5)
 
     @property
     def source(self) -> Source:
@@ -124,6 +125,8 @@ _TRAITS: Final[Mapping[ReportKind, _Traits]] = {
     ReportKind.CHECKPOINT: _Traits(Source.GATE, False, None, False, False, Mark(MarkStyle.CHECKPOINT)),
     ReportKind.RESTART: _Traits(Source.JOB, False, None, False, False, Mark(MarkStyle.ATTEMPT, "", "#2166ac")),
     ReportKind.FINISHED: _Traits(Source.JOB, False, None, False, False, Mark(MarkStyle.NONE)),
+    # GUARD-5: not a fault of the training job (nothing to exclude or recover from), but said on stderr.
+    ReportKind.INTERNAL_ERROR: _Traits(Source.JOB, False, None, False, True, Mark(MarkStyle.RANKS, "P", "#8c510a")),
 }
 assert set(_TRAITS) == set(ReportKind), "every report kind has its traits"
 

@@ -143,6 +143,9 @@ class SimReplayCheck:
     def gate_recipes(self) -> list[Recipe]:
         return [Recipe(str(recipe), self.layout.names) for recipe in self.schedule.catalog.recipes()]
 
+    def due(self, step: int) -> bool:
+        return bool(self.schedule.due(step))
+
     def run(self, step: int) -> Generator[Any, Any, CheckOutput | None]:
         due = self.schedule.due(step)
         if not due:
