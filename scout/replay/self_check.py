@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from typing import Any, Final
@@ -134,6 +135,32 @@ def _isolated(value: Any) -> Any:
     return map_tensors(isolate, value)
 
 
+#: One parameter or buffer of a module: its dotted name, the dict that holds it (a submodule's
+#: ``_parameters`` or ``_buffers``) and its key there.
+_Slot = tuple[str, dict[str, Any], str]
+_SLOTS: weakref.WeakKeyDictionary[nn.Module, tuple[tuple[_Slot, ...], tuple[_Slot, ...]]] = (
+    weakref.WeakKeyDictionary())
+
+
+def _slots(module: nn.Module) -> tuple[tuple[_Slot, ...], tuple[_Slot, ...]]:
+    """Where ``module``'s parameters and buffers live, read once per module: the structure (its
+    submodules) is the model's and does not change inside a step; a parameter replaced in its slot
+    is seen (SELF-9) without walking the module again."""
+    found = _SLOTS.get(module)
+    if found is None:
+        slots: tuple[list[_Slot], list[_Slot]] = ([], [])
+        for prefix, sub in module.named_modules():
+            for kind, owner in enumerate((sub._parameters, sub._buffers)):
+                slots[kind].extend((f"{prefix}.{key}" if prefix else key, owner, key)
+                                   for key, value in owner.items() if value is not None)
+        found = _SLOTS[module] = (tuple(slots[0]), tuple(slots[1]))
+    return found
+
+
+class _StateChanged(Exception):
+    """The state a re-execution needs is no longer the live call's (SELF-9): UNCHECKED."""
+
+
 @attrs.define(eq=False)
 class LiveCall:
     """What the one-shot hook kept of one live call for its re-execution (SELF-1, SELF-2,
@@ -149,9 +176,15 @@ class LiveCall:
     rng: RngState
     # CAP-7: the gathered parameters and buffers of a sharded module (None: the module's own).
     parameters: Mapping[str, torch.Tensor] | None
-    buffers: Mapping[str, torch.Tensor]  # copies, as the live call left them
-    # An unsharded module's own parameters at the call: (name, tensor, version).
-    own_parameters: tuple[tuple[str, torch.Tensor, int], ...]
+    # The buffers as the live call left them: a copy the hook made (``owned``), or a sharded
+    # module's CAP-7 copies (shared with the peers' replay: never written, copied per replay).
+    buffers: dict[str, torch.Tensor]
+    owned: bool
+    # An unsharded module's own parameters and buffers at the call: (slot, tensor, version);
+    # the copies' versions when the hook made them.
+    own_parameters: tuple[tuple[_Slot, torch.Tensor, int], ...]
+    own_buffers: tuple[tuple[_Slot, torch.Tensor, int], ...]
+    copy_versions: tuple[int, ...]
     training: bool
     grad_enabled: bool
     autocast: tuple[str, bool, torch.dtype]
@@ -184,16 +217,20 @@ def record_live_call(
         batch = _batch_size((args, dict(kwargs)))
         live = map_tensors(lambda t: t.detach(), first_rows(output, batch, rows))
         call = _isolated((tuple(args), dict(kwargs)))
-        own = () if parameters is not None else tuple(
-            (name, p, p._version) for name, p in module.named_parameters())
-        # SELF-2: buffers as the call left them -- a sharded module's are the capture's copies
-        # already (CAP-7), an unsharded module's are copied now (DDP rewrites them in place at
-        # every forward: a second micro-batch's would otherwise be replayed).
+        own_parameters: tuple[tuple[_Slot, torch.Tensor, int], ...] = ()
+        own_buffers: tuple[tuple[_Slot, torch.Tensor, int], ...] = ()
+        if parameters is None:
+            parameter_slots, buffer_slots = _slots(module)
+            own_parameters = tuple((slot, slot[1][slot[2]], slot[1][slot[2]]._version) for slot in parameter_slots)
+            own_buffers = tuple((slot, slot[1][slot[2]], slot[1][slot[2]]._version) for slot in buffer_slots)
+        # SELF-2: buffers as the call left them. An unsharded module's are copied now: DDP rewrites
+        # them in place at every forward, and a second micro-batch's would otherwise be replayed.
+        kept = dict(buffers) if buffers is not None else {
+            slot[0]: tensor.detach().clone() for slot, tensor, _ in own_buffers}
         return LiveCall(
             module, call, tuple(t._version for t in tensor_leaves(call)), batch, rows, _shape(live),
-            structured_signature(live), rng, parameters,
-            dict(buffers) if buffers is not None else {name: b.detach().clone() for name, b in module.named_buffers()},
-            own, module.training, torch.is_grad_enabled(),
+            structured_signature(live), rng, parameters, kept, buffers is None, own_parameters, own_buffers,
+            tuple(b._version for b in kept.values()), module.training, torch.is_grad_enabled(),
             (device.type, torch.is_autocast_enabled(device.type), torch.get_autocast_dtype(device.type)),
             (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()),
             torch.get_num_threads())
@@ -203,19 +240,33 @@ def record_live_call(
 
 def changed_since(live: LiveCall) -> str | None:
     """SELF-9: why the state a re-execution would use now is not the live call's, or None."""
-    if live.parameters is None:
-        now = dict(live.module.named_parameters())
-        if set(now) != {name for name, _, _ in live.own_parameters}:
-            return "the module's parameters were replaced after its live call"
-        for name, parameter, version in live.own_parameters:
-            if now[name] is not parameter or parameter._version != version:
-                return (f"parameter {name!r} changed after the live call (an optimizer other than the one "
-                        "scout was given, or the loop, stepped it before the check)")
+    for (name, owner, key), parameter, version in live.own_parameters:
+        if owner.get(key) is not parameter or parameter._version != version:
+            return (f"parameter {name!r} changed after the live call (an optimizer other than the one "
+                    "scout was given, or the loop, stepped or replaced it before the check)")
     if tuple(t._version for t in tensor_leaves(live.call)) != live.versions:
         return "an argument of the live call was modified in place after it"
     if live.module.training != live.training:
         return f"the module's training flag changed after the live call (to {live.module.training})"
     return None
+
+
+def _buffers_for_replay(live: LiveCall) -> dict[str, torch.Tensor]:
+    """SELF-2: the buffers one replay runs on, as the live call left them. The hook's copy is
+    used as it is while no replay has written it (a running statistic updated by a replay in
+    training mode); then it is copied again from the module's own, if those have not changed
+    since the hook; a sharded module's CAP-7 copies are copied for every replay."""
+    if not live.owned:
+        return {name: b.clone() for name, b in live.buffers.items()}
+    if tuple(b._version for b in live.buffers.values()) == live.copy_versions:
+        return live.buffers
+    for (_, owner, key), tensor, version in live.own_buffers:
+        if owner.get(key) is not tensor or tensor._version != version:
+            raise _StateChanged("a replay updated the module's buffers and its own were rewritten after the "
+                                "live call (DDP's buffer broadcast at a later forward)")
+    live.buffers = {slot[0]: tensor.detach().clone() for slot, tensor, _ in live.own_buffers}
+    live.copy_versions = tuple(b._version for b in live.buffers.values())
+    return live.buffers
 
 
 def check_live_call(live: LiveCall, *,
@@ -226,27 +277,44 @@ def check_live_call(live: LiveCall, *,
         why = changed_since(live)
         if why is not None:
             return LiveOutcome(LiveCheck.UNCHECKED, reason=why)
-
-        def replay(call: tuple[tuple[Any, ...], dict[str, Any]]) -> tuple[int, int]:
-            replayed = first_rows(_replay(live, call, suspended), live.batch, live.rows)
-            replayed = map_tensors(lambda t: t.detach(), replayed)
-            return _shape(replayed), structured_signature(replayed)
-
-        cut = bool(live.rows) and live.batch is not None and live.batch > live.rows
-        if cut and replay(first_rows(live.call, live.batch, live.rows)) == (live.shape, live.signature):
-            return LiveOutcome(LiveCheck.MATCH, "cut")
-        shape, signature = replay(live.call)
-        if shape != live.shape:
-            return LiveOutcome(LiveCheck.UNCHECKED, "exact", "a forward hook changed the output's structure "
-                               "(dtype or shape), so no replay of the module can equal it")
-        if signature == live.signature:
-            return LiveOutcome(LiveCheck.MATCH, "exact")
-        if replay(live.call)[1] != signature:
-            return LiveOutcome(LiveCheck.UNCHECKED, "exact", "two replays of the call differ from each other: "
-                               "it is not reproducible here (a nondeterministic kernel)")
-        return LiveOutcome(LiveCheck.DIFFER, "exact", "the live output differs from two identical replays of the call")
+        return _check(live, suspended)
+    except _StateChanged as exc:
+        return LiveOutcome(LiveCheck.UNCHECKED, reason=str(exc))
     except Exception as exc:  # CAP-6: never into the training loop
         return LiveOutcome(LiveCheck.UNCHECKED, reason=f"self-check failed: {exc!r}")
+
+
+def _check(live: LiveCall, suspended: Callable[[], AbstractContextManager[Any]] | None) -> LiveOutcome:
+    """SELF-3's cut and exact replays of a call whose state is the live call's."""
+    def replay(call: tuple[tuple[Any, ...], dict[str, Any]]) -> tuple[int, int]:
+        replayed = first_rows(_replay(live, call, suspended), live.batch, live.rows)
+        replayed = map_tensors(lambda t: t.detach(), replayed)
+        return _shape(replayed), structured_signature(replayed)
+
+    cut = bool(live.rows) and live.batch is not None and live.batch > live.rows
+    if cut and replay(first_rows(live.call, live.batch, live.rows)) == (live.shape, live.signature):
+        return LiveOutcome(LiveCheck.MATCH, "cut")
+    shape, signature = replay(live.call)
+    if shape != live.shape:
+        return LiveOutcome(LiveCheck.UNCHECKED, "exact", "a forward hook changed the output's structure "
+                           "(dtype or shape), so no replay of the module can equal it")
+    if signature == live.signature:
+        return LiveOutcome(LiveCheck.MATCH, "exact")
+    if replay(live.call)[1] != signature:
+        return LiveOutcome(LiveCheck.UNCHECKED, "exact", "two replays of the call differ from each other: "
+                           "it is not reproducible here (a nondeterministic kernel)")
+    return LiveOutcome(LiveCheck.DIFFER, "exact", "the live output differs from two identical replays of the call")
+
+
+def _as_now(live: LiveCall) -> bool:
+    """Whether this process already runs in the live call's settings (the usual case: no
+    context to enter)."""
+    device_type, autocast_on, autocast_dtype = live.autocast
+    return (torch.is_grad_enabled() == live.grad_enabled and torch.get_num_threads() == live.threads
+            and (torch.are_deterministic_algorithms_enabled(),
+                 torch.is_deterministic_algorithms_warn_only_enabled()) == live.deterministic
+            and torch.is_autocast_enabled(device_type) == autocast_on
+            and (not autocast_on or torch.get_autocast_dtype(device_type) == autocast_dtype))
 
 
 @contextlib.contextmanager
@@ -261,8 +329,12 @@ def _as_live(live: LiveCall) -> Iterator[None]:
             torch.use_deterministic_algorithms(live.deterministic[0], warn_only=live.deterministic[1])
         if threads != live.threads:
             torch.set_num_threads(live.threads)
-        with torch.set_grad_enabled(live.grad_enabled), torch.autocast(device_type, dtype=autocast_dtype,
-                                                                         enabled=autocast_on):
+        same_autocast = (torch.is_autocast_enabled(device_type) == autocast_on
+                         and (not autocast_on or torch.get_autocast_dtype(device_type) == autocast_dtype))
+        with (contextlib.nullcontext() if torch.is_grad_enabled() == live.grad_enabled
+              else torch.set_grad_enabled(live.grad_enabled)), \
+                (contextlib.nullcontext() if same_autocast
+                 else torch.autocast(device_type, dtype=autocast_dtype, enabled=autocast_on)):
             yield
     finally:
         if torch.get_num_threads() != threads:
@@ -277,10 +349,10 @@ def _replay(live: LiveCall, call: tuple[tuple[Any, ...], dict[str, Any]],
     """One replay of the call (SELF-2): the module's forward without its own hooks, on the
     parameters the call used, on fresh copies of its buffers as the call left them, from the RNG
     state it consumed; this process's generator state is restored afterwards."""
-    substitutes = {WithoutOwnHooks.PREFIX + name: b.clone() for name, b in live.buffers.items()}
+    substitutes = {WithoutOwnHooks.PREFIX + name: b for name, b in _buffers_for_replay(live).items()}
     if live.parameters is not None:
         substitutes.update({WithoutOwnHooks.PREFIX + name: p for name, p in live.parameters.items()})
     args, kwargs = call
     with (suspended() if suspended is not None else contextlib.nullcontext()), installed_rng_state(live.rng), \
-            _as_live(live):
+            (contextlib.nullcontext() if _as_now(live) else _as_live(live)):
         return functional_call(WithoutOwnHooks(live.module), substitutes, args, kwargs, strict=False)
