@@ -109,7 +109,7 @@ def test_SELF_4_SELF_5_properties_for_larger_groups(codes: list[Any], random: An
     assert not any(codes[p] != LiveCheck.DIFFER for p in decided.outliers)
 
 
-# -- SELF-9: every order of a step's events, on the real capture ---------------------------------
+# -- The deferred re-execution: every order of a step's events, on the real capture ----------------
 
 FIRST = ("forward", "struck forward", "struck forward and backward", "raising forward")
 LATER = ("second forward", "in-place parameters", "in-place input", "optimizer step")
