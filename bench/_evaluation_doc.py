@@ -182,7 +182,7 @@ def _parts(section: dict[str, Any], plots_dir: str) -> list[str]:
              "replay_s": "replay (inside job.step), wall time", "replay_compute_s": "of which replay compute",
              "replay_collectives_s": "of which replay collectives", "gate_and_reports_s": "gate and reports",
              "cycle_end_s": "cycle ends",
-             "self_check_cpu_s": "the live path's self-check (SELF-1, SELF-9), CPU time",
+             "self_check_cpu_s": "the live path's self-check (SELF-1), inside the forward, CPU time",
              "ddp_hook_division_cpu_s": "the gradients' division by the world size: DDP alone fuses it into its "
                                         "copy into the bucket; under scout's hook the averaging all-reduce makes it "
                                         "a pass of its own (one pass over the gradients, timed in the run's process)",
