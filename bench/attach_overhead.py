@@ -164,7 +164,8 @@ def _time_on_this_thread(job: Any) -> None:
         if check.name == "replay":  # scout/job/checks.py ReplayCheck: its runner steps the replay
             check.runner.step = timed(check.runner.step, "replay_cpu_s")
     job.step = timed(job.step, "step_cpu_s")
-    # The live path's self-check (SELF-1) runs inside the forward, where job.costs does not look.
+    # The live path's self-check (SELF-1) re-executes at the optimizer's pre-step hook (SELF-9),
+    # where job.costs does not look.
     from scout.replay import capture
 
     check_live_call = capture.check_live_call

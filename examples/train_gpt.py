@@ -11,6 +11,15 @@ neither a torchrun restart nor a Slurm requeue -- so a restart runs clean):
                                 output -- every time it runs, replays included (a faulty unit);
 - ``flip:RANK:STEP``            at STEP only, RANK's second block computes one wrong bit in its
                                 live output (a transient fault: a forward hook for one step);
+- ``live-flip:RANK:STEP[:WHERE[:PHASE[:EXTENT[:DURATION]]]]``  a fault of the live step only (a
+                                unit that fails under the forward's power or heat; spec/replay.md
+                                FAULT-8): bit 12 of one output element of RANK's second block's
+                                FFN (WHERE ``mlp``; ``block``: the block's own output; a digit
+                                after either picks another block) flips while the loop is inside
+                                ``model(x)`` (PHASE ``forward``; ``forward-backward``: through
+                                ``loss.backward()``), on every call (EXTENT ``element``; ``call``:
+                                the first call of each forward only; ``row``: every element of
+                                batch row 0), from STEP on (DURATION ``on``; ``once``: at STEP only);
 - ``param-flip:RANK:STEP``      before STEP, one bit of a weight of RANK's second block flips (a
                                 memory fault between steps);
 - ``state-flip:RANK:STEP``      before STEP, one bit of that weight's AdamW state ``exp_avg`` flips;
@@ -63,6 +72,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import scout  # scout
+import scout.replay.faults  # the faults below only
 
 VOCAB, WIDTH, HEADS, LAYERS, SEQUENCE, BATCH = 256, 64, 4, 4, 32, 8
 
@@ -155,12 +165,18 @@ class FaultSet:
         for fault in self.faults:
             fault.after_forward(forward_s)
 
+    def after_backward(self, step: int) -> None:
+        for fault in self.faults:
+            fault.after_backward(step)
+
 
 class Faults:
     """The injected fault (see the module docstring)."""
 
     def __init__(self, spec: str, rank: int, model: GPT, optimizer: torch.optim.Optimizer | None = None) -> None:
         self.kind, *fields = spec.split(":") if spec else ("none",)
+        if self.kind == "live-flip":  # words after RANK:STEP (FAULT-8)
+            fields, self.options = fields[:2], fields[2:]
         self.rank = rank
         self.model = model
         self.optimizer = optimizer
@@ -185,6 +201,39 @@ class Faults:
         if self.mine and self.kind == "slow-forward":
             for block in model.layers:
                 self._slow_forward(block, self.values[0])
+        self.live: scout.replay.faults.LiveFault | None = None
+        if self.kind == "live-flip":
+            self._live_fault(spec, model)
+
+    def _live_fault(self, spec: str, model: GPT) -> None:
+        """FAULT-8 on this rank: a LiveFault entered for the phase it strikes."""
+        where, self.phase, extent, self.duration = [*self.options, *("mlp", "forward", "element", "on")[len(self.options):]]
+        block = int(where[-1]) if where[-1:].isdigit() else 1
+        kind = where.rstrip("0123456789")
+        if (len(self.options) > 4 or kind not in ("mlp", "block") or self.phase not in ("forward", "forward-backward")
+                or extent not in ("element", "call", "row") or self.duration not in ("on", "once")
+                or not 0 <= block < len(model.layers)):
+            raise SystemExit(f"--fault {spec}: expected live-flip:RANK:STEP[:mlp|block[N][:forward|forward-backward"
+                             f"[:element|call|row[:on|once]]]] with N < {len(model.layers)}")
+        if self.mine:
+            module = model.layers[block].mlp[2] if kind == "mlp" else model.layers[block]
+            self.live = scout.replay.faults.LiveFault(module, bit=12, element=5 if extent != "row" else 0,
+                                                      row=0 if extent == "row" else None,
+                                                      calls=1 if extent == "call" else None)
+        self.entered = False
+
+    def _live_enter(self, step: int) -> None:
+        first = int(self.values[0])
+        if self.live is not None and (step == first or (step > first and self.duration == "on")):
+            if step == first:
+                self.announce(step)
+            self.live.enter()
+            self.entered = True
+
+    def _live_exit(self) -> None:
+        if self.entered and self.live is not None:
+            self.live.exit()
+            self.entered = False
 
     def wait(self, seconds: float) -> None:
         """Lose ``seconds`` of wall time: asleep, or busy on this core."""
@@ -234,6 +283,8 @@ class Faults:
         Slow().__enter__()  # for the life of the process: every op of this rank
 
     def before_forward(self, step: int) -> None:
+        if self.kind == "live-flip":
+            self._live_enter(step)
         if self.mine and self.kind == "jitter":
             seconds, seed = self.values
             time.sleep(random.Random(f"{seed:g}:{self.rank}:{step}").uniform(0.0, seconds))
@@ -325,8 +376,14 @@ class Faults:
             time.sleep((self.values[0] - 1.0) * step_s)
 
     def after_forward(self, forward_s: float) -> None:
+        if self.kind == "live-flip" and self.phase == "forward":
+            self._live_exit()
         if self.mine and self.kind == "slow-loop":
             self.wait((self.values[0] - 1.0) * forward_s)
+
+    def after_backward(self, step: int) -> None:
+        if self.kind == "live-flip":
+            self._live_exit()
 
 
 def main() -> None:
@@ -373,6 +430,7 @@ def main() -> None:
         faults.after_forward(time.perf_counter() - forward_began)
         faults.before_backward(step)
         loss.backward()
+        faults.after_backward(step)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         scheduler.step()

@@ -1,12 +1,13 @@
-"""The live path's self-check, pure part (spec/replay.md SELF-1..SELF-8): decide one recipe's
+"""The live path's self-check, pure part (spec/replay.md SELF-1..SELF-9): decide one recipe's
 self-check from every peer's code. No torch, no clock, no I/O.
 
 Replay votes peers against each other on identical inputs, so it sees faults that recur while
 replaying. A transient fault in the live computation of one rank reaches every replica through
 the gradient all-reduce and is never seen by a later vote. So when a module call is captured,
-each rank also replays that call at once on itself -- the same inputs, parameters and kernels
-(``scout.replay.self_check``) -- and answers one code: its live output was reproduced
-(MATCH), was not (DIFFER), or the rank could not check it (UNCHECKED). The codes travel in the
+each rank also replays that call on itself, outside the live forward and backward -- the same
+inputs, parameters and kernels (``scout.replay.self_check``, SELF-9) -- and answers one code:
+its live output was reproduced (MATCH), was not (DIFFER), or the rank could not check it
+(UNCHECKED). The codes travel in the
 evidence row replay already exchanges (evidence group ``live``) and are voted here by the one
 verdict rule, :func:`scout.core.verdict.classify_exact`; this module only says what the
 majority's value means (SELF-4).

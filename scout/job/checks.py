@@ -5,7 +5,7 @@ results and straggler reports as a ``CheckOutput``; the pipeline exchanges them 
 
 A new kind of check (a failed checkpoint save) is one more class with ``run(step)`` returning a
 ``CheckOutput``, added to the list :func:`build_checks` returns. The live path's self-check
-(spec/replay.md SELF-1..8) is not a check of its own: it is one more evidence group of the dense
+(spec/replay.md SELF-1..9) is not a check of its own: it is one more evidence group of the dense
 replay, taken when a call is captured and exchanged in the rows replay already exchanges.
 """
 

@@ -164,10 +164,11 @@ class Config:
     #: Replay only the first rows of each captured batch (CAP-8): a replay then costs about
     #: ``replay_rows / batch`` of the live call. 0 replays the whole batch.
     replay_rows: int = attrs.field(default=1, validator=_count("replay_rows", 0, 1_000_000))
-    #: The live path's self-check (spec/replay.md SELF-1..SELF-8): each captured module call is
-    #: also replayed at once on its own rank and compared with its live output, bit for bit --
-    #: a transient fault of the live computation, which no later vote sees, is named. No
-    #: collective; about ``replay_rows / batch`` of one module's forward per capture.
+    #: The live path's self-check (spec/replay.md SELF-1..SELF-9): each captured module call is
+    #: also replayed on its own rank -- outside the live forward and backward, at the optimizer's
+    #: pre-step hook -- and compared with its live output, bit for bit: a transient fault of the
+    #: live computation, which no later vote sees, is named. No collective; about
+    #: ``replay_rows / batch`` of one module's forward per capture.
     self_check: bool = attrs.field(default=True, validator=_flag("self_check"))
     #: Steps between two checks of loop stragglers (LOOP-3): each compares the ranks' time in
     #: the training loop outside collectives over the steps since the last check.

@@ -14,9 +14,12 @@ first, has just gathered them, so these are exactly the unsharded values the liv
 job's process groups, and none that one replica group could enter while another skips it.
 
 With ``self_check`` on, the pre-hook of a captured call also registers a one-shot forward hook
-for that call: it runs after every forward hook the module had when the call began, reads the
-live output and replays the call at once on this rank (``scout.replay.self_check``, SELF-1..3);
-the outcome is kept with the capture (:meth:`ModuleCapture.live`) and costs no memory beyond it.
+for that call: it runs after every forward hook the module had when the call began, signs the
+live output's checked rows and keeps what a re-execution needs (``scout.replay.self_check``,
+SELF-1, SELF-2). The re-execution runs later, never inside the live forward or backward
+(SELF-9): :meth:`ModuleCapture.check_pending` -- called from the optimizer's pre-step hook by the
+replay executor, and by :meth:`ModuleCapture.live` at the latest -- checks every pending call of
+the step once; the outcome is kept with the capture (:meth:`ModuleCapture.live`).
 
 Memory is bounded (CAP-2): before copying, the bytes a capture would hold are added to what is
 already held; over ``max_capture_bytes`` the capture is refused and recorded as
@@ -40,7 +43,7 @@ from torch import nn
 from scout.core.recipes import RecipeId, ReplayStatus
 from scout.core.self_check import LiveCheck
 from scout.replay.rng import RngState, capture_rng_state
-from scout.replay.self_check import LiveOutcome, check_live_call
+from scout.replay.self_check import LiveCall, LiveOutcome, check_live_call, record_live_call
 from scout.replay.tree import describe, map_tensors, tensor_leaves
 from scout.reports import guard
 from scout.reports.guard import Part
@@ -169,7 +172,8 @@ class ModuleCapture:
         #: Recipes whose calls are never self-checked, with the reason (TP-5).
         self._not_self_checked = dict(not_self_checked or {})
         self._live: dict[RecipeId, LiveOutcome] = {}
-        self._pending: list[Any] = []  # one-shot hooks of calls whose forward has not returned
+        self._watching: dict[RecipeId, Any] = {}  # one-shot hooks of calls whose forward has not returned
+        self._unchecked: dict[RecipeId, LiveCall] = {}  # SELF-9: recorded, not re-executed yet
         self._suspended = 0
         self._handles = [
             module.register_forward_pre_hook(self._hook_for(recipe), with_kwargs=True)
@@ -206,10 +210,20 @@ class ModuleCapture:
             reason = f"{recipe} was not armed for step {step}"
         return CaptureFailure(recipe, step, ReplayStatus.NOT_READY, reason)
 
+    def check_pending(self) -> None:
+        """SELF-9: re-execute every call of the step recorded and not checked yet, once each.
+        Call it outside the live forward and backward (the optimizer's pre-step hook); never
+        raises (CAP-6)."""
+        while self._unchecked:
+            recipe, recorded = self._unchecked.popitem()
+            self._live[recipe] = check_live_call(recorded, suspended=self.suspended)
+
     def live(self, recipe: RecipeId, step: int) -> LiveOutcome:
         """SELF-1: the self-check of ``recipe``'s captured call at ``step`` (UNCHECKED with the
-        reason when there is none)."""
+        reason when there is none). Pending re-executions run first (SELF-9, point 2)."""
         record = self._records.get(recipe)
+        if isinstance(record, Capture) and record.step == step:
+            self.check_pending()
         if not self.self_check:
             return LiveOutcome(LiveCheck.UNCHECKED, reason="self_check is off")
         if recipe in self._not_self_checked:
@@ -225,9 +239,10 @@ class ModuleCapture:
     def _drop_records(self) -> None:
         self._records.clear()
         self._live.clear()
-        for handle in self._pending:
+        self._unchecked.clear()  # SELF-9: a capture released without a check is dropped unchecked
+        for handle in self._watching.values():
             handle.remove()
-        self._pending.clear()
+        self._watching.clear()
 
     @contextlib.contextmanager
     def suspended(self) -> Iterator[None]:
@@ -246,7 +261,14 @@ class ModuleCapture:
 
     def _hook_for(self, recipe: RecipeId) -> Any:
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            if recipe not in self._armed or self._suspended or recipe in self._records:
+            if recipe not in self._armed or self._suspended:
+                return
+            if recipe in self._records:
+                watching = self._watching.pop(recipe, None)
+                if watching is not None:  # the captured call raised: this later call is not it
+                    watching.remove()
+                    self._live[recipe] = LiveOutcome(LiveCheck.UNCHECKED, reason=(
+                        f"the captured call of {recipe} raised before it returned"))
                 return
             if not guard.running(Part.REPLAY):  # GUARD-3: no capture after a failure of replay here
                 return
@@ -272,13 +294,18 @@ class ModuleCapture:
 
         def after(hooked: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
             handle.remove()
+            self._watching.pop(recipe, None)
             if self._records.get(recipe) is capture:
-                self._live[recipe] = check_live_call(
-                    hooked, args, kwargs, output, rng=capture.rng, rows=self.rows,
-                    parameters=capture.parameters, buffers=capture.buffers, suspended=self.suspended)
+                # SELF-9: only record here; the re-execution runs outside the live call.
+                recorded = record_live_call(hooked, args, kwargs, output, rng=capture.rng, rows=self.rows,
+                                            parameters=capture.parameters, buffers=capture.buffers)
+                if isinstance(recorded, LiveCall):
+                    self._unchecked[recipe] = recorded
+                else:
+                    self._live[recipe] = recorded
 
         handle = module.register_forward_hook(after, with_kwargs=True)
-        self._pending.append(handle)
+        self._watching[recipe] = handle
 
     def _record(
         self, recipe: RecipeId, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]

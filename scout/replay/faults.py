@@ -1,4 +1,4 @@
-"""Opt-in fault injection for tests and the demo (spec/replay.md FAULT-1..FAULT-4).
+"""Opt-in fault injection for tests and the demo (spec/replay.md FAULT-1..FAULT-8).
 
 Nothing here is active unless called. Each injector returns a handle with ``remove()``.
 
@@ -20,6 +20,9 @@ Nothing here is active unless called. Each injector returns a handle with ``remo
   bit of its output flipped, wherever it runs -- training, replay and canary alike: a kernel
   that miscomputes after a library or driver change. Injected on every rank it is common mode,
   which no vote can see (FAULT-7, CANARY-*).
+* :class:`LiveFault` -- a module whose output has a bit flipped only while the training loop is
+  in the phases the fault is entered for (the forward, or the forward and the backward): a unit
+  that miscomputes under the live step's power or heat, and never in a replay (FAULT-8).
 
 A compute slowdown *computes*: it spins on the thread's CPU clock, so it costs CPU time like
 real work and is seen by replay's CPU-time clock on CPU devices (STRAG-1). A loop slowdown
@@ -42,6 +45,7 @@ from torch.utils.hooks import RemovableHandle
 from scout.replay.collectives import EntryHookHandle, OwnWallClock, RunQueueDelay
 
 __all__ = [
+    "LiveFault",
     "SlowLoop",
     "SlowOps",
     "compute_for",
@@ -108,6 +112,102 @@ def flip_output_bit(module: nn.Module, *, element: int = 0, bit: int = 20) -> Re
         )
 
     return module.register_forward_hook(hook)
+
+
+class _FlipRow(torch.autograd.Function):
+    """Forward: a copy with bit ``bit`` of every element of batch row ``row`` flipped (exactly).
+    Backward: the gradient passes through."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, row: int, bit: int) -> torch.Tensor:
+        if not 0 <= row < (tensor.shape[0] if tensor.dim() else 0):
+            raise ValueError(f"row {row} outside an output of shape {tuple(tensor.shape)}")
+        corrupted = tensor.clone(memory_format=torch.contiguous_format)
+        size = corrupted.element_size()
+        if size not in _INT_VIEW or not 0 <= bit < 8 * size:
+            raise ValueError(f"cannot flip bit {bit} of dtype {corrupted.dtype}")
+        with torch.no_grad():
+            words = corrupted[row].reshape(-1).view(_INT_VIEW[size])
+            words ^= torch.tensor(1 << bit if bit < 8 * size - 1 else -(1 << bit), dtype=words.dtype,
+                                  device=words.device)
+        return corrupted
+
+    @staticmethod
+    def backward(ctx: Any, gradient: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        return gradient, None, None
+
+
+def _flip_row(tensor: torch.Tensor, row: int, bit: int) -> torch.Tensor:
+    result: torch.Tensor = _FlipRow.apply(tensor, row, bit)  # type: ignore[no-untyped-call]
+    return result
+
+
+class LiveFault:
+    """FAULT-8: a fault of the live step's phases only. A forward hook on ``module`` flips bit
+    ``bit`` of flat element ``element`` of its first output -- or of every element of batch row
+    ``row`` -- on the calls made while the fault is entered (``enter()`` ... ``exit()``, or
+    ``with fault:``), only on the first ``calls`` of each entered span when ``calls`` is given.
+    Outside (replays, a self-check at the optimizer's pre-step hook) the module computes
+    correctly: a unit that miscomputes under the forward's (or the backward's) power or heat.
+    Gradients pass through. ``struck`` counts the calls it flipped."""
+
+    def __init__(self, module: nn.Module, *, bit: int = 12, element: int = 0, row: int | None = None,
+                 calls: int | None = None) -> None:
+        if calls is not None and (isinstance(calls, bool) or not isinstance(calls, int) or calls < 1):
+            raise ValueError(f"calls must be an int >= 1 or None (every call), got {calls!r}")
+        if row is not None and (isinstance(row, bool) or not isinstance(row, int) or row < 0):
+            raise ValueError(f"row must be an int >= 0 or None (one element), got {row!r}")
+        self.bit, self.element, self.row, self.calls = bit, element, row, calls
+        self.struck = 0
+        self._entered = 0
+        self._in_span = 0  # calls struck in the current entered span
+        self._lock = threading.Lock()  # a backward's recomputation may call the module from another thread
+        self._handle: RemovableHandle | None = module.register_forward_hook(self._hook)
+
+    def enter(self) -> LiveFault:
+        """The phases the fault strikes begin (a new span: ``calls`` counts from here)."""
+        with self._lock:
+            if self._entered == 0:
+                self._in_span = 0
+            self._entered += 1
+        return self
+
+    def exit(self) -> None:
+        with self._lock:
+            if self._entered == 0:
+                raise RuntimeError("LiveFault.exit() without enter()")
+            self._entered -= 1
+
+    def __enter__(self) -> LiveFault:
+        return self.enter()
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.exit()
+
+    def remove(self) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+
+    def _strikes(self) -> bool:
+        with self._lock:
+            if not self._entered or (self.calls is not None and self._in_span >= self.calls):
+                return False
+            self._in_span += 1
+            self.struck += 1
+            return True
+
+    def _hook(self, module: nn.Module, _args: Any, output: Any) -> Any:
+        first = output if isinstance(output, torch.Tensor) else (
+            output[0] if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor) else None)
+        if first is None:
+            raise TypeError(f"LiveFault: {type(module).__name__} returned {type(output).__name__}; expected a "
+                            "tensor or a tuple/list starting with one")
+        if not self._strikes():
+            return None
+        flipped = _flip_row(first, self.row, self.bit) if self.row is not None else _flip(first, self.element, self.bit)
+        return flipped if isinstance(output, torch.Tensor) else type(output)([flipped, *output[1:]])
 
 
 def compute_for(cpu_s: float) -> None:

@@ -111,8 +111,9 @@ class ReplayConfig:
     device_floor_ms: float = 0.1
     straggler_trail_checks: int = 16  # STRAG-21: checks of evidence a report carries
     replay_rows: int = 0  # CAP-8: replay the first rows of the captured batch (0: all of it)
-    # SELF-1: each captured module call is also replayed at once on its own rank and compared
-    # with its live output (a transient fault in the live path); False: no rank takes part.
+    # SELF-1: each captured module call is also replayed on its own rank -- outside the live
+    # forward and backward, at the optimizer's pre-step hook (SELF-9) -- and compared with its
+    # live output (a transient fault in the live path); False: no rank takes part.
     self_check: bool = True
 
     def __attrs_post_init__(self) -> None:
@@ -280,8 +281,15 @@ class DenseExecutor:
                                                        for recipe in self.tensor_parallel_recipes})
         self.optimizer = (OptimizerCapture(optimizer, config.optimizer_slice_numel, config.max_capture_bytes)
                           if optimizer is not None else None)
+        # SELF-9: the live calls' re-executions run before the optimizer steps -- after the
+        # backward, outside every live forward -- on the parameters the calls used.
+        self._self_check_hook = (optimizer.register_step_pre_hook(self._check_live_calls)
+                                 if optimizer is not None and config.self_check else None)
         self._records: dict[RecipeId, Capture | OptimizerSnapshot | CaptureFailure] = {}
         self._unchecked_reasons: set[str] = set()
+
+    def _check_live_calls(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
+        self.capture.check_pending()  # never raises (CAP-6)
 
     def held_bytes(self) -> int:
         """CAP-5: bytes currently held by captures."""
@@ -365,6 +373,9 @@ class DenseExecutor:
             self.optimizer.release()
 
     def close(self) -> None:
+        if self._self_check_hook is not None:
+            self._self_check_hook.remove()
+            self._self_check_hook = None
         self.capture.close()
         if self.optimizer is not None:
             self.optimizer.close()

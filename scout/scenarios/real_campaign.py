@@ -18,6 +18,14 @@ bit flip: optimizer     one bit of the output head's Adam state flipped at the s
 slow compute            every layer of the rank 0.1 s slower: a confirmed compute straggler
 slow communication      every replay collective of the rank entered 60 ms late: a confirmed
                         communication straggler
+live flip (LAYOUT): ... a fault of the live step only (FAULT-8) under DDP or FSDP2 (a 4 x 1 mesh):
+                        bit 12 of one element flipped while the loop is inside ``model(x)``, by
+                        a hook on a hidden layer's FFN -- on every call from the step on
+                        (``forward``), also through the backward (``forward and backward``), on
+                        the first call of each forward only (``one call``), on every element of
+                        batch row 0 (``one row``), by the layer's own hook (``block hook``), at
+                        the step only (``one step``, a step at which the layer is captured):
+                        replay's self-check (SELF-9) names the rank within one cycle
 healthy                 observers beside steps with up to 0.5 s jitter, or replay every step:
                         nothing may be named
 ======================  ======================================================================
@@ -82,7 +90,19 @@ REPORT_SETTLE_S: Final = 0.5  # after the first report, how long to collect furt
 OBSERVER_KINDS: Final = ("sleep", "SIGSTOP", "SIGKILL")
 REPLAY_KINDS: Final = ("bit flip: output", "bit flip: parameter", "bit flip: optimizer", "slow compute",
                        "slow communication")
-REAL_KINDS: Final = (*OBSERVER_KINDS, *REPLAY_KINDS)
+#: FAULT-8's scoped live faults (SELF-9): (where, phase, extent, duration) of each, as
+#: examples/train_gpt.py's ``live-flip`` spells them.
+LIVE_FAULTS: Final[dict[str, tuple[str, str, str, str]]] = {
+    "forward": ("mlp", "forward", "element", "on"),
+    "forward and backward": ("mlp", "forward-backward", "element", "on"),
+    "one call": ("mlp", "forward", "call", "on"),
+    "one row": ("mlp", "forward", "row", "on"),
+    "block hook": ("block", "forward", "element", "on"),
+    "one step": ("mlp", "forward", "element", "once"),
+}
+LIVE_LAYOUTS: Final = ("DDP", "FSDP2")
+LIVE_KINDS: Final = tuple(f"live flip ({layout}): {name}" for layout in LIVE_LAYOUTS for name in LIVE_FAULTS)
+REAL_KINDS: Final = (*OBSERVER_KINDS, *REPLAY_KINDS, *LIVE_KINDS)
 HEALTHY_KINDS: Final = ("healthy observers", "healthy replay")
 _PR_SET_PDEATHSIG: Final = 1
 _SHM_DIR: Final = Path("/dev/shm")
@@ -107,14 +127,15 @@ class RealCase:
 
 def real_cases(*, quick: bool, seed: int) -> list[RealCase]:
     """Quick: each kind once on a rank and step drawn from the seed, and each healthy run once.
-    Full: each kind on every rank at two steps, and each healthy run twice."""
+    Full: each kind on every rank at two steps (a live flip at one), and each healthy run twice."""
     rng = random.Random(f"real:{seed}")
     cases: list[RealCase] = []
     for kind in REAL_KINDS:
         if quick:
             cases.append(RealCase(kind, rng.randrange(WORLD), rng.choice((3, 4)), rng.getrandbits(32)))
         else:
-            cases += [RealCase(kind, rank, step, rng.getrandbits(32)) for rank in range(WORLD) for step in (3, 4)]
+            steps = (rng.choice((3, 4)),) if kind in LIVE_KINDS else (3, 4)
+            cases += [RealCase(kind, rank, step, rng.getrandbits(32)) for rank in range(WORLD) for step in steps]
     for kind in HEALTHY_KINDS:
         cases += [RealCase(kind, 0, 0, rng.getrandbits(32)) for _ in range(1 if quick else 2)]
     return cases
@@ -316,8 +337,22 @@ def _tiny_lm() -> Any:
     return TinyLM(), vocab
 
 
+def live_onset(kind: str, step: int, layer: int, layers: int = 3) -> int:
+    """FAULT-8's first struck step: the case's step; a one-step fault moves to the first step
+    from there at which its layer is captured (REC-3, hidden interval 1), where the self-check
+    can see it (SELF-6)."""
+    if not kind.endswith("one step"):
+        return step
+    return next(s for s in range(step, step + layers) if (s - 1) % layers == layer)
+
+
+def _layout_of(kind: str) -> str:
+    return "FSDP2" if kind.startswith("live flip (FSDP2)") else "DDP"
+
+
 def replay_rank(rank: int, options: dict[str, Any], control: Any) -> None:
-    """A gloo rank training with DDP and in-situ replay; the fault of the case on its rank."""
+    """A gloo rank training with DDP (or FSDP2 on a 4 x 1 mesh, for the live flips that say so)
+    and in-situ replay; the fault of the case on its rank."""
     _die_with_parent()
     try:
         _log_to_file(rank, options)
@@ -335,18 +370,28 @@ def replay_rank(rank: int, options: dict[str, Any], control: Any) -> None:
 
         torch.set_num_threads(1)
         world, kind, fault_step = options["world"], options["kind"], options["step"]
-        faulty = rank == options["rank"] and kind in REPLAY_KINDS
+        faulty = rank == options["rank"] and kind in (*REPLAY_KINDS, *LIVE_KINDS)
         dist.init_process_group("gloo", init_method=f"file://{options['init_file']}", rank=rank, world_size=world,
                                 timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
         torch.manual_seed(0)
         model, vocab = _tiny_lm()
-        ddp = DistributedDataParallel(model)
+        if _layout_of(kind) == "FSDP2":
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.fsdp import fully_shard
+
+            mesh = init_device_mesh("cpu", (world, 1), mesh_dim_names=("replicate", "shard"))
+            for block in model.layers:
+                fully_shard(block, mesh=mesh)
+            ddp = fully_shard(model, mesh=mesh)
+            peers = TorchPeerGroup.from_mesh(mesh, ("replicate",), timeout_s=COLLECTIVE_TIMEOUT_S)
+        else:
+            ddp = DistributedDataParallel(model)
+            peers = TorchPeerGroup(timeout_s=COLLECTIVE_TIMEOUT_S)
         optimizer = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
         from scout.core.verdict import TimingConfig
         from scout.replay.replay import DEFAULT_COMMUNICATION_TIMING
 
         intervals = Intervals(**options["intervals"])
-        peers = TorchPeerGroup(timeout_s=COLLECTIVE_TIMEOUT_S)
         # The detectors the job is about (see _TIMING): a timing detector out of scope names no one.
         off = TimingConfig(relative_floor=1e9)
         compute_on = options["timing"] in ("all", "compute")
@@ -363,6 +408,12 @@ def replay_rank(rank: int, options: dict[str, Any], control: Any) -> None:
                 faults.slow_module(block, 0.1)
         if faulty and kind == "slow communication":
             faults.slow_communication(peers, 0.06)
+        live = None  # FAULT-8: entered for the phase it strikes, at the steps it strikes
+        where, phase, extent, duration = LIVE_FAULTS[kind.split(": ", 1)[1]] if kind in LIVE_KINDS else ("",) * 4
+        if faulty and kind in LIVE_KINDS:
+            target = model.layers[layer].mlp[2] if where == "mlp" else model.layers[layer]
+            live = faults.LiveFault(target, bit=12, element=5 if extent != "row" else 0,
+                                    row=0 if extent == "row" else None, calls=1 if extent == "call" else None)
         named: set[int] = set()
         attributed: list[list[Any]] = []
         confirmed: set[int] = set()
@@ -374,15 +425,22 @@ def replay_rank(rank: int, options: dict[str, Any], control: Any) -> None:
                 faults.flip_output_bit(model.layers[layer], element=3, bit=20)
             generator = torch.Generator().manual_seed(1000 * step + rank)
             tokens = torch.randint(0, vocab, (4, 17), generator=generator)
+            struck = live is not None and (step == fault_step or (step > fault_step and duration == "on"))
+            if struck:
+                live.enter()  # type: ignore[union-attr]
             logits = ddp(tokens[:, :-1])
             loss = F.cross_entropy(logits.reshape(-1, vocab), tokens[:, 1:].reshape(-1))
+            if struck and phase == "forward":
+                live.exit()  # type: ignore[union-attr]
             optimizer.zero_grad(set_to_none=True)
             loss.backward()  # type: ignore[no-untyped-call]
+            if struck and phase == "forward-backward":
+                live.exit()  # type: ignore[union-attr]
             optimizer.step()
             report = replayer.after_optimizer_step()
             for result in report.results:
                 if result.status.value == "ATTRIBUTED":
-                    attributed.append([str(result.recipe), result.step, list(result.outliers)])
+                    attributed.append([str(result.recipe), result.step, list(result.outliers), list(result.sources)])
                     named.update(result.outliers)
                 elif result.status.value == "INCONCLUSIVE":
                     inconclusive += 1
@@ -423,6 +481,7 @@ _INTERVALS: Final[dict[str, dict[str, int]]] = {
     "slow compute": {"embedding_steps": 0, "hidden_steps": 1, "output_steps": 0, "optimizer_steps": 0},
     "slow communication": {"embedding_steps": 0, "hidden_steps": 1, "output_steps": 0, "optimizer_steps": 0},
     "healthy replay": {"embedding_steps": 3, "hidden_steps": 1, "output_steps": 3, "optimizer_steps": 2},
+    **dict.fromkeys(LIVE_KINDS, {"embedding_steps": 0, "hidden_steps": 1, "output_steps": 0, "optimizer_steps": 0}),
 }
 
 
@@ -440,15 +499,18 @@ def _options(case: RealCase, directory: Path, job_id: str) -> dict[str, Any]:
     # Enough steps for the fault to be checked after it (a hidden layer every step: 3 steps cover
     # all three; slow faults act from step 1 and need straggler_rounds = 3 decided rounds, which a
     # loaded machine can delay with undecided ones), no more.
+    layer = random.Random(case.seed).randrange(3)
+    step = live_onset(kind, case.step, layer) if kind in LIVE_KINDS else case.step
+    # A live flip is named at the first capture of its layer from its onset on: within a cycle.
     steps = {"healthy observers": 12, "healthy replay": 8, "slow compute": 8, "slow communication": 8,
-             "bit flip: optimizer": case.step + 2}.get(kind, case.step + 4)
+             "bit flip: optimizer": case.step + 2}.get(kind, step + 4)
     return dict(
-        kind=kind, rank=case.rank, step=case.step, seed=case.seed, world=WORLD, steps=steps, job_id=job_id,
+        kind=kind, rank=case.rank, step=step, seed=case.seed, world=WORLD, steps=steps, job_id=job_id,
         directory=str(directory),
         init_file=str(directory / "init"), secret=secrets.token_bytes(32),
         rendezvous_dir=str(directory / "rendezvous"), report_path=str(directory / "reports.jsonl"),
         config=dict(OBSERVER_CONFIG, stall_threshold_s=3.0) if case.healthy else OBSERVER_CONFIG,
-        intervals=_INTERVALS.get(kind, {}), layer=random.Random(case.seed).randrange(3),
+        intervals=_INTERVALS.get(kind, {}), layer=layer,
         timing=_TIMING.get(kind, "none"),
     )
 
@@ -576,12 +638,20 @@ def _classify_replay_job(case: RealCase, job: _Job, stopped: str | None, wall_s:
         outcome = Outcome.FALSE_ALARM if case.healthy else Outcome.MISSED
         return CaseResult("real", case.kind, WORLD, case.seed, outcome, () if case.healthy else (case.rank,), (),
                           detail, case.reproduce, wall_s, WORLD, case.healthy)
-    attributed = {rank for _, _, outliers in payload["attributed"] for rank in outliers}
+    attributed = {rank for _, _, outliers, _ in payload["attributed"] for rank in outliers}
     confirmed, communication = set(payload["confirmed"]), set(payload["communication"])
     named = tuple(sorted(attributed | confirmed | communication))
     want = {case.rank}
     if case.kind.startswith("bit flip"):
         ok = attributed == want and not confirmed and not communication
+    elif case.kind in LIVE_KINDS:
+        # SELF-9: named by its self-check (source live) at its layer's first capture from the
+        # onset on, within one cycle (3 hidden layers, interval 1).
+        layer = random.Random(case.seed).randrange(3)
+        onset = live_onset(case.kind, case.step, layer)
+        first = min(((step, recipe, sources) for recipe, step, _, sources in payload["attributed"]), default=None)
+        ok = (attributed == want and not confirmed and not communication and first is not None
+              and first[1] == f"hidden.{layer}" and "live" in first[2] and onset <= first[0] < onset + 3)
     elif case.kind == "slow compute":
         ok = confirmed == want and not attributed and not communication
     elif case.kind == "slow communication":

@@ -1,13 +1,14 @@
 """A worker for tests/job/test_attach_fsdp.py: the example GPT under FSDP2 with HSDP on a CPU mesh
 (replicate x shard, 2 x 2 unless a fourth argument says e.g. ``4x1``; ``docs`` runs the layout
 block of docs/attach.md as written, with ``device = "cpu"``), scout attached with the replicas as
-peers, and optionally one of the example's faults (fifth argument, e.g. ``flip:1:6``). Run under
-torchrun."""
+peers, and optionally one of the example's faults (fifth argument, e.g. ``flip:1:6`` or
+``live-flip:1:6``; several separated by commas). Run under torchrun."""
 
 from __future__ import annotations
 
 import importlib.util
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -62,9 +63,12 @@ def main() -> None:
     for step in range(start + 1, steps + 1):
         tokens = example.batch(step, replica)
         faults.before_forward(step)
+        began = time.perf_counter()
         loss = F.cross_entropy(model(tokens[:, :-1]).reshape(-1, example.VOCAB), tokens[:, 1:].reshape(-1))
+        faults.after_forward(time.perf_counter() - began)
         faults.before_backward(step)
         loss.backward()
+        faults.after_backward(step)
         optimizer.step()
         optimizer.zero_grad()
         job.step()

@@ -294,6 +294,50 @@ def test_LOOP_6_the_picture_draws_every_ranks_loop_ratio(tmp_path: Path) -> None
     assert data.startswith(b"\x89PNG") and len(data) > len(without.read_bytes()) + 5_000
 
 
+def test_LOOP_7_an_early_exit_or_an_exception_inside_the_forward_does_not_silence_the_loop_lines() -> None:
+    """The hooks of attach (LOOP-7) on real layers: a step whose model exits before the last
+    layer, and one whose forward raises (the loop catches it and goes on), leave their window
+    open. The loop line of every later check still has this rank's time, and a later full
+    forward its forward time."""
+    import torch
+    from torch import nn
+
+    peers = _Peers()
+    clock = [0]
+    timer = LoopTimer(peers, LoopConfig(check_every_steps=1, warmup_steps=0), clock_ns=lambda: clock[0],
+                      run_queue_delay_s=lambda: 0.0)
+    first, last = nn.Linear(2, 2), nn.Linear(2, 2)
+    fail = [False]
+
+    def raising(_module: Any, _inputs: Any) -> None:
+        if fail[0]:
+            raise RuntimeError("the forward failed")
+
+    last.register_forward_pre_hook(raising)
+    check = LoopStragglerCheck(timer, Layout.of((RANKS,), ("dp",), 10), ("h",) * 14, [first, last])
+    lines = []
+    for step, how in enumerate(("early exit", "exception", "full", "full"), start=1):
+        check.step_begins()
+        clock[0] += 5 * MS
+        hidden = first(torch.zeros(1, 2))
+        clock[0] += 5 * MS
+        fail[0] = how == "exception"
+        try:
+            if how != "early exit":
+                last(hidden)
+        except RuntimeError:
+            pass
+        fail[0] = False
+        clock[0] += 10 * MS
+        peers.others = [[step, 1, 20_000, 20_000, 0, 1, 10_000]] * 3
+        output = _finish(check.run(step))
+        lines.append({line["kind"]: line["times_ms"][0] for line in output.timing})
+    # The open windows' steps have no forward time of this rank (its peers' are compared).
+    assert lines == [{"loop": 20.0, "forward": None}, {"loop": 20.0, "forward": None},
+                     {"loop": 20.0, "forward": 5.0}, {"loop": 20.0, "forward": 5.0}], lines
+    check.close()
+
+
 def test_LOOP_7_the_picture_draws_the_forward_checks_in_a_strip_of_their_own(tmp_path: Path) -> None:
     loops = [_record(step, [1.0, 1.0, 1.0, 1.0]) for step in range(10, 70, 10)]
     forwards = [_record(step, [1.0, 1.5, 1.0, 1.0], kind="forward") for step in range(10, 70, 10)]

@@ -1,8 +1,10 @@
 """The live path's self-check on real 4-rank jobs under torchrun (gloo), the newcomer's cases of
-issue 24 (spec/replay.md SELF-1..SELF-7): one bit flipped in one block's *live* output on one
-rank for one step by a forward hook -- under DDP (examples/train_gpt.py) and under FSDP2
-(tests/job/hsdp_job.py on a 4 x 1 mesh: four replicas of one shard) -- is named within the cycle,
-from the self-check alone, and no checkpoint trained on the corrupted step is ever certified."""
+issues 24 and 41 (spec/replay.md SELF-1..SELF-9, FAULT-8): one bit flipped in one block's *live*
+output on one rank by a forward hook -- for one step, or confined to the live forward (a unit
+that fails only under the forward's load) from a step on -- under DDP (examples/train_gpt.py) and
+under FSDP2 (tests/job/hsdp_job.py on a 4 x 1 mesh: four replicas of one shard) is named within
+the cycle, from the self-check alone, and no checkpoint trained on the corrupted steps is ever
+certified."""
 
 from __future__ import annotations
 
@@ -20,13 +22,14 @@ from tests.job.test_attach_torchrun import TORCHRUN, torchrun
 
 pytestmark = pytest.mark.torchdist
 WORKER = Path(__file__).resolve().parent / "hsdp_job.py"
+CYCLE_STEPS = 4  # replay_interval_steps 1, 4 hidden layers (REC-4)
 
 
-def _named_from_the_live_path(records: list[dict[str, Any]], step: int) -> None:
-    """One sdc report, naming rank 1 at the struck step, from the live group alone (SELF-4)."""
-    (sdc,) = [r for r in records if r["kind"] == "sdc"]
-    assert (sdc["ranks"], sdc["reason"], sdc["step"]) == ([1], "live-mismatch", step), sdc
-    assert (sdc["evidence"]["recipe"], sdc["evidence"]["sources"]) == ("hidden.1", ["live"]), sdc
+def _named_from_the_live_path(records: list[dict[str, Any]], step: int, rank: int = 1, recipe: str = "hidden.1") -> None:
+    """One sdc report naming ``rank``, at ``step``, from the live group alone (SELF-4)."""
+    (sdc,) = [r for r in records if r["kind"] == "sdc" and r["ranks"] == [rank]]
+    assert (sdc["ranks"], sdc["reason"], sdc["step"]) == ([rank], "live-mismatch", step), sdc
+    assert (sdc["evidence"]["recipe"], sdc["evidence"]["sources"]) == (recipe, ["live"]), sdc
 
 
 def _nothing_certified(records: list[dict[str, Any]], run_dir: Path, captured: list[str],
@@ -38,6 +41,31 @@ def _nothing_certified(records: list[dict[str, Any]], run_dir: Path, captured: l
     capsys.readouterr()
     assert scout_main(["certificate", str(run_dir / "gate")]) == 1
     assert "no RECOVERY_VERIFIED checkpoint" in capsys.readouterr().err
+
+
+def _none_certified_from(records: list[dict[str, Any]], onset: int) -> None:
+    """SELF-9: no checkpoint at or after the fault's onset is ever verified, and at least one
+    was captured there and quarantined."""
+    checkpoints = [r for r in records if r["kind"] == "checkpoint"]
+    verified = [r["step"] for r in checkpoints if r["reason"] == "recovery-verified"]
+    assert all(step < onset for step in verified), (onset, verified)
+    quarantined = [r["step"] for r in checkpoints if r["reason"] == "quarantined"]
+    assert any(step >= onset for step in quarantined), (onset, checkpoints)
+
+
+def _hsdp(tmp_path: Path, steps: int, fault: str) -> tuple[list[dict[str, Any]], Path]:
+    """The FSDP2 job of docs/attach.md (a (4, 1) mesh: four replicas), interval 1, a checkpoint
+    every cycle."""
+    run_dir, checkpoint_dir = tmp_path / "run", tmp_path / "ckpt"
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": str(Path(__file__).resolve().parents[2]) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    run = subprocess.run([str(TORCHRUN), "--nproc-per-node", "4", "--standalone", str(WORKER), str(run_dir),
+                          str(checkpoint_dir), str(steps), "docs", fault],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    records = reports.read_records(run_dir / reports.REPORTS_FILE)
+    assert [g for r in records if r["kind"] == "restart" for g in r["evidence"]["groups"]] == [[0, 1, 2, 3]]
+    return records, run_dir
 
 
 @pytest.mark.slow  # CI budget: the FSDP2 case below is the non-slow one; DDP's wiring is in the healthy run
@@ -53,22 +81,73 @@ def test_SELF_1_SELF_4_a_one_step_hook_flip_under_ddp_is_named_and_nothing_is_ce
     _nothing_certified(records, run_dir, ["t0/s8"], capsys)
 
 
-def test_SELF_1_SELF_4_a_one_step_hook_flip_under_fsdp2_is_named_and_nothing_is_certified(
+def test_SELF_1_SELF_4_SELF_9_hook_flips_under_fsdp2_are_named_and_nothing_is_certified(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """FSDP2 (REPLAY-8: replay does not run the module's hooks, so only the self-check can see a
-    hook's flip): hidden.1 is captured at steps 2, 6, 10 (interval 1); the flip strikes at step
-    6, when t0/s4 is a candidate that step 8 would have verified."""
-    run_dir, checkpoint_dir = tmp_path / "run", tmp_path / "ckpt"
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": str(Path(__file__).resolve().parents[2]) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    run = subprocess.run([str(TORCHRUN), "--nproc-per-node", "4", "--standalone", str(WORKER), str(run_dir),
-                          str(checkpoint_dir), "9", "docs", "flip:1:6"],  # docs/attach.md's layout: (4, 1)
-                         env=env, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
-    records = reports.read_records(run_dir / reports.REPORTS_FILE)
-    assert [g for r in records if r["kind"] == "restart" for g in r["evidence"]["groups"]] == [[0, 1, 2, 3]]
+    hook's flip), two faults in one job: hidden.1 is captured at steps 2, 6 (interval 1); a flip
+    by the block's own hook strikes rank 1 at step 6, when t0/s4 is a candidate that step 8
+    would have verified. And on rank 2 (FAULT-8) block 2's FFN (a submodule's hook) flips bit 12
+    in the first call of each forward and backward from step 5 on: hidden.2 is captured at 3 and
+    7, so it is named at 7 -- by a re-execution outside the live call (SELF-9)."""
+    records, run_dir = _hsdp(tmp_path, 9, "flip:1:6,live-flip:2:5:mlp2:forward-backward:call")
     _named_from_the_live_path(records, 6)
+    _named_from_the_live_path(records, 7, rank=2, recipe="hidden.2")
     _nothing_certified(records, run_dir, ["t0/s4", "t0/s8"], capsys)
+
+
+def test_SELF_9_FAULT_8_issue_41_a_submodule_fault_inside_the_forward_under_ddp_is_named_within_a_cycle(
+        tmp_path: Path) -> None:
+    """Issue 41 as the newcomer ran it: DDP, 4 ranks, ``SCOUT_REPLAY_INTERVAL_STEPS=1``; from step
+    20 on, a forward hook on block 1's FFN second linear flips bit 12 of one element of rank 1's
+    output whenever the loop is inside ``model(x)``. A re-execution inside the forward met the
+    same flip (MATCH) and t0/s20 was verified at step 24; outside, rank 1 is named at step 22
+    (hidden.1's next capture, within one cycle) and t0/s20, t0/s24 are quarantined. Sharing the
+    job (FAULT-8's matrix, the rest is slow): on rank 2, block 2's own hook flips bit 12 of every
+    element of batch row 0 in the forward and backward of step 23 only -- hidden.2's capture."""
+    run, records, _ = torchrun(tmp_path, steps=24, fault="live-flip:1:20,live-flip:2:23:block2:forward-backward:row:once",
+                               replay_interval_steps=1, checkpoint_every_cycles=1)
+    assert run.returncode == 0, run.stderr[-3000:]
+    _named_from_the_live_path(records, 22)
+    _named_from_the_live_path(records, 23, rank=2, recipe="hidden.2")
+    assert {r["kind"] for r in records} <= {"restart", "checkpoint", "sdc", "finished"}, records
+    _none_certified_from(records, 20)
+    verified = [r["evidence"]["checkpoint"] for r in records if r["reason"] == "recovery-verified"]
+    assert verified == ["t0/s4", "t0/s8", "t0/s12", "t0/s16"], verified
+
+
+# FAULT-8's matrix (slow): each scoped fault alone in a job, under DDP and FSDP2. "on" faults start
+# at step 5 (hidden.1 is next captured at 6), "once" faults strike step 6 itself; t0/s8 is captured
+# after the onset and must be quarantined.
+MATRIX = {
+    "every call during the forward": "mlp:forward:element:on",
+    "during forward and backward": "mlp:forward-backward:element:on",
+    "one call only": "mlp:forward:call:on",
+    "one row only": "mlp:forward:row:on",
+    "the block's own hook": "block:forward:element:on",
+    "a submodule's hook, for one step": "mlp:forward:element:once",
+    "the block's own hook, for one step": "block:forward-backward:row:once",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["ddp", "fsdp2"])
+@pytest.mark.parametrize("case", list(MATRIX))
+def test_SELF_9_FAULT_8_every_scoped_live_fault_is_named_within_a_cycle_and_nothing_after_it_is_certified(
+        tmp_path: Path, layout: str, case: str) -> None:
+    options = MATRIX[case]
+    onset = 6 if options.endswith("once") else 5
+    fault = f"live-flip:1:{onset}:{options}"
+    if layout == "ddp":
+        run, records, _ = torchrun(tmp_path, steps=9, fault=fault, replay_interval_steps=1, checkpoint_every_cycles=1)
+        assert run.returncode == 0, run.stderr[-3000:]
+    else:
+        records, _ = _hsdp(tmp_path, 9, fault)
+    _named_from_the_live_path(records, 6)
+    assert 6 - onset < CYCLE_STEPS
+    assert [r for r in records if r["kind"] not in ("restart", "checkpoint", "sdc", "finished")] == [], records
+    _none_certified_from(records, onset)
+    assert {r["evidence"]["checkpoint"]: r["reason"] for r in records
+            if r["kind"] == "checkpoint" and r["step"] == 8} == {"t0/s8": "quarantined"}, records
 
 
 @pytest.mark.slow

@@ -6,6 +6,7 @@ the module to make sure no second count of a majority appears in it."""
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import itertools
 from typing import Any
@@ -106,3 +107,153 @@ def test_SELF_4_SELF_5_properties_for_larger_groups(codes: list[Any], random: An
     assert sorted(order[p] for p in permuted.outliers) == list(decided.outliers)
     # More MATCH peers never turn an attribution into silence, and a MATCH peer is never named.
     assert not any(codes[p] != LiveCheck.DIFFER for p in decided.outliers)
+
+
+# -- The deferred re-execution: every order of a step's events, on the real capture ----------------
+
+FIRST = ("forward", "struck forward", "struck forward and backward", "raising forward")
+LATER = ("second forward", "in-place parameters", "in-place input", "optimizer step")
+BACKWARDS = (None, "backward", "backward recomputing")
+
+
+def _step_orders() -> list[tuple[str, ...]]:
+    """Every step: one first forward (the captured call), then any subset of LATER and at most one
+    backward, in every order in which the optimizer steps after the backward (a loop's order),
+    then job.step()."""
+    orders = []
+    for first in FIRST:
+        for backward in BACKWARDS:
+            pool = [*LATER, *([backward] if backward else [])]
+            for size in range(len(pool) + 1):
+                for chosen in itertools.combinations(pool, size):
+                    orders += [(first, *order, "job.step") for order in itertools.permutations(chosen)
+                               if backward not in order or "optimizer step" not in order
+                               or order.index(backward) < order.index("optimizer step")]
+    return orders
+
+
+def _expected(order: tuple[str, ...]) -> str:
+    """SELF-9 read literally: the code the step's capture must get."""
+    if order[0] == "raising forward":
+        return "UNCHECKED"
+    check_at = order.index("optimizer step") if "optimizer step" in order else order.index("job.step")
+    if any(event in ("in-place parameters", "in-place input") for event in order[:check_at]):
+        return "UNCHECKED"
+    return "DIFFER" if order[0].startswith("struck") else "MATCH"
+
+
+def test_SELF_9_every_order_of_a_steps_events_checks_outside_the_live_call_once_and_soundly(
+        monkeypatch: Any) -> None:
+    import torch
+    from torch import nn
+
+    from scout.core.recipes import Intervals, RecipeClass, RecipeId
+    from scout.replay import capture as capture_module
+    from scout.replay.faults import LiveFault
+    from scout.replay.replay import RecipeModules, ReplayConfig, Replayer
+    from tests.replay.test_replay_local import ScriptedPeers
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = nn.Linear(4, 4)
+            self.dropout = nn.Dropout(0.25)  # the RNG state the live call consumed
+            self.register_buffer("scale", torch.ones(4))  # rewritten at every forward, as DDP's broadcast
+            self.fail = False
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.linear(self.dropout(x)) * self.scale
+            if self.fail:
+                raise RuntimeError("the forward failed")
+            return y
+
+    torch.manual_seed(0)
+    block = Block()
+    optimizer = torch.optim.SGD(block.parameters(), lr=0.01)
+    config = ReplayConfig(intervals=Intervals(embedding_steps=0, hidden_steps=1, output_steps=0, optimizer_steps=0),
+                          timing_warmup_runs=0, timing_repetitions=1)
+    replayer = Replayer(block, optimizer, ScriptedPeers(), config, RecipeModules(hidden=(block,)))
+    capture = replayer.dense.capture
+    fault = LiveFault(block.linear, bit=12, element=1)
+    phase = ["outside"]
+    calls: list[str] = []  # the phase of every call of the submodule
+    checks: list[str] = []  # the phase of every re-execution
+    block.linear.register_forward_hook(lambda _m, _a, _o: calls.append(phase[0]))
+    check = capture_module.check_live_call
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        checks.append(phase[0])
+        return check(*args, **kwargs)
+
+    monkeypatch.setattr(capture_module, "check_live_call", counted)
+    hidden = RecipeId(RecipeClass.HIDDEN, 0)
+    orders = _step_orders()
+    for step, order in enumerate(orders, start=1):
+        calls.clear()
+        checks.clear()
+        x = torch.randn(3, 4)
+        loss = None
+        # A forward-and-backward fault stays entered until the backward ends (after the forward
+        # when the step has no backward).
+        struck_through_backward = order[0] == "struck forward and backward" and any(
+            event.startswith("backward") for event in order)
+        for event in order:
+            if event in FIRST or event == "second forward":
+                with torch.no_grad():
+                    block.scale.copy_(torch.ones(4))  # DDP's buffer broadcast at every forward
+                phase[0] = "forward"
+                struck = event.startswith("struck")
+                block.fail = event == "raising forward"
+                if struck:
+                    fault.enter()
+                try:
+                    out = block(x if event in FIRST else torch.randn(3, 4))
+                    loss = out.square().sum() if loss is None else loss + out.square().sum()
+                except RuntimeError:
+                    pass
+                finally:
+                    block.fail = False
+                    if struck and not struck_through_backward:
+                        fault.exit()
+            elif event.startswith("backward"):
+                phase[0] = "backward"
+                if event == "backward recomputing":
+                    block(x)  # activation checkpointing: the block again, inside the backward
+                if loss is not None:
+                    # Autograd refuses a tensor changed in place: the loop goes on.
+                    with contextlib.suppress(RuntimeError):
+                        loss.backward()
+                    loss = None
+                if struck_through_backward:
+                    fault.exit()
+                    struck_through_backward = False
+            elif event == "in-place parameters":
+                phase[0] = "outside"
+                with torch.no_grad():
+                    block.linear.weight.mul_(1.0 - 2.0**-10)  # another optimizer, or the loop
+            elif event == "in-place input":
+                phase[0] = "outside"
+                with torch.no_grad():
+                    x.add_(1.0)
+            elif event == "optimizer step":
+                phase[0] = "optimizer"
+                optimizer.step()
+                optimizer.zero_grad()
+            else:
+                phase[0] = "job.step"
+                first = capture.live(hidden, step)
+                again = capture.live(hidden, step)
+                assert (first.code, first.reason) == (again.code, again.reason), order
+                assert first.code.name == _expected(order), (order, first)
+                # Never inside the live call, at most once per capture.
+                assert set(checks) <= {"optimizer", "job.step"} and len(checks) <= 1, (order, checks)
+                if "optimizer step" in order and first.code.name != "UNCHECKED":
+                    assert checks == ["optimizer"], (order, checks)
+                forwards = sum(e in FIRST or e == "second forward" for e in order)
+                assert calls.count("forward") == forwards, (order, calls)
+                assert calls.count("backward") == (order.count("backward recomputing")), (order, calls)
+                replayer.after_optimizer_step()
+                assert len(checks) <= 1, (order, checks)
+        phase[0] = "outside"
+    assert len(orders) == 2020 and fault.struck > 0
+    replayer.close()

@@ -106,6 +106,30 @@ def test_INSTR_11_a_work_that_raises_is_over_and_a_clock_that_fails_gives_unknow
     assert tracker.coordinate()[3] is PendingState.UNKNOWN
 
 
+@pytest.mark.parametrize("clock", ["none", "record fails"])
+def test_INSTR_11_device_backend_without_a_working_clock_a_call_completes_when_it_returns_or_its_work_does(
+        clock: str) -> None:
+    """NCCL's contract with no event clock (a CPU tensor on a device backend, no CUDA) or a
+    ``record()`` that fails: a blocking call's completion cannot be marked on the stream, so it
+    counts as completed once it returned -- it must not stay pending forever (a healthy rank
+    would then look stuck in it) -- and an asynchronous call once its Work is."""
+    class BrokenClock(FakeClock):
+        def record(self) -> int:
+            raise RuntimeError("no device")
+
+    tracker = comp.CompletionTracker(comp.Contract.DEVICE, None if clock == "none" else BrokenClock())
+    blocking = tracker.begin(F)
+    assert tracker.coordinate()[:4] == (1, 0, F, PendingState.UNKNOWN)  # not returned yet
+    tracker.end(blocking)
+    assert tracker.coordinate()[:4] == (1, 1, 0, PendingState.NONE)
+    work = FakeWork()
+    tracker.launched(G, work)
+    tracker.end(tracker.begin(F))  # a blocking call behind the asynchronous one
+    assert tracker.coordinate()[:4] == (3, 1, G, PendingState.UNKNOWN)
+    work.done = True
+    assert tracker.coordinate() == (3, 3, 0, PendingState.NONE, 0, F)
+
+
 def test_INSTR_13_the_tracker_is_bounded_and_withdraws_when_full_of_pending_collectives() -> None:
     tracker = comp.CompletionTracker(comp.Contract.BLOCKING, entries_max=3)
     works = [FakeWork() for _ in range(3)]

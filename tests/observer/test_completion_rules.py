@@ -113,6 +113,24 @@ def test_COMPLETION_4_a_pending_fingerprint_that_differs_is_a_desync_also_agains
     assert found.outcome is Finding.GROUP_STALL
 
 
+@pytest.mark.parametrize("root", [0, 3])
+def test_COMPLETION_4_a_rank_that_completed_past_b_votes_only_b_s_own_fingerprint(root: int) -> None:
+    """A broadcast root a few collectives ahead: it completed b and two more, and its last completed
+    fingerprint (of b + 2) differs from b's. That fingerprint is not b's and takes no part in the
+    vote: nobody is a desync -- the peers wait in b, which the root has passed (group stall of b's
+    waiters, no rank named). Only a rank whose last completed collective *is* b votes its
+    completed fingerprint (the test above)."""
+    ahead = rank(op=7, enqueued=B + 3, completed=B + 2, fp=G, done_fp=F2)
+    evidence = [ahead if p == root else WAITING for p in range(4)]
+    found = assess(evidence, config())
+    assert found.outcome is not Finding.DESYNC and found.attributed == (), found
+    assert (found.outcome, found.blocking) == (Finding.GROUP_STALL, B), found
+    # The same rank one collective past b, whose last completed one is b: F2 is b's fingerprint there.
+    at_b = rank(op=7, enqueued=B + 1, completed=B, fp=G, done_fp=F2)
+    found = assess([at_b if p == root else WAITING for p in range(4)], config())
+    assert (found.outcome, found.attributed) == (Finding.DESYNC, (root,)), found
+
+
 def test_COMPLETION_6_no_device_started_b_is_a_group_stall_and_a_minority_started_is_inconclusive() -> None:
     found = assess([GPU_HANG] * 4, config())
     assert (found.outcome, found.scope, found.attributed) == (Finding.GROUP_STALL, Scope.GROUP, ())

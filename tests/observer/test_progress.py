@@ -404,6 +404,44 @@ def test_PROGRESS_10_a_section_its_watcher_stopped_publishing_reads_absent_and_a
         watcher.stop()
 
 
+def test_PROGRESS_10_staleness_is_read_from_the_sections_own_last_publish_alone() -> None:
+    """PROGRESS-10's one timestamp: a completion section is absent once *its* last publish is
+    more than COMPLETION_STALE_S old -- not the time its coordinate last changed (a heartbeat
+    keeps an unchanged coordinate of a live watcher fresh: a rank waiting long in one collective
+    must keep its evidence), and not the host payload's publish (a training thread that publishes
+    says nothing about a watcher that cannot run). Times set apart on a real record's snapshot."""
+    import attrs
+
+    with ProgressPublisher(unique_identity()) as publisher, ProgressReader(publisher.name, publisher.token) as reader:
+        publisher.begin_step(4)
+        writer = publisher.completion_writer()
+        writer.publish(9, 4, 3, 0xF, 2, 1, 0xE)
+        read = reader.read()
+        assert read is not None and read.completion is not None
+        writer.release()
+    stale_ns = progress.COMPLETION_STALE_NS
+    published = 1_000 * stale_ns
+
+    def snapshot(*, section_publish: int, changed: int, host_publish: int) -> Any:
+        assert read is not None and read.completion is not None
+        section = attrs.evolve(read.completion, publish_ns=section_publish, changed_ns=changed)
+        return attrs.evolve(read, completion=section, publish_ns=host_publish)
+
+    # A heartbeat: the coordinate changed long ago, the watcher published just now; the host
+    # thread (blocked in the collective) has not published for as long.
+    waiting = snapshot(section_publish=published, changed=published - 50 * stale_ns,
+                       host_publish=published - 50 * stale_ns)
+    assert waiting.progress(published + stale_ns).completion is not None
+    assert waiting.progress(published + stale_ns + 1).completion is None
+    # The watcher stopped (the process is stopped, a C call holds the GIL) while the host
+    # payload is fresh: absent all the same.
+    stopped = snapshot(section_publish=published, changed=published, host_publish=published + 10 * stale_ns)
+    assert stopped.progress(published + stale_ns + 1).completion is None
+    assert stopped.progress(published + stale_ns).completion is not None
+    # Without a reading time nothing is judged stale.
+    assert waiting.progress().completion is not None
+
+
 def test_PROGRESS_10_a_heartbeat_moves_the_publish_time_not_the_time_the_coordinate_changed() -> None:
     """An observer that reads seldom (DRIVER-6) dates a completion change by ``changed_ns``:
     heartbeats republish the same coordinate with a later ``publish_ns`` but keep it."""

@@ -230,6 +230,36 @@ def test_LOOP_7_the_forward_time_is_its_window_less_the_waits_inside_it_and_the_
     assert peers.rows[-1][5:] == [1, 10_000]
 
 
+def test_LOOP_7_a_forward_window_never_closed_leaves_the_loop_check_and_later_windows_alone() -> None:
+    """Conditional compute, an early exit, a pipeline stage that skips its last layer, an exception
+    inside the forward: the first layer's pre-hook opened the window and the last layer never
+    closed it. That step has no forward time; its loop time counts, and so do every later step's
+    loop and forward times -- this rank, 1.5x slower in its loop than its peers while every other
+    step exits early, is confirmed ``loop-slow`` at the 4th check as always (STRAG-4)."""
+    clock, peers = Clock(), LoopPeers()
+    timer = _timer(peers, clock, check_every_steps=2, warmup_steps=0)
+    named = []
+    for check_index in range(1, 7):
+        for step in (2 * check_index - 1, 2 * check_index):
+            timer.begin_step()
+            timer.forward_started()
+            clock.now_ns += 10 * MS
+            if step % 2 == 0:
+                timer.forward_ended()  # the full forward; odd steps exit early, the window left open
+            clock.now_ns += 20 * MS
+            finish = timer.collective_started()
+            clock.now_ns += 5 * MS
+            finish()
+            peers.others = [[step, 2, 20_000, 25_000, 5_000, 1, 10_000]] * 3
+            check = timer.end_step(step)
+        assert check is not None
+        row = peers.rows[-1]
+        # Both steps in the window with their loop time; the closed window's forward time only.
+        assert row[:3] == [step, 2, 30_000] and row[5:] == [1, 10_000], row
+        named += [(e.step, e.rank, e.reason) for e in check.events]
+    assert named == [(8, 10, "loop-slow")], named
+
+
 def test_LOOP_7_a_rank_with_a_slow_forward_is_confirmed_forward_slow_and_the_loop_test_is_apart() -> None:
     clock, peers = Clock(), LoopPeers()
     timer = _timer(peers, clock, check_every_steps=1, warmup_steps=0)

@@ -167,3 +167,36 @@ def test_device_part_classification_needs_the_rank_the_kind_and_completion_evide
     late_straggler = [*good[:2], report("straggler", [3], 24 + 40, reason="loop-slow", source="replay")]
     assert classify_job(cases, late_straggler, exit_code=0, tail="", wall_s=1.0, seed=0)[2].outcome is \
         Outcome.INCONCLUSIVE
+
+
+def test_SELF_9_FAULT_8_the_real_part_has_every_scoped_live_fault_and_counts_it_only_when_named_in_time() -> None:
+    """The real part's live flips (FAULT-8) under DDP and FSDP2, classified on planted payloads: named
+    by the self-check (source ``live``) at its layer's first capture from the onset on -- within one
+    cycle of 3 steps -- is localized; named late, by other evidence only, or another rank is not."""
+    import random
+
+    from scout.scenarios import real_campaign as real
+
+    assert {kind.split(": ")[1] for kind in real.LIVE_KINDS} == {
+        "forward", "forward and backward", "one call", "one row", "block hook", "one step"}
+    assert {kind.split(":")[0] for kind in real.LIVE_KINDS} == {"live flip (DDP)", "live flip (FSDP2)"}
+    quick = [c for c in real.real_cases(quick=True, seed=0) if c.kind in real.LIVE_KINDS]
+    assert len(quick) == len(real.LIVE_KINDS)
+    # A one-step fault moves to its layer's capture (hidden interval 1, 3 layers); others stay.
+    assert [real.live_onset("live flip (DDP): one step", 3, layer) for layer in range(3)] == [4, 5, 3]
+    assert real.live_onset("live flip (DDP): forward", 3, 0) == 3
+    case = real.RealCase("live flip (FSDP2): forward", 2, 3, 7)
+    layer = random.Random(case.seed).randrange(3)
+    capture = next(s for s in range(3, 6) if (s - 1) % 3 == layer)
+
+    def outcome(attributed: list[list[object]]) -> Outcome:
+        payload = {"attributed": attributed, "confirmed": [], "communication": [], "inconclusive": 0,
+                   "errors": [], "disabled": None}
+        return real._classify_replay_job(case, real._Job(done={0: payload}), None, 1.0).outcome
+
+    recipe = f"hidden.{layer}"
+    assert outcome([[recipe, capture, [2], ["live"]]]) is Outcome.LOCALIZED
+    assert outcome([[recipe, capture + 3, [2], ["live"]]]) is Outcome.INCONCLUSIVE  # a cycle late
+    assert outcome([[recipe, capture, [2], ["output"]]]) is Outcome.INCONCLUSIVE  # not the self-check
+    assert outcome([[recipe, capture, [1], ["live"]]]) is Outcome.MISATTRIBUTED
+    assert outcome([]) is Outcome.MISSED
