@@ -65,6 +65,7 @@ from typing import Any, Final
 
 import attrs
 
+from scout.core.guards import whole_number
 from scout.core.observer import Completion, PendingState, Progress, Stage
 
 __all__ = [
@@ -172,7 +173,7 @@ class RecordIdentity:
         if not isinstance(self.job_id, str) or not self.job_id:
             raise ValueError(f"job_id must be a non-empty string, got {self.job_id!r}")
         for name, value in (("generation", self.generation), ("rank", self.rank)):
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**31:
+            if not whole_number(value) or not 0 <= value < 2**31:
                 raise ValueError(f"{name} must be an int in [0, 2**31), got {value!r}")
 
     @property

@@ -10,6 +10,7 @@ import math
 from typing import Any, Final
 
 from scout import reports
+from scout.core.guards import whole_number
 from scout.core.observer import (
     Completion,
     Delegate,
@@ -58,7 +59,7 @@ def _evidence_out(evidence: Evidence | None) -> Any:
 
 
 def _int(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not whole_number(value):
         raise WireError(f"{what} must be an int, got {type(value).__name__}")
     return value
 

@@ -21,6 +21,8 @@ from typing import Any, Final
 
 import attrs
 
+from scout.core.guards import whole_number
+
 __all__ = ["ROUND_BUCKETS_S", "NodeState", "RankProgress", "RankStats", "RoundHistogram"]
 
 #: Upper bounds of the observer round latency histogram: a round ends at its deadline
@@ -161,4 +163,4 @@ def _number(value: Any) -> float:
 
 
 def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+    return value if whole_number(value) else 0

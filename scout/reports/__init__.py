@@ -20,6 +20,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
+from scout.core.guards import whole_number
 from scout.reports.kinds import ReportKind, Source
 
 __all__ = [
@@ -66,7 +67,7 @@ def _int_list(name: str, value: object) -> list[int]:
         raise ReportError(f"report field {name!r} must be a list of ints, got {value!r}")
     out = []
     for item in value:
-        if isinstance(item, bool) or not isinstance(item, int) or item < 0:
+        if not whole_number(item) or item < 0:
             raise ReportError(f"report field {name!r} must hold ints >= 0, got {item!r}")
         out.append(int(item))
     return out
@@ -104,12 +105,11 @@ def make_record(
         raise ReportError(f"report reason {reason!r} must be a stable code matching {_REASON.pattern} (<= 120)")
     if not isinstance(job_id, str) or not job_id:
         raise ReportError(f"report job_id must be a non-empty string, got {job_id!r}")
-    if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
+    if not whole_number(generation) or generation < 0:
         raise ReportError(f"report generation must be an int >= 0, got {generation!r}")
-    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+    if step is not None and (not whole_number(step) or step < 0):
         raise ReportError(f"report step must be an int >= 0 or None, got {step!r}")
-    if reporter_rank is not None and (isinstance(reporter_rank, bool) or not isinstance(reporter_rank, int)
-                                      or reporter_rank < 0):
+    if reporter_rank is not None and (not whole_number(reporter_rank) or reporter_rank < 0):
         raise ReportError(f"report reporter_rank must be an int >= 0 or None, got {reporter_rank!r}")
     host_list = list(hosts)
     if not all(isinstance(host, str) for host in host_list):

@@ -22,6 +22,7 @@ from typing import Any, Final
 
 import attrs
 
+from scout.core.guards import whole_number
 from scout.reports import ReportError, utc_now
 
 __all__ = [
@@ -103,7 +104,7 @@ def make_timing_record(arguments: Mapping[str, Any], *, job_id: str, generation:
     """A ``scout.timing/1`` record: the check's :func:`timing_arguments` and the job's fields."""
     if not isinstance(job_id, str) or not job_id:
         raise ReportError(f"timing record job_id must be a non-empty string, got {job_id!r}")
-    if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
+    if not whole_number(generation) or generation < 0:
         raise ReportError(f"timing record generation must be an int >= 0, got {generation!r}")
     return {"schema": TIMING_SCHEMA, "time": time or utc_now(), "job_id": job_id, "generation": generation,
             "reporter_rank": reporter_rank, **arguments}
@@ -143,7 +144,7 @@ class TimingLog:
     def __init__(self, path: str | os.PathLike[str], *, lines_max: int = TIMING_LINES_MAX,
                  bytes_max: int = TIMING_FILE_BYTES_MAX) -> None:
         for name, value in (("lines_max", lines_max), ("bytes_max", bytes_max)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not whole_number(value) or value < 1:
                 raise ValueError(f"TimingLog.{name} must be an int >= 1, got {value!r}")
         self.path = Path(path)
         self.lines_max = lines_max

@@ -70,6 +70,7 @@ from typing import Any, ClassVar, Final, TypeAlias
 import attrs
 
 from scout.core.finite import finite_number
+from scout.core.guards import whole_number
 
 __all__ = [
     "JOINED_STATES",
@@ -148,12 +149,12 @@ class PendingState(enum.IntEnum):
 
 
 def _sequence_number(_instance: object, attribute: Any, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+    if not whole_number(value) or not 0 <= value < 2**63:
         raise ValueError(f"Completion.{attribute.name} must be an int in [0, 2**63), got {value!r}")
 
 
 def _source_key(_instance: object, _attribute: Any, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 2**64:
+    if not whole_number(value) or not 0 < value < 2**64:
         raise ValueError(f"Completion.source must be an int in [1, 2**64) (0 means no tracking), got {value!r}")
 
 
@@ -328,7 +329,7 @@ def _positive_finite(name: str) -> Any:
 
 def _count(name: str, minimum: int) -> Any:
     def check(_instance: object, _attribute: object, value: object) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        if not whole_number(value) or value < minimum:
             raise ValueError(f"ObserverConfig.{name} must be an int >= {minimum}, got {value!r}")
 
     return check

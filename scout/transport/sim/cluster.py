@@ -30,6 +30,7 @@ from typing import Any
 
 import attrs
 
+from scout.core.guards import whole_number
 from scout.transport.base import DEFAULT_MAX_PAYLOAD_BYTES, Group, TransportStats
 from scout.transport.sim.collectives import Collectives
 from scout.transport.sim.errors import reproduce_line
@@ -135,7 +136,7 @@ class SimCluster:
         pause_gc: bool = True,
         scenario: str | None = None,
     ) -> None:
-        if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
+        if not whole_number(ranks) or ranks < 1:
             raise ValueError(f"ranks must be an int >= 1, got {ranks!r}")
         if max_payload_bytes < 1:
             raise ValueError(f"max_payload_bytes must be >= 1, got {max_payload_bytes}")

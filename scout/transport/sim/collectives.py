@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from scout.core.guards import whole_number
 from scout.transport.base import DeadlineExceeded, GroupError, check_timeout_s
 from scout.transport.codec import decode
 from scout.transport.program import AllGather, Barrier, Broadcast
@@ -103,7 +104,7 @@ class Collectives:
         timeout_s = check_timeout_s(op.timeout_s, "broadcast")
         info = self.groups.member_group(process, op.group, "broadcast")
         root = op.root
-        if isinstance(root, bool) or not isinstance(root, int) or root not in info.positions:
+        if not whole_number(root) or root not in info.positions:
             raise GroupError(
                 f"broadcast: root {root!r} is not a member of group {info.label!r} "
                 f"{describe_ranks(info.ranks)}"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from scout.core.guards import whole_number
 from scout.transport.base import ExchangeResult, GroupError, check_timeout_s
 from scout.transport.program import Exchange
 from scout.transport.sim.groups import GroupTable
@@ -84,7 +85,7 @@ class Messaging:
     def _op_exchange(self, process: Process, op: Exchange) -> Any:
         timeout_s = check_timeout_s(op.timeout_s, "exchange")
         round_id = op.round_id
-        if isinstance(round_id, bool) or not isinstance(round_id, int):
+        if not whole_number(round_id):
             raise TypeError(f"exchange: round_id must be an int, got {round_id!r}")
         info = self.groups.member_group(process, op.group, "exchange")
         data, value, wire_data, wire_value = self.network.outgoing(process, op.payload, "exchange")
@@ -215,10 +216,10 @@ class Messaging:
     def _op_send(self, process: Process, op: Send) -> None:
         dst = op.dst
         size = self.runner.size
-        if isinstance(dst, bool) or not isinstance(dst, int) or not 0 <= dst < size:
+        if not whole_number(dst) or not 0 <= dst < size:
             raise GroupError(f"send: rank {dst!r} is not in the world of {size} ranks")
         tag = op.tag
-        if isinstance(tag, bool) or not isinstance(tag, int):
+        if not whole_number(tag):
             raise TypeError(f"send: tag must be an int, got {tag!r}")
         program = process.name if op.program is None else op.program
         _, _, wire_data, wire_value = self.network.outgoing(process, op.payload, "send")

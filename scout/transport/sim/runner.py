@@ -18,6 +18,7 @@ import math
 from collections.abc import Callable, Generator, Iterable
 from typing import Any
 
+from scout.core.guards import whole_number
 from scout.transport.base import Group, TransportError
 from scout.transport.program import Now, Sleep
 from scout.transport.sim.errors import ProgramFailed, SimulationLimitExceeded
@@ -108,7 +109,7 @@ class ProgramRunner:
     # ---------------------------------------------------------------- programs
 
     def check_rank(self, rank: int, what: str) -> int:
-        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.size:
+        if not whole_number(rank) or not 0 <= rank < self.size:
             raise ValueError(f"{what}: rank {rank!r} is not in the world of {self.size} ranks")
         return rank
 

@@ -20,6 +20,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
+from scout.core.guards import whole_number
 from scout.transport.sim.clock import VirtualClock
 from scout.transport.sim.errors import SimulationLimitExceeded, reproduce_line
 
@@ -60,7 +61,7 @@ class Scheduler:
         max_events: int = DEFAULT_MAX_EVENTS,
         max_virtual_time_s: float = DEFAULT_MAX_VIRTUAL_TIME_S,
     ) -> None:
-        if isinstance(seed, bool) or not isinstance(seed, int):
+        if not whole_number(seed):
             raise TypeError(f"seed must be an int, got {seed!r}")
         if max_events < 1:
             raise ValueError(f"max_events must be >= 1, got {max_events}")
