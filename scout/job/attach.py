@@ -44,7 +44,7 @@ from scout.job.startup import check_directory, checked_on_every_rank
 from scout.observer import instrument
 from scout.observer.progress import launcher_job_id
 from scout.replay.collectives import TorchPeerGroup
-from scout.reports.kinds import SAVE_FAILED, ReportKind, attempt_failure
+from scout.reports.kinds import SAVE_FAILED, FinishedReason, ReportKind, attempt_failure
 
 __all__ = ["CheckpointSaveFailed", "FaultDetected", "Job", "attach"]
 
@@ -86,7 +86,7 @@ class Job:
             self.publisher.mark_exiting()
         if isinstance(error, FaultDetected):
             return
-        reason = "interrupted" if isinstance(error, KeyboardInterrupt) else "exception"
+        reason = FinishedReason.INTERRUPTED if isinstance(error, KeyboardInterrupt) else FinishedReason.EXCEPTION
         with contextlib.suppress(Exception):
             self.pipeline.reporter.record(ReportKind.FINISHED, reason, step=self._step,
                                           evidence={"error": f"{type(error).__name__}: {error}"[:ERROR_CHARS_MAX]})
@@ -290,7 +290,7 @@ class Job:
         self._closed = True
         leaving.unwatch(self)
         if self._started and not self._leaving:
-            self.pipeline.reporter.record(ReportKind.FINISHED, "closed", step=self._step)
+            self.pipeline.reporter.record(ReportKind.FINISHED, FinishedReason.CLOSED, step=self._step)
         instrument.uninstrument()
         with self.parts.idle_loops.awake():
             self.pipeline.close()

@@ -43,7 +43,15 @@ from scout.gate.model import (
 from scout.gate.recorder import GateWriter
 from scout.gate.recovery import Choice, recover
 from scout.gate.results import recipe_verdicts
-from scout.reports.kinds import EXHAUSTED, ReportKind, at_fault_in_every_attempt
+from scout.reports.kinds import (
+    EXHAUSTED,
+    ReportKind,
+    RestartReason,
+    SdcReason,
+    UncheckedReason,
+    at_fault_in_every_attempt,
+    trust_reason,
+)
 from scout.reports.timing import make_timing_record
 
 if TYPE_CHECKING:
@@ -199,7 +207,8 @@ class GateDriver:
             # GATE-31/32: the manifest lost its newest generation; only verified checkpoints
             # were restorable, and the report says why.
             details["fail_closed"] = self.writer.recorder.fail_closed
-        self.reporter.record(ReportKind.RESTART, "restored" if decision.checkpoint is not None else "started",
+        self.reporter.record(ReportKind.RESTART,
+                             RestartReason.RESTORED if decision.checkpoint is not None else RestartReason.STARTED,
                              step=decision.step, evidence=details)
 
     def feed(self, feed: GateFeed) -> None:
@@ -230,7 +239,7 @@ class GateDriver:
         if isinstance(effect, Persist):
             pass  # committed by the writer before apply() returned (GATE-9)
         elif isinstance(effect, TrustChange):
-            self.reporter.record(ReportKind.CHECKPOINT, effect.after.value.lower().replace("_", "-"),
+            self.reporter.record(ReportKind.CHECKPOINT, trust_reason(effect.after),
                                  step=effect.checkpoint.step, evidence={
                                      "checkpoint": str(effect.checkpoint),
                                      "before": None if effect.before is None else effect.before.value,
@@ -242,7 +251,7 @@ class GateDriver:
 
     def _report(self, report: GateReport, feed: GateFeed | None) -> None:
         if report.kind is GateReportKind.UNCHECKED:
-            self.reporter.record(ReportKind.UNCHECKED, "replay-inconclusive", step=report.step, evidence={
+            self.reporter.record(ReportKind.UNCHECKED, UncheckedReason.REPLAY_INCONCLUSIVE, step=report.step, evidence={
                 "cycle": report.cycle, "recipes": list(report.recipes), "groups": list(report.groups),
                 "detail": report.detail})
         elif report.kind is GateReportKind.SDC:
@@ -258,7 +267,7 @@ class GateDriver:
                                                    "counts": list(count.counts), "first_steps": list(count.first_steps)})
             # The gate saw SDC that no check named ranks for: still reported.
             if not findings and self.sdc_counts.observe(",".join(report.recipes), (), report.step).report:
-                self.reporter.record(ReportKind.SDC, "gate-sdc", step=report.step, evidence={
+                self.reporter.record(ReportKind.SDC, SdcReason.GATE_SDC, step=report.step, evidence={
                     "cycle": report.cycle, "recipes": list(report.recipes), "groups": list(report.groups),
                     "detail": report.detail})
         else:

@@ -31,11 +31,11 @@ import attrs
 
 from scout.core.failure import FailureClass
 from scout.core.recipes import RecipeResult
-from scout.core.straggler.tracking import StragglerEvent, straggler_record_arguments
+from scout.core.straggler.tracking import StragglerEvent
 from scout.gate.model import CheckpointId, Recipe
 from scout.job import aggregate
 from scout.job.gate_driver import GateDriver, Reporter, RestoreDecision
-from scout.reports.kinds import ReportKind
+from scout.reports.kinds import ReportKind, RestartReason, straggler_record_arguments
 from scout.transport.program import Op
 
 __all__ = [
@@ -273,7 +273,7 @@ class Pipeline:
         if self.gate is not None:
             self.gate.begin(decision, evidence=evidence)
         else:
-            self.reporter.record(ReportKind.RESTART, "started", step=decision.step,
+            self.reporter.record(ReportKind.RESTART, RestartReason.STARTED, step=decision.step,
                                  evidence={"failure": None, "choice": None, **evidence})
         self.step_begins()
 

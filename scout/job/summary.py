@@ -24,7 +24,7 @@ from scout.gate.manifest import ManifestError
 from scout.gate.model import Trust
 from scout.gate.recorder import inspect_gate_problems
 from scout.job.loop_timing import loop_timing_json, loop_timing_lines
-from scout.reports.kinds import ATTEMPT_STARTS, ReportKind
+from scout.reports.kinds import ATTEMPT_STARTS, ReportKind, RestartReason
 from scout.reports.timing import TIMING_FILE, read_timing
 
 __all__ = ["RunView", "load_run", "summary_json", "summary_text"]
@@ -96,7 +96,7 @@ def start_phrase(reason: str, step: int, choice: str | None, failure: str | None
     """How an attempt began (its ``restart`` record: ``started`` or ``restored``), in the report
     and its picture: a fresh start, or the step, choice and failure of the restore; and the chosen
     checkpoints found without files on the way (spec/recovery.md RECOVERY-7)."""
-    if reason == "started":
+    if reason == RestartReason.STARTED:
         return "fresh start" + (f" ({', '.join(lost)} lost: no files)" if lost else "")
     article = "an" if str(failure)[:1] in "aeiou" else "a"
     gone = f"; {', '.join(lost)} lost: no files" if lost else ""

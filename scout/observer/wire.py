@@ -7,7 +7,7 @@ corrupt datagram can at worst fail to decode) and checked field by field on the 
 from __future__ import annotations
 
 import math
-from typing import Any, Final
+from typing import Any
 
 from scout import reports
 from scout.core.guards import whole_number
@@ -26,6 +26,7 @@ from scout.core.observer import (
     StallKind,
     StallReport,
 )
+from scout.reports.kinds import ObserverReason, ReportKind, observer_kind, observer_reason
 from scout.transport import codec
 
 __all__ = [
@@ -199,19 +200,9 @@ def decode_message(data: bytes, group_size: int) -> Message:
     return message
 
 
-_REASONS: Final = {
-    Finding.DESYNC: "collective-differs",
-    Finding.GROUP_STALL: "same-point-same-collective",
-    Finding.UNRESPONSIVE: "no-answer",
-    Finding.INCONCLUSIVE: "no-majority",
-}
-
-
-def report_kind(report: StallReport) -> str:
-    """The ``kind`` of an observer finding in the report schema."""
-    if report.outcome is Finding.BEHIND:
-        return str(report.kind.value)  # hang, data_stall or checkpoint_stall
-    return str(report.outcome.value)  # desync, group_stall, unresponsive, inconclusive
+def report_kind(report: StallReport) -> ReportKind:
+    """The ``kind`` of an observer finding in the report schema (:func:`scout.reports.kinds.observer_kind`)."""
+    return observer_kind(report.outcome, report.kind)
 
 
 def report_record(
@@ -247,14 +238,9 @@ def report_record(
                 peer["completion"] = _completion_record(item.completion, item.pending_age_s)
             peers.append(peer)
     at_fault = report.missing if report.outcome is Finding.UNRESPONSIVE else report.attributed
-    if report.outcome is Finding.BEHIND:
-        reason = "ahead-of-majority" if set(report.attributed) == set(report.ahead) else "behind-majority"
-    else:
-        reason = _REASONS[report.outcome]
     return reports.make_record(
         report_kind(report),
-        source="observer",
-        reason=reason,
+        reason=observer_reason(report.outcome, report.attributed, report.ahead),
         job_id=job_id,
         generation=generation,
         ranks=ranks(at_fault),
@@ -299,7 +285,7 @@ def failure_record(
 ) -> dict[str, Any]:
     """An ``observer_failure`` record: the observer of ``rank`` cannot do its job."""
     return reports.make_record(
-        "observer_failure", source="observer", reason="observer-failed", job_id=job_id, generation=generation,
+        ReportKind.OBSERVER_FAILURE, reason=ObserverReason.OBSERVER_FAILED, job_id=job_id, generation=generation,
         ranks=[rank], hosts=[host] if host else [], reporter_rank=rank,
         evidence={"detail": reason[:2000], "exit_code": exit_code},
     )

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from scout.core.guards import whole_number
-from scout.reports.kinds import ReportKind, Source
+from scout.reports.kinds import Reason, ReportKind, Source
 
 __all__ = [
     "KINDS",
@@ -101,6 +101,8 @@ def make_record(
     if source is not kind.source:
         raise ReportError(f"report source {source.value!r} does not write kind {kind.value!r}: its source is "
                           f"{kind.source.value!r} (scout.reports.kinds)")
+    if isinstance(reason, Reason):
+        reason = reason.value  # the code itself: a record holds plain JSON values
     if not isinstance(reason, str) or not _REASON.match(reason) or len(reason) > 120:
         raise ReportError(f"report reason {reason!r} must be a stable code matching {_REASON.pattern} (<= 120)")
     if not isinstance(job_id, str) or not job_id:

@@ -24,6 +24,7 @@ import attrs
 
 from scout.core.guards import whole_number
 from scout.reports import ReportError, utc_now
+from scout.reports.kinds import STRAGGLER_KINDS
 
 __all__ = [
     "TIMING_FILE",
@@ -42,8 +43,8 @@ logger = logging.getLogger("scout")
 
 TIMING_SCHEMA: Final = "scout.timing/1"
 TIMING_FILE: Final = "timing.jsonl"
-#: LOOP-6: the kinds of check that write lines (``StragglerKind`` values).
-TIMING_KINDS: Final = ("loop", "forward", "device", "communication")
+#: LOOP-6: the kinds of check that write lines: the kinds of straggler (scout.reports.kinds).
+TIMING_KINDS: Final = STRAGGLER_KINDS
 #: LOOP-6: at most this many lines of each kind per file (100 000 loop checks: a million steps
 #: at the default loop_check_steps of 10), counted across attempts ...
 TIMING_LINES_MAX: Final = 100_000
