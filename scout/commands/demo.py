@@ -101,8 +101,8 @@ def run_job(args: argparse.Namespace) -> int:
         print("scout demo: torchrun is not installed (pip install 'scout-localize[torch]')", file=sys.stderr)
         return 2
     from scout import reports
-    from scout.job.picture import render_picture
-    from scout.job.summary import load_run, summary_text
+    from scout.reports.picture import render_picture
+    from scout.reports.summary import load_run, summary_text
 
     base = args.keep or Path(tempfile.mkdtemp(prefix="scout-demo-"))
     results: list[dict[str, Any]] = []

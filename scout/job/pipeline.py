@@ -1,7 +1,7 @@
 """One check step of a job as a pipeline (docs/design.md §7.4): checks → one exchange →
 aggregate → gate → reports → policy. ``scout.attach``'s ``Job`` drives it on every rank over
 torch.distributed; the simulator drives the same functions with simulated checks
-(``scout.scenarios.pipeline``), as it runs the observer's driver. No torch here.
+(``scout.scenarios.replay_job``), as it runs the observer's driver. No torch here.
 
 Theory of operation. :func:`run_step` is a rank program (``scout.transport.program``): it
 yields transport ops and receives their results, so any binding can run it.

@@ -10,7 +10,7 @@ could not be checked; and each checkpoint the attempt captured, coloured by its 
 labelled with its whole trust history. Below the panels, when ``run_dir/timing.jsonl`` holds loop
 checks (spec/replay.md LOOP-6), a strip of each rank's loop performance ratio over the steps with
 the test's slow ratio marked (for many ranks, only those ever above it and each check's median:
-:func:`scout.job.loop_timing.loop_series`). Attempts get their own panels because a restart resumes
+:func:`scout.reports.loop_timing.loop_series`). Attempts get their own panels because a restart resumes
 at an earlier step: on one step axis a quarantined checkpoint and the verified one that replaced
 it at the same step would overprint. The wall-time strip puts every report at its time, and draws
 each hang from when its rank fell idle to when it was reported, so a 40 s hang has a length.
@@ -30,8 +30,6 @@ import attrs
 
 from scout.core.compat import assert_never
 from scout.core.straggler.tracking import StragglerKind
-from scout.job.loop_timing import LoopSeries, loop_series
-from scout.job.summary import RunView, attempt_numbers, start_phrase
 from scout.reports.kinds import (
     ATTEMPT_STARTS,
     SAVE_FAILED,
@@ -40,6 +38,8 @@ from scout.reports.kinds import (
     ReportKind,
     RestartReason,
 )
+from scout.reports.loop_timing import LoopSeries, loop_series
+from scout.reports.summary import RunView, attempt_numbers, start_phrase
 
 __all__ = ["Attempt", "attempts_of", "render_picture"]
 

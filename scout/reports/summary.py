@@ -5,7 +5,7 @@ It reads ``run_dir/reports.jsonl`` (every finding, ``scout.report/1``), ``run_di
 the final trust of every checkpoint) and gives a summary -- faults by kind, with ranks, hosts,
 steps and reasons; the loop checks' ratios per rank; restarts and what they restored;
 checkpoint trust -- as
-text (:func:`summary_text`) or JSON (:func:`summary_json`). :mod:`scout.job.picture` draws it.
+text (:func:`summary_text`) or JSON (:func:`summary_json`). :mod:`scout.reports.picture` draws it.
 No torch.
 """
 
@@ -23,8 +23,8 @@ from scout.gate.codec import CodecError
 from scout.gate.manifest import ManifestError
 from scout.gate.model import Trust
 from scout.gate.recorder import inspect_gate_problems
-from scout.job.loop_timing import loop_timing_json, loop_timing_lines
 from scout.reports.kinds import ATTEMPT_STARTS, ReportKind, RestartReason
+from scout.reports.loop_timing import loop_timing_json, loop_timing_lines
 from scout.reports.timing import TIMING_FILE, read_timing
 
 __all__ = ["RunView", "load_run", "summary_json", "summary_text"]
