@@ -263,7 +263,17 @@ def encode_manifest(job_id: str, generation: int, payload: Mapping[str, Any]) ->
         body = _canonical_json(document)
     except (TypeError, ValueError) as error:
         raise ValueError(f"manifest payload is not plain JSON (generation {generation}): {error}") from error
-    return _framed(MAGIC, body)
+    data = _framed(MAGIC, body)
+    # What is written is what is read back: the reader's framing and digest accept these bytes (a
+    # change that broke the pair would otherwise surface only as a "damaged" manifest after a
+    # restart). 2.4 ms on a 1.7 MB manifest whose encoding takes 120 ms; parsing the body again
+    # (another 100 ms) is left out.
+    try:
+        read_back = _unframe(data, MAGIC)
+    except _Damaged as error:
+        raise AssertionError(f"a manifest generation does not read back as written: {error}") from None
+    assert read_back == body
+    return data
 
 
 class _Damaged(Exception):
@@ -497,7 +507,11 @@ def log_line(record: Mapping[str, Any]) -> bytes:
     """One checksummed line of the trust log."""
     body = json.dumps(dict(record), sort_keys=True, separators=(",", ":"), ensure_ascii=True,
                       allow_nan=False).encode("ascii")
-    return f"{LOG_MAGIC} sha256={hashlib.sha256(body).hexdigest()} ".encode("ascii") + body + b"\n"
+    line = f"{LOG_MAGIC} sha256={hashlib.sha256(body).hexdigest()} ".encode("ascii") + body + b"\n"
+    # The reader's pattern and checksum accept the line as written (one line: no newline inside).
+    match = _LOG_LINE_RE.match(line[:-1])
+    assert match is not None and match.group(2) == body and line.count(b"\n") == 1, line
+    return line
 
 
 def _parse_log(data: bytes, path: Path, job_id: str | None) -> tuple[list[dict[str, Any]], list[str], int]:

@@ -511,6 +511,10 @@ class ProgressPublisher:
                 buffer = _buffer_of(segment)
                 buffer[: _HEADER.size] = header
                 buffer[0:8] = MAGIC
+                # What was written is what a reader reads back: a valid header naming this process.
+                written = _Header.read(buffer)
+                assert written.valid and (written.owner_pid, written.owner_token, written.rank) == (
+                    pid, self.token, self.identity.rank), written
             except BaseException:
                 segment.close()
                 _unlink_segment(segment)
