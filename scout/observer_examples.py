@@ -39,6 +39,7 @@ from scout.core.observer import (
     Stage,
     assess,
 )
+from scout.reports.kinds import observer_reason
 
 __all__ = ["OBSERVER_EXAMPLES_PATH", "ObserverExample", "actual_observer_line", "load_observer_examples",
            "rewrite_observer_examples"]
@@ -179,7 +180,7 @@ def actual_observer_line(example: ObserverExample) -> str:
         group = next((word for word, key in example.groups if key == found.source), f"{found.source:#x}")
         parts.append(f"blocking={found.blocking} group={group}")
     if found.code:
-        parts.append(f"reason={found.code}")
+        parts.append(f"reason={observer_reason(found.outcome, found.attributed, found.ahead, code=found.code).value}")
     return " ".join(parts)
 
 

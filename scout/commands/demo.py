@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import scout
-from scout.reports.kinds import ReportKind
+from scout.reports.kinds import ReportKind, RestartReason
 from scout.spec_examples import EXAMPLES_PATH, actual_line, load_examples, render_verdict
 
 EXAMPLE = Path(scout.__file__).resolve().parents[1] / "examples" / "train_gpt.py"
@@ -76,7 +76,7 @@ def _localized(name: str, records: list[dict[str, Any]]) -> tuple[bool, str]:
         return ok, f"hang reports: {[(r['ranks'], r['step'], r['reason']) for r in hangs]}"
     if name == "sdc":
         sdc = [r for r in records if r["kind"] == ReportKind.SDC]
-        restored = [r for r in records if r["kind"] == ReportKind.RESTART and r["reason"] == "restored"]
+        restored = [r for r in records if r["kind"] == ReportKind.RESTART and r["reason"] == RestartReason.RESTORED]
         finished = [r for r in records if r["kind"] == ReportKind.FINISHED]
         ok = (len(sdc) == 1 and sdc[0]["ranks"] == [1] and len(restored) == 1
               and restored[0]["evidence"].get("choice") == "verified" and restored[0]["step"] < 57
@@ -101,8 +101,8 @@ def run_job(args: argparse.Namespace) -> int:
         print("scout demo: torchrun is not installed (pip install 'scout-localize[torch]')", file=sys.stderr)
         return 2
     from scout import reports
-    from scout.job.picture import render_picture
-    from scout.job.summary import load_run, summary_text
+    from scout.reports.picture import render_picture
+    from scout.reports.summary import load_run, summary_text
 
     base = args.keep or Path(tempfile.mkdtemp(prefix="scout-demo-"))
     results: list[dict[str, Any]] = []

@@ -29,8 +29,8 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from scout.job.summary import load_run, summary_json, summary_text
     from scout.reports import ReportError
+    from scout.reports.summary import load_run, summary_json, summary_text
 
     try:
         view = load_run(args.run_dir)
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"scout report: --picture {picture} must end in .png or .svg", file=sys.stderr)
             return 2
         try:
-            from scout.job.picture import render_picture
+            from scout.reports.picture import render_picture
         except ImportError as error:
             print(f"scout report: no picture ({error}); install matplotlib (pip install 'scout-localize[report]')",
                   file=sys.stderr)

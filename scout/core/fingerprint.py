@@ -22,6 +22,8 @@ from typing import Final
 
 import attrs
 
+from scout.core.guards import whole_number
+
 __all__ = [
     "FINGERPRINT_NONE",
     "CollectiveCall",
@@ -50,7 +52,7 @@ def _check_dims(value: object) -> tuple[int, ...] | None:
     if not isinstance(value, tuple):
         raise TypeError(f"TensorMeta.shape must be a tuple of ints or None, got {value!r}")
     for dim in value:
-        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 0:
+        if not whole_number(dim) or dim < 0:
             raise ValueError(f"TensorMeta.shape must hold ints >= 0, got {value!r}")
     return value
 
@@ -78,7 +80,7 @@ def _check_group(value: object) -> tuple[int, ...] | None:
     if not isinstance(value, tuple) or not value:
         raise ValueError(f"CollectiveCall.group must be a non-empty tuple of ranks or None, got {value!r}")
     for rank in value:
-        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+        if not whole_number(rank) or rank < 0:
             raise ValueError(f"CollectiveCall.group must hold ranks >= 0, got {value!r}")
     return value
 
@@ -96,7 +98,7 @@ def _check_reduce_op(value: object) -> str | None:
 def _check_root(value: object) -> int | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if not whole_number(value) or value < 0:
         raise ValueError(f"CollectiveCall.root must be a rank >= 0 or None, got {value!r}")
     return value
 
@@ -109,8 +111,7 @@ def _check_detail(value: object) -> tuple[tuple[str, int], ...]:
             not isinstance(item, tuple)
             or len(item) != 2
             or not isinstance(item[0], str)
-            or isinstance(item[1], bool)
-            or not isinstance(item[1], int)
+            or not whole_number(item[1])
         ):
             raise TypeError(f"CollectiveCall.detail must be a tuple of (name, int) pairs, got {value!r}")
         _check_name("CollectiveCall.detail name", item[0])

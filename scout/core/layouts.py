@@ -28,6 +28,8 @@ from typing import Final
 
 import attrs
 
+from scout.core.guards import whole_number
+
 __all__ = [
     "PIPELINE_NAMES",
     "REPLICATE_NAMES",
@@ -53,7 +55,7 @@ class Coverage(enum.Enum):
 
 
 def coverage_of(replicas: int) -> Coverage:
-    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+    if not whole_number(replicas) or replicas < 1:
         raise ValueError(f"a replica group holds at least one rank, got {replicas!r}")
     return Coverage.NAMES if replicas >= 3 else Coverage.DETECTS if replicas == 2 else Coverage.NONE
 
@@ -62,7 +64,7 @@ def _sizes(shape: Sequence[int]) -> tuple[int, ...]:
     sizes = tuple(shape)
     if not sizes:
         raise ValueError("the mesh has no dimensions: give its shape, e.g. (2, 3, 1)")
-    bad = [s for s in sizes if isinstance(s, bool) or not isinstance(s, int) or s < 1]
+    bad = [s for s in sizes if not whole_number(s) or s < 1]
     if bad:
         raise ValueError(f"mesh dimension sizes must be ints >= 1, got shape {sizes}")
     return sizes
@@ -282,7 +284,7 @@ class ParallelLayout:
 def layouts_of(world_size: int) -> Iterator[ParallelLayout]:
     """LAYOUT-6: every ``(pp, dp, tp)`` layout of ``world_size`` ranks, in the order
     ``pp``, ``tp`` ascending (for the documentation's table and its test)."""
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+    if not whole_number(world_size) or world_size < 1:
         raise ValueError(f"a world holds at least one rank, got {world_size!r}")
     for pp in range(1, world_size + 1):
         for tp in range(1, world_size // pp + 1):

@@ -18,6 +18,8 @@ from typing import Any, Final
 
 import attrs
 
+from scout.core.guards import whole_number
+
 __all__ = [
     "CATALOG_SCHEMA",
     "CatalogEnvironmentError",
@@ -52,7 +54,7 @@ def validate_counts(counts: Sequence[int], total_rows: int, experts: int) -> tup
     values = tuple(counts)
     if len(values) != experts:
         raise ValueError(f"{len(values)} per-expert counts for {experts} local experts: {list(values)}")
-    bad = [c for c in values if isinstance(c, bool) or not isinstance(c, int) or c < 0]
+    bad = [c for c in values if not whole_number(c) or c < 0]
     if bad:
         raise ValueError(f"per-expert counts must be ints >= 0, got {list(values)}")
     if sum(values) != total_rows:
@@ -80,9 +82,9 @@ def materialize_rows(available: int, n_exec: int) -> tuple[int, ...]:
     """MOE-2: the ``n_exec`` source-row indices a replay uses out of ``available`` rows:
     the first ``n_exec`` (deterministic truncation) when there are enough, otherwise the rows
     repeated cyclically (``i mod available``). No randomness: every replica computes the same."""
-    if isinstance(n_exec, bool) or not isinstance(n_exec, int) or n_exec < 1:
+    if not whole_number(n_exec) or n_exec < 1:
         raise ValueError(f"n_exec must be an int >= 1, got {n_exec!r}")
-    if isinstance(available, bool) or not isinstance(available, int) or available < 1:
+    if not whole_number(available) or available < 1:
         raise ValueError(f"an expert replay needs at least one source row, got {available!r}")
     return tuple(i % available for i in range(n_exec))
 

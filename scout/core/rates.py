@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from typing import Final
 
+from scout.core.guards import whole_number
+
 __all__ = ["binomial_cdf", "rule_of_three", "upper_bound"]
 
 #: Bisection steps: the bound is found to within 2**-60 of the interval [0, 1].
@@ -21,7 +23,7 @@ _BISECTION_STEPS: Final = 60
 
 def _check(events: int, trials: int) -> None:
     for name, value in (("events", events), ("trials", trials)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        if not whole_number(value) or value < 0:
             raise ValueError(f"{name} must be an int >= 0, got {value!r}")
     if trials == 0:
         raise ValueError("trials must be >= 1: a rate observed in no trial has no bound")

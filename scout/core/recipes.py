@@ -19,6 +19,7 @@ from typing import Final
 
 import attrs
 
+from scout.core.guards import whole_number
 from scout.core.self_check import SelfCheckOutcome, decide_self_check
 from scout.core.verdict import MISSING, Reason, Status, Verdict, classify_exact
 
@@ -81,7 +82,7 @@ class RecipeId:
         if self.recipe_class not in _INDEXED and self.index != 0:
             raise ValueError(f"{self.recipe_class.value} has one recipe; got index {self.index}")
         if self.recipe_class is RecipeClass.EXPERT:
-            if isinstance(self.n_exec, bool) or not isinstance(self.n_exec, int) or self.n_exec < 1:
+            if not whole_number(self.n_exec) or self.n_exec < 1:
                 raise ValueError(f"an expert recipe needs n_exec >= 1 rows, got {self.n_exec!r}")
         elif self.n_exec != 0:
             raise ValueError(f"only expert recipes take n_exec; {self.recipe_class.value} got {self.n_exec}")
@@ -116,12 +117,12 @@ class RecipeId:
 
 
 def _non_negative(_instance: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if not whole_number(value) or value < 0:
         raise ValueError(f"{attribute.name} must be an int >= 0, got {value!r}")
 
 
 def _positive(_instance: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not whole_number(value) or value < 1:
         raise ValueError(f"{attribute.name} must be an int >= 1, got {value!r}")
 
 
@@ -243,7 +244,7 @@ class Schedule:
         ``k``-th check of the class (``k = s // interval_c - 1``) replays recipes
         ``(k * m_c + j) mod n_c`` for ``j < min(m_c, n_c)`` (``m_c`` = 1 but for the experts,
         MOE-10). In class order, and within a class in ``j`` order."""
-        if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+        if not whole_number(step) or step < 1:
             raise ValueError(f"steps are numbered from 1, got {step!r}")
         due: list[DueRecipe] = []
         for recipe_class in self.active_classes():

@@ -19,6 +19,8 @@ from collections.abc import Sequence
 
 import attrs
 
+from scout.core.guards import whole_number
+
 __all__ = ["SdcCount", "SdcReportCounter"]
 
 
@@ -51,7 +53,7 @@ class SdcReportCounter:
         A finding that names no rank is keyed by the recipe alone (rank -1)."""
         if not isinstance(recipe, str) or not recipe:
             raise ValueError(f"an sdc finding needs a recipe id, got {recipe!r}")
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        if not whole_number(step) or step < 0:
             raise ValueError(f"an sdc finding needs a step >= 0, got {step!r}")
         keys = [(int(rank), recipe) for rank in ranks] or [(-1, recipe)]
         if len(set(keys)) != len(keys) or any(rank < -1 for rank, _ in keys):

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 import attrs
 
+from scout.core.guards import whole_number
 from scout.core.verdict import MISSING, MissingType, Status, Verdict, classify_exact
 
 __all__ = ["LiveCheck", "SelfCheckOutcome", "SelfCheckVerdict", "decide_self_check"]
@@ -60,7 +61,7 @@ class SelfCheckVerdict:
 def _code(position: int, value: object) -> LiveCheck | MissingType:
     if value is MISSING:
         return MISSING
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not whole_number(value):
         allowed = ", ".join(f"{c.value} ({c.name})" for c in LiveCheck)
         raise TypeError(f"peer {position}: a self-check code is an int ({allowed}), got {type(value).__name__} "
                         f"{value!r}")

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final, TypeVar
 
 from scout.core.failure import FailureClass
+from scout.core.guards import whole_number
 from scout.core.machine import MachineState
 from scout.gate.model import (
     Artifact,
@@ -191,7 +192,7 @@ def _get(data: Mapping[str, Any], key: str, path: str) -> Any:
 def _int(value: Any, path: str, *, optional: bool = False) -> Any:
     if value is None and optional:
         return None
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not whole_number(value):
         raise CodecError(f"{path}: expected an int, got {value!r}")
     return value
 

@@ -21,6 +21,7 @@ from typing import Any, ClassVar, Final
 import attrs
 
 from scout.core.failure import FailureClass
+from scout.core.guards import whole_number
 
 __all__ = [
     "ABSORBING",
@@ -52,6 +53,7 @@ __all__ = [
     "Trust",
     "TrustChange",
     "is_complete_and_clean",
+    "is_counter",
 ]
 
 
@@ -117,12 +119,13 @@ def _nonempty_name(instance: object, attribute: attrs.Attribute[str], value: str
 STEP_MAX: Final = 10**12 - 1
 
 
-def _is_counter(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= STEP_MAX
+def is_counter(value: object) -> bool:
+    """An int in 0..STEP_MAX: a step, a cycle or a timeline number the gate accepts (GATE-35)."""
+    return whole_number(value) and 0 <= value <= STEP_MAX
 
 
 def _step_value(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if not _is_counter(value):
+    if not is_counter(value):
         raise ValueError(f"{attribute.name} must be an int in 0..{STEP_MAX} (a training step), got {value!r}")
 
 
@@ -229,7 +232,7 @@ class GroupVerdict:
                 f"{self.outcome!r}"
             )
         if not isinstance(self.outliers, tuple) or not all(
-            isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in self.outliers
+            whole_number(p) and p >= 0 for p in self.outliers
         ):
             raise TypeError(f"group {self.group!r}: outliers must be a tuple of peer positions (ints >= 0), "
                             f"got {self.outliers!r}")
@@ -276,7 +279,7 @@ class RecipeVerdicts:
         if not isinstance(self.recipe, str) or not self.recipe:
             raise TypeError(f"RecipeVerdicts.recipe must be a non-empty str (a recipe id), got {self.recipe!r}")
         for name in ("cycle", "step"):
-            if not _is_counter(getattr(self, name)):
+            if not is_counter(getattr(self, name)):
                 raise ValueError(f"result for recipe {self.recipe!r}: {name} must be an int in 0..{STEP_MAX}, "
                                  f"got {getattr(self, name)!r}")
         for verdict in self.verdicts:

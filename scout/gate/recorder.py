@@ -5,7 +5,9 @@ One rank of the job is the gate's writer (:class:`GateRecorder`). It steps the g
 job-wide results and, whenever a step emits :class:`~scout.gate.model.Persist`, commits the new
 state plus the complete trust-transition log as the next manifest generation, and appends the
 step's trust transitions to the trust log, *before* it lets any other effect of that step (a
-report, a restore) act (GATE-9). Every other rank reads the manifest (:func:`read_gate`) to learn
+report, a restore) act (GATE-9). No other rank of the job reads the manifest: the writer decides
+a restore and ``scout.attach`` broadcasts the decision. Outside the job, the ops sidecar and page
+and ``scout report`` read it (:func:`inspect_gate`, :func:`inspect_gate_problems`) to learn
 which checkpoints are verified or quarantined.
 
 Reading folds every surviving record (:mod:`scout.gate.fold`): a quarantine any of them holds

@@ -34,6 +34,7 @@ from scout.gate.model import (
     Restart,
     Trust,
     TrustChange,
+    is_counter,
 )
 
 __all__ = ["GateInputError", "check_event", "gate_effects", "gate_machine", "initial_state", "step"]
@@ -55,10 +56,6 @@ def initial_state(config: GateConfig) -> GateMachineState:
     return gate_machine().initial_state(GateContext(config))
 
 
-def _is_step(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= STEP_MAX
-
-
 def _check_result(state: GateMachineState, event: RecipeVerdicts) -> None:
     context = state.context
     config = context.config
@@ -67,7 +64,7 @@ def _check_result(state: GateMachineState, event: RecipeVerdicts) -> None:
             f"unknown recipe id {event.recipe!r}: the catalog of job {config.job_id!r} is "
             f"{list(config.recipe_ids)}; check the scheduler's catalog against the gate's"
         )
-    if not _is_step(event.step) or not _is_step(event.cycle):
+    if not is_counter(event.step) or not is_counter(event.cycle):
         raise GateInputError(f"result for recipe {event.recipe!r}: step {event.step!r} and cycle {event.cycle!r} "
                              f"must be ints in 0..{STEP_MAX} (GATE-35)")
     if context.cycle_start_step is None:
@@ -109,7 +106,7 @@ def _check_result(state: GateMachineState, event: RecipeVerdicts) -> None:
 
 def _check_capture(state: GateMachineState, event: CheckpointCaptured) -> None:
     context = state.context
-    if not _is_step(event.step):
+    if not is_counter(event.step):
         raise GateInputError(f"capture step must be an int in 0..{STEP_MAX}, got {event.step!r} (GATE-35)")
     if context.last_capture_step is not None and event.step == context.last_capture_step:
         raise GateInputError(
@@ -130,7 +127,7 @@ def _check_capture(state: GateMachineState, event: CheckpointCaptured) -> None:
 
 def _check_boundary(state: GateMachineState, event: CycleBoundary) -> None:
     context = state.context
-    if not _is_step(event.step):
+    if not is_counter(event.step):
         raise GateInputError(f"boundary step must be an int in 0..{STEP_MAX}, got {event.step!r} (GATE-35)")
     if event.step < context.last_step:
         raise GateInputError(
@@ -157,7 +154,7 @@ def _check_restart(state: GateMachineState, event: Restart) -> None:
                 "restart from it, or start a new job id to begin afresh"
             )
         return
-    if not _is_step(event.step):
+    if not is_counter(event.step):
         raise GateInputError(f"restart step must be an int in 0..{STEP_MAX} or None, got {event.step!r} (GATE-35)")
     matches = [entry for entry in context.checkpoints if entry.id.step == event.step]
     usable = [entry for entry in matches if entry.trust in RESTORABLE]

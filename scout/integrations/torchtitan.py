@@ -34,6 +34,7 @@ from typing import Any
 
 import attrs
 
+from scout.core.guards import whole_number
 from scout.replay.mesh import replica_groups
 
 __all__ = ["ScoutSettings", "TitanDegrees", "attach_to_titan", "replica_partitions", "with_scout"]
@@ -67,7 +68,7 @@ class TitanDegrees:
     def __attrs_post_init__(self) -> None:
         for field in attrs.fields(TitanDegrees):
             value = getattr(self, field.name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not whole_number(value) or value < 1:
                 raise ValueError(f"parallel degree {field.name} must be an int >= 1, got {value!r}")
         if (self.dp_shard * self.cp * self.tp) % self.ep:
             raise ValueError(f"ep={self.ep} must divide dp_shard*cp*tp={self.dp_shard * self.cp * self.tp} "

@@ -27,7 +27,7 @@ import attrs
 
 from scout.core.recipes import EvidenceKind, RecipeId, RecipeResult
 from scout.core.verdict import Status
-from scout.reports.kinds import ReportKind
+from scout.reports.kinds import ReportKind, SdcReason
 from scout.transport.program import AllGather
 
 if TYPE_CHECKING:
@@ -58,7 +58,8 @@ def finding_reason(result: RecipeResult) -> str:
     """The reason code of an attributed result's ``sdc`` report: ``live-mismatch`` when only
     the live path's self-check named its ranks (SELF-4: a transient fault of the live call),
     ``replay-mismatch`` when a replay's evidence did."""
-    return "live-mismatch" if tuple(result.sources) == (EvidenceKind.LIVE.value,) else "replay-mismatch"
+    live_only = tuple(result.sources) == (EvidenceKind.LIVE.value,)
+    return SdcReason.LIVE_MISMATCH if live_only else SdcReason.REPLAY_MISMATCH
 
 
 def _plain(output: CheckOutput) -> PlainOutput:

@@ -48,7 +48,7 @@ from scout.observer.progress import launcher_job_id
 from scout.replay.collectives import TorchPeerGroup
 from scout.reports import guard
 from scout.reports.guard import Part
-from scout.reports.kinds import SAVE_FAILED, ReportKind, attempt_failure
+from scout.reports.kinds import SAVE_FAILED, FinishedReason, ReportKind, attempt_failure
 
 __all__ = ["CheckpointSaveFailed", "FaultDetected", "Job", "attach"]
 
@@ -107,7 +107,7 @@ class Job:
             self.publisher.mark_exiting()
         if isinstance(error, FaultDetected):
             return
-        reason = "interrupted" if isinstance(error, KeyboardInterrupt) else "exception"
+        reason = FinishedReason.INTERRUPTED if isinstance(error, KeyboardInterrupt) else FinishedReason.EXCEPTION
         with contextlib.suppress(Exception):
             self.pipeline.reporter.record(ReportKind.FINISHED, reason, step=self._step,
                                           evidence={"error": f"{type(error).__name__}: {error}"[:ERROR_CHARS_MAX],
@@ -401,7 +401,7 @@ class Job:
         leaving.unwatch(self)
         with _logged("the finished report"):
             if self._started and not self._leaving:
-                self.pipeline.reporter.record(ReportKind.FINISHED, "closed", step=self._step,
+                self.pipeline.reporter.record(ReportKind.FINISHED, FinishedReason.CLOSED, step=self._step,
                                               evidence=self._parts_off() or None)
         with _logged("removing the instrumentation"):
             instrument.uninstrument()

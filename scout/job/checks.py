@@ -35,7 +35,7 @@ from scout.replay.runner import ReplayRunner, StepReport
 from scout.replay.stragglers import StragglerKind
 from scout.reports import guard
 from scout.reports.guard import Part
-from scout.reports.kinds import ReportKind
+from scout.reports.kinds import ReportKind, SdcReason
 from scout.reports.timing import timing_arguments
 
 __all__ = ["CanaryCheck", "Cycle", "LoopStragglerCheck", "ReplayCheck", "build_checks", "expert_cadence",
@@ -260,7 +260,8 @@ class CanaryCheck(_NoOps):
         results = CanaryMonitor.gate_results(decision, step, self.layout.groups)
         findings: tuple[Finding, ...] = ()
         if decision.ranks:
-            reason = "canary-common-mode" if decision.outcome is CanaryOutcome.COMMON_MODE else "canary-changed"
+            reason = (SdcReason.CANARY_COMMON_MODE if decision.outcome is CanaryOutcome.COMMON_MODE
+                      else SdcReason.CANARY_CHANGED)
             findings = (Finding(ReportKind.SDC, reason, tuple(decision.ranks), step, {
                 "recipe": str(CANARY_RECIPE), "outcome": decision.outcome.value, "classes": list(decision.classes),
                 "detail": decision.reason}),)

@@ -24,6 +24,7 @@ from typing import Any, Final
 import attrs
 
 from scout.core.finite import finite_number
+from scout.core.guards import whole_number
 from scout.core.observer.model import (
     CHECKPOINT_STALL_THRESHOLD_S_DEFAULT,
     DATA_STALL_THRESHOLD_S_DEFAULT,
@@ -75,7 +76,7 @@ def _positive_s(name: str, maximum: float = 7 * 86400.0) -> Any:
 
 def _count(name: str, minimum: int, maximum: int) -> Any:
     def check(_instance: object, _attribute: object, value: object) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        if not whole_number(value) or not minimum <= value <= maximum:
             raise ConfigError(f"{name} must be an int in [{minimum}, {maximum}], got {value!r}")
 
     return check
@@ -99,7 +100,7 @@ def _flag(name: str) -> Any:
 
 def _optional_port(name: str) -> Any:
     def check(_instance: object, _attribute: object, value: object) -> None:
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535):
+        if value is not None and (not whole_number(value) or not 0 <= value <= 65535):
             raise ConfigError(f"{name} must be a TCP port in [0, 65535] (0: any free port), or unset; got {value!r}")
 
     return check

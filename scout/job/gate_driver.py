@@ -46,7 +46,15 @@ from scout.gate.recorder import GateWriter
 from scout.gate.recovery import Choice, recover
 from scout.gate.results import recipe_verdicts
 from scout.job.framework_marks import mark_framework_checkpoint
-from scout.reports.kinds import EXHAUSTED, ReportKind, at_fault_in_every_attempt
+from scout.reports.kinds import (
+    EXHAUSTED,
+    ReportKind,
+    RestartReason,
+    SdcReason,
+    UncheckedReason,
+    at_fault_in_every_attempt,
+    trust_reason,
+)
 from scout.reports.timing import make_timing_record
 
 if TYPE_CHECKING:
@@ -204,7 +212,8 @@ class GateDriver:
             # GATE-31/32: the manifest lost its newest generation; only verified checkpoints
             # were restorable, and the report says why.
             details["fail_closed"] = self.writer.recorder.fail_closed
-        self.reporter.record(ReportKind.RESTART, "restored" if decision.checkpoint is not None else "started",
+        self.reporter.record(ReportKind.RESTART,
+                             RestartReason.RESTORED if decision.checkpoint is not None else RestartReason.STARTED,
                              step=decision.step, evidence=details)
 
     def feed(self, feed: GateFeed) -> None:
@@ -237,7 +246,7 @@ class GateDriver:
         elif isinstance(effect, TrustChange):
             entry = self.writer.state.context.entry(effect.checkpoint)
             artifact = None if entry is None else entry.artifact
-            self.reporter.record(ReportKind.CHECKPOINT, effect.after.value.lower().replace("_", "-"),
+            self.reporter.record(ReportKind.CHECKPOINT, trust_reason(effect.after),
                                  step=effect.checkpoint.step, evidence={
                                      "checkpoint": str(effect.checkpoint),
                                      "before": None if effect.before is None else effect.before.value,
@@ -261,7 +270,8 @@ class GateDriver:
 
     def _report(self, report: GateReport, feed: GateFeed | None) -> None:
         if report.kind is GateReportKind.UNCHECKED:
-            reason = "replay-detect-only" if self._detect_only(report, feed) else "replay-inconclusive"
+            reason = (UncheckedReason.REPLAY_DETECT_ONLY if self._detect_only(report, feed)
+                      else UncheckedReason.REPLAY_INCONCLUSIVE)
             self.reporter.record(ReportKind.UNCHECKED, reason, step=report.step, evidence={
                 "cycle": report.cycle, "recipes": list(report.recipes), "groups": list(report.groups),
                 "detail": report.detail})
@@ -278,7 +288,7 @@ class GateDriver:
                                                    "counts": list(count.counts), "first_steps": list(count.first_steps)})
             # The gate saw SDC that no check named ranks for: still reported.
             if not findings and self.sdc_counts.observe(",".join(report.recipes), (), report.step).report:
-                self.reporter.record(ReportKind.SDC, "gate-sdc", step=report.step, evidence={
+                self.reporter.record(ReportKind.SDC, SdcReason.GATE_SDC, step=report.step, evidence={
                     "cycle": report.cycle, "recipes": list(report.recipes), "groups": list(report.groups),
                     "detail": report.detail})
         else:

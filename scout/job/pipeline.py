@@ -1,7 +1,7 @@
 """One check step of a job as a pipeline (docs/design.md §7.4): checks → one exchange →
 aggregate → gate → reports → policy. ``scout.attach``'s ``Job`` drives it on every rank over
 torch.distributed; the simulator drives the same functions with simulated checks
-(``scout.scenarios.pipeline``), as it runs the observer's driver. No torch here.
+(``scout.scenarios.replay_job``), as it runs the observer's driver. No torch here.
 
 Theory of operation. :func:`run_step` is a rank program (``scout.transport.program``): it
 yields transport ops and receives their results, so any binding can run it.
@@ -38,13 +38,13 @@ import attrs
 from scout.core.failure import FailureClass
 from scout.core.recipes import RecipeResult
 from scout.core.sdc_reports import SdcReportCounter
-from scout.core.straggler.tracking import StragglerEvent, straggler_record_arguments
+from scout.core.straggler.tracking import StragglerEvent
 from scout.gate.model import Artifact, CheckpointId, Recipe
 from scout.job import aggregate
 from scout.job.gate_driver import GateDriver, Reporter, RestoreDecision
 from scout.reports import guard
 from scout.reports.guard import Boundary, Part
-from scout.reports.kinds import ReportKind
+from scout.reports.kinds import ReportKind, RestartReason, straggler_record_arguments
 from scout.transport.program import Op
 
 __all__ = [
@@ -334,7 +334,7 @@ class Pipeline:
         if self.gate is not None:
             self.gate.begin(decision, evidence=evidence)
         else:
-            self.reporter.record(ReportKind.RESTART, "started", step=decision.step,
+            self.reporter.record(ReportKind.RESTART, RestartReason.STARTED, step=decision.step,
                                  evidence={"failure": None, "choice": None, **evidence})
         self.step_begins()
 

@@ -17,7 +17,7 @@ from typing import Any, Final
 
 from scout import reports
 from scout.core.io_errors import name_write_error
-from scout.reports.kinds import ReportKind
+from scout.reports.kinds import CheckpointReason, ReportKind
 from scout.reports.timing import TIMING_FILE, TimingLog
 
 __all__ = ["ADOPT_VARIABLE", "EXCLUDE_HOSTS_FILE", "GATE_DIR", "JOB_FILE", "RunDir", "bind", "bound_jobs",
@@ -105,7 +105,7 @@ class RunDir:
             reports.append_record(self.reports_path, record)
         except OSError as error:
             logger.warning("scout: could not append to %s: %s", self.reports_path, error)
-        if ReportKind(record["kind"]).warns or record["reason"] == "quarantined":
+        if ReportKind(record["kind"]).warns or record["reason"] == CheckpointReason.QUARANTINED:
             logger.warning("%s", reports.record_line(record))
 
     def exclude_hosts(self, hosts: Sequence[str]) -> None:

@@ -22,6 +22,7 @@ from typing import Any, Final
 import attrs
 
 from scout.core.fingerprint import CollectiveCall, TensorMeta, fingerprint
+from scout.core.guards import whole_number
 from scout.core.observer import PendingState
 
 __all__ = ["FORMAT_MAJOR", "TraceCoordinate", "TraceError", "coordinate_from_trace", "entry_fingerprint"]
@@ -76,7 +77,7 @@ def entry_fingerprint(entry: Mapping[str, Any], group_ranks: tuple[int, ...] | N
 
 
 def _int(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not whole_number(value):
         raise TraceError(f"{what} must be an int, got {value!r}")
     return value
 

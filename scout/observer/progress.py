@@ -66,6 +66,7 @@ from typing import Any, Final
 
 import attrs
 
+from scout.core.guards import whole_number
 from scout.core.observer import (
     COMPLETION_GROUPS_MAX,
     Completion,
@@ -192,7 +193,7 @@ class RecordIdentity:
         if not isinstance(self.job_id, str) or not self.job_id:
             raise ValueError(f"job_id must be a non-empty string, got {self.job_id!r}")
         for name, value in (("generation", self.generation), ("rank", self.rank)):
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**31:
+            if not whole_number(value) or not 0 <= value < 2**31:
                 raise ValueError(f"{name} must be an int in [0, 2**31), got {value!r}")
 
     @property
@@ -553,6 +554,10 @@ class ProgressPublisher:
                 buffer = _buffer_of(segment)
                 buffer[: _HEADER.size] = header
                 buffer[0:8] = MAGIC
+                # What was written is what a reader reads back: a valid header naming this process.
+                written = _Header.read(buffer)
+                assert written.valid and (written.owner_pid, written.owner_token, written.rank) == (
+                    pid, self.token, self.identity.rank), written
             except BaseException:
                 segment.close()
                 _unlink_segment(segment)

@@ -10,12 +10,14 @@ import math
 from typing import Any, Final
 
 from scout import reports
+from scout.core.guards import whole_number
 from scout.core.observer import (
     COMPLETION_GROUPS_MAX,
     Completion,
     Delegate,
     Evidence,
     Finding,
+    FindingCode,
     HostContract,
     Message,
     PendingState,
@@ -27,7 +29,7 @@ from scout.core.observer import (
     StallKind,
     StallReport,
 )
-from scout.core.observer.machine import HOST_PROGRESS_ONLY, WAITING_ELSEWHERE
+from scout.reports.kinds import ObserverReason, ReportKind, observer_kind, observer_reason
 from scout.transport import codec
 
 __all__ = [
@@ -65,7 +67,7 @@ def _evidence_out(evidence: Evidence | None) -> Any:
 
 
 def _int(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not whole_number(value):
         raise WireError(f"{what} must be an int, got {type(value).__name__}")
     return value
 
@@ -138,7 +140,7 @@ def _report_out(report: StallReport) -> Any:
         (report.round.initiator, report.round.number), report.decided_by, report.reporter,
         report.attributed, report.ahead, report.missing,
         tuple(_evidence_out(e) for e in report.evidence), report.idle_s, report.reason, report.blocking,
-        report.source, report.code,
+        report.source, int(report.code),
     )
 
 
@@ -158,8 +160,10 @@ def _report_in(value: Any) -> StallReport:
     round_value = _ints(round_, "round")
     if len(key_value) != 2 or len(round_value) != 2 or not isinstance(evidence, tuple) or not isinstance(reason, str):
         raise WireError("malformed delegated report")
-    if not isinstance(code, str) or code not in _CODES:
-        raise WireError(f"unknown reason code {code!r} in a delegated report")
+    try:
+        code_value = FindingCode(_int(code, "code"))
+    except ValueError:
+        raise WireError(f"unknown finding code {code!r} in a delegated report") from None
     source_value = _int(source, "source")
     if not 0 <= source_value < 2**64:
         raise WireError(f"source {source_value} outside [0, 2**64)")
@@ -167,7 +171,7 @@ def _report_in(value: Any) -> StallReport:
         kind_value, outcome_value, scope_value, (key_value[0], key_value[1]), RoundId(*round_value),
         _int(decided_by, "decided_by"), _int(reporter, "reporter"), _ints(attributed, "attributed"),
         _ints(ahead, "ahead"), _ints(missing, "missing"), tuple(_evidence_in(e) for e in evidence),
-        _float(idle_s, "idle_s"), reason[:500], _count(blocking, "blocking"), source_value, code,
+        _float(idle_s, "idle_s"), reason[:500], _count(blocking, "blocking"), source_value, code_value,
     )
 
 
@@ -227,23 +231,9 @@ def decode_message(data: bytes, group_size: int) -> Message:
     return message
 
 
-#: LAYOUT-4: the reason of an inconclusive finding in a group of two (a layout that only detects).
-DETECT_ONLY: Final = "detect-only"
-#: COMPLETION-9, COMPLETION-10: reason codes a finding may carry instead of its usual one.
-_CODES: Final = frozenset({"", HOST_PROGRESS_ONLY, WAITING_ELSEWHERE})
-_REASONS: Final = {
-    Finding.DESYNC: "collective-differs",
-    Finding.GROUP_STALL: "same-point-same-collective",
-    Finding.UNRESPONSIVE: "no-answer",
-    Finding.INCONCLUSIVE: "no-majority",
-}
-
-
-def report_kind(report: StallReport) -> str:
-    """The ``kind`` of an observer finding in the report schema."""
-    if report.outcome is Finding.BEHIND:
-        return str(report.kind.value)  # hang, data_stall or checkpoint_stall
-    return str(report.outcome.value)  # desync, group_stall, unresponsive, inconclusive
+def report_kind(report: StallReport) -> ReportKind:
+    """The ``kind`` of an observer finding in the report schema (:func:`scout.reports.kinds.observer_kind`)."""
+    return observer_kind(report.outcome, report.kind)
 
 
 def report_record(
@@ -283,18 +273,9 @@ def report_record(
                 peer["completion"] = _completion_record(own, item.age_of(own.source))
             peers.append(peer)
     at_fault = report.missing if report.outcome is Finding.UNRESPONSIVE else report.attributed
-    if report.code:
-        reason = report.code
-    elif report.outcome is Finding.BEHIND:
-        reason = "ahead-of-majority" if set(report.attributed) == set(report.ahead) else "behind-majority"
-    elif report.outcome is Finding.INCONCLUSIVE and size == 2:
-        reason = DETECT_ONLY  # LAYOUT-4: two replicas can show a stall, never outvote each other
-    else:
-        reason = _REASONS[report.outcome]
     return reports.make_record(
         report_kind(report),
-        source="observer",
-        reason=reason,
+        reason=observer_reason(report.outcome, report.attributed, report.ahead, code=report.code, group_size=size),
         job_id=job_id,
         generation=generation,
         ranks=ranks(at_fault),
@@ -340,7 +321,7 @@ def failure_record(
 ) -> dict[str, Any]:
     """An ``observer_failure`` record: the observer of ``rank`` cannot do its job."""
     return reports.make_record(
-        "observer_failure", source="observer", reason="observer-failed", job_id=job_id, generation=generation,
+        ReportKind.OBSERVER_FAILURE, reason=ObserverReason.OBSERVER_FAILED, job_id=job_id, generation=generation,
         ranks=[rank], hosts=[host] if host else [], reporter_rank=rank,
         evidence={"detail": reason[:2000], "exit_code": exit_code},
     )

@@ -66,15 +66,16 @@ def _node_key(host: str) -> str:
 
 
 def _straggler_values(rank: int, trackers: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """This rank's ratio and confirmation score in each straggler tracker that holds it."""
+    """This rank's performance ratio (the median of its trail) and confirmation score in each
+    straggler tracker that holds it."""
     out: dict[str, dict[str, Any]] = {}
     for kind, tracker in trackers.items():
         ranks = tuple(getattr(tracker, "ranks", ()))
         if tracker is None or rank not in ranks:
             continue
         position = ranks.index(rank)
-        ratio = tracker.performance_ratios()[position]
-        out[kind] = {"ratio": ratio, "score": int(tracker.state.scores[position]),
+        out[kind] = {"performance_ratio": tracker.performance_ratios()[position],
+                     "score": int(tracker.state.scores[position]),
                      "confirmed": position in tracker.confirmed}
     return out
 

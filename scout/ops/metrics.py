@@ -109,8 +109,8 @@ class NodeCollector(Collector):
                                   labels=["rank", "kind"])
         for rank, stats in sorted(state.stats.items()):
             for kind, values in sorted(stats.stragglers.items()):
-                if _finite(values.get("ratio")):
-                    ratio.add_metric([str(rank), kind], float(values["ratio"]))
+                if _finite(values.get("performance_ratio")):
+                    ratio.add_metric([str(rank), kind], float(values["performance_ratio"]))
                 if _finite(values.get("score")):
                     score.add_metric([str(rank), kind], float(values["score"]))
         yield ratio

@@ -21,13 +21,15 @@ from typing import Any, Final
 
 import attrs
 
+from scout.core.guards import whole_number
+from scout.reports.kinds import STRAGGLER_KINDS, ReportKind, RestartReason, StragglerReason
+
 __all__ = ["ROUND_BUCKETS_S", "NodeState", "RankProgress", "RankStats", "RoundHistogram"]
 
 #: Upper bounds of the observer round latency histogram: a round ends at its deadline
 #: (``round_deadline_s``, 1 s by default) or when every peer answered (milliseconds on a LAN).
 ROUND_BUCKETS_S: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 #: Straggler kinds (spec/replay.md STRAG-21).
-STRAGGLER_KINDS: Final = ("device", "communication", "loop", "forward")
 
 
 @attrs.define
@@ -47,7 +49,7 @@ class RankStats:
     step: int = 0
     wall_s: float = 0.0  # wall time since the rank's first step
     replay_s: float = 0.0  # of which in replay (scout's checks)
-    stragglers: dict[str, dict[str, Any]] = attrs.Factory(dict)  # kind -> {ratio, score}
+    stragglers: dict[str, dict[str, Any]] = attrs.Factory(dict)  # kind -> {performance_ratio, score, confirmed}
 
     @property
     def replay_cost_ratio(self) -> float | None:
@@ -122,12 +124,14 @@ class NodeState:
         for rank in record.get("ranks") or []:
             host = hosts[0] if len(hosts) == 1 else ""
             self.rank_faults[(int(rank), host, kind)] += 1
-        if kind == "restart" and reason != "started":
+        if kind == ReportKind.RESTART and reason != RestartReason.STARTED:
             self.restarts[reason] += 1
-        if kind == "straggler":
+        if kind == ReportKind.STRAGGLER:
             evidence = record.get("evidence") or {}
-            flavour = str(evidence.get("straggler") or reason.removeprefix("recovered-").removesuffix("-slow"))
-            confirmed = evidence.get("change", "recovered" if reason.startswith("recovered") else "confirmed")
+            parsed = StragglerReason.parse(reason)
+            flavour = str(evidence.get("straggler") or (parsed.straggler if parsed is not None else reason))
+            recovered = parsed is not None and parsed.change == "recovered"
+            confirmed = evidence.get("change", "recovered" if recovered else "confirmed")
             for rank in record.get("ranks") or []:
                 self.straggler_confirmed[(int(rank), flavour)] = confirmed == "confirmed"
         return True
@@ -161,4 +165,4 @@ def _number(value: Any) -> float:
 
 
 def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+    return value if whole_number(value) else 0

@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from scout.core.guards import whole_number
+
 __all__ = [
     "BLOCK_WORDS",
     "BLOCKS_PER_PROGRAM",
@@ -234,7 +236,7 @@ def compile_ahead(
     """SIG-14: the kernel compiled for an NVIDIA GPU of compute ``capability`` (80: A100, 90:
     H100/H200, 100: B200), no GPU needed: Triton's compiler and the ptxas its wheel ships.
     Returns Triton's compiled kernel (``.asm["ptx"]``, ``.asm["cubin"]``, ``.metadata``)."""
-    if isinstance(capability, bool) or not isinstance(capability, int) or capability < 1:
+    if not whole_number(capability) or capability < 1:
         raise ValueError(f"compile_ahead: capability must be an int such as 80 or 90, got {capability!r}")
     if _interpreting():
         raise RuntimeError("compile_ahead: TRITON_INTERPRET=1 is set; the interpreter compiles nothing")

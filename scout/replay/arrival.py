@@ -59,6 +59,7 @@ from typing import Final
 
 import attrs
 
+from scout.core.guards import whole_number
 from scout.core.straggler import DEFAULT_SEQUENTIAL_CONFIG, SequentialConfig, check_evidence
 from scout.core.verdict import (
     MISSING,
@@ -162,7 +163,7 @@ class LoopConfig:
             ("trail_checks", 1),
         ):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            if not whole_number(value) or value < least:
                 raise ValueError(f"LoopConfig.{name} must be an int >= {least}, got {value!r}")
         if not isinstance(self.timing, TimingConfig):
             raise TypeError(f"LoopConfig.timing must be a TimingConfig, got {self.timing!r}")

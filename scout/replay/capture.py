@@ -40,6 +40,7 @@ import attrs
 import torch
 from torch import nn
 
+from scout.core.guards import whole_number
 from scout.core.recipes import RecipeId, ReplayStatus
 from scout.core.self_check import LiveCheck
 from scout.replay.rng import RngState, capture_rng_state
@@ -159,7 +160,7 @@ class ModuleCapture:
     ) -> None:
         if max_capture_bytes < 0:
             raise ValueError(f"max_capture_bytes must be >= 0, got {max_capture_bytes}")
-        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
+        if not whole_number(rows) or rows < 0:
             raise ValueError(f"rows must be an int >= 0 (0: the whole batch), got {rows!r}")
         self.max_capture_bytes = max_capture_bytes
         self.rows = rows

@@ -42,6 +42,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.hooks import RemovableHandle
 
+from scout.core.guards import whole_number
 from scout.replay.collectives import EntryHookHandle, OwnWallClock, RunQueueDelay
 
 __all__ = [
@@ -153,9 +154,9 @@ class LiveFault:
 
     def __init__(self, module: nn.Module, *, bit: int = 12, element: int = 0, row: int | None = None,
                  calls: int | None = None) -> None:
-        if calls is not None and (isinstance(calls, bool) or not isinstance(calls, int) or calls < 1):
+        if calls is not None and (not whole_number(calls) or calls < 1):
             raise ValueError(f"calls must be an int >= 1 or None (every call), got {calls!r}")
-        if row is not None and (isinstance(row, bool) or not isinstance(row, int) or row < 0):
+        if row is not None and (not whole_number(row) or row < 0):
             raise ValueError(f"row must be an int >= 0 or None (one element), got {row!r}")
         self.bit, self.element, self.row, self.calls = bit, element, row, calls
         self.struck = 0

@@ -26,6 +26,7 @@ from typing import Any
 
 import attrs
 
+from scout.core.guards import whole_number
 from scout.core.layouts import ParallelLayout
 
 __all__ = ["MeshLayout", "layout_of_mesh", "mesh_layout", "peer_ranks", "replica_groups"]
@@ -48,7 +49,7 @@ def _validated(
     if not shape_t:
         raise ValueError("the mesh has no dimensions: give its shape, e.g. (2, 2)")
     bad_sizes = [
-        s for s in shape_t if not (isinstance(s, int) and not isinstance(s, bool) and s >= 1)
+        s for s in shape_t if not (whole_number(s) and s >= 1)
     ]
     if bad_sizes:
         raise ValueError(f"mesh dimension sizes must be ints >= 1, got shape {shape_t}")

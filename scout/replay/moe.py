@@ -34,6 +34,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from scout.core.guards import whole_number
 from scout.core.moe import balanced_traffic, expert_rows, materialize_rows, validate_counts
 from scout.core.recipes import (
     Catalog,
@@ -180,7 +181,7 @@ class ExpertReplayConfig:
     def __attrs_post_init__(self) -> None:
         if self.expert_steps < 0 or self.source_position < 0 or self.max_capture_bytes < 0:
             raise ValueError(f"expert replay settings must be >= 0: {self}")
-        if isinstance(self.expert_recipes_per_check, bool) or not isinstance(self.expert_recipes_per_check, int) \
+        if not whole_number(self.expert_recipes_per_check) \
                 or self.expert_recipes_per_check < 1:
             raise ValueError(f"expert_recipes_per_check must be an int >= 1, got {self.expert_recipes_per_check!r}")
         self.replay_config()  # the shared settings are checked where the dense replay checks them

@@ -38,6 +38,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from scout.core.compat import assert_never
+from scout.core.guards import whole_number
 from scout.core.recipes import (
     Catalog,
     Coverage,
@@ -287,7 +288,7 @@ class _Local:
 
 
 def validated_step(step: object, what: str) -> int:
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+    if not whole_number(step) or step < 0:
         raise ValueError(f"{what} needs a step >= 0, got {step!r}")
     return step
 

@@ -1,20 +1,18 @@
-"""Straggler tracking and its reports: the pure code lives in
+"""Straggler tracking and its reports: the pure tracking lives in
 :mod:`scout.core.straggler.tracking` (the job's pipeline and the simulator use it without
-torch); this module keeps the public path ``scout.replay.stragglers``."""
+torch), the translation of its events into reports in :mod:`scout.reports.kinds`; this module
+keeps the public path ``scout.replay.stragglers``."""
 
 from scout.core.straggler.tracking import (
-    REASONS,
     StragglerEvent,
     StragglerKind,
     StragglerTracker,
     TrailEntry,
     group_timings,
-    localization_record_arguments,
-    straggler_record_arguments,
 )
+from scout.reports.kinds import localization_record_arguments, straggler_record_arguments
 
 __all__ = [
-    "REASONS",
     "StragglerEvent",
     "StragglerKind",
     "StragglerTracker",

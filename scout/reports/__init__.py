@@ -28,8 +28,9 @@ from typing import Any, Final
 
 import attrs
 
+from scout.core.guards import whole_number
 from scout.core.io_errors import name_write_error
-from scout.reports.kinds import ReportKind, Source
+from scout.reports.kinds import Reason, ReportKind, Source
 
 __all__ = [
     "KINDS",
@@ -79,7 +80,7 @@ def _int_list(name: str, value: object) -> list[int]:
         raise ReportError(f"report field {name!r} must be a list of ints, got {value!r}")
     out = []
     for item in value:
-        if isinstance(item, bool) or not isinstance(item, int) or item < 0:
+        if not whole_number(item) or item < 0:
             raise ReportError(f"report field {name!r} must hold ints >= 0, got {item!r}")
         out.append(int(item))
     return out
@@ -113,16 +114,17 @@ def make_record(
     if source is not kind.source:
         raise ReportError(f"report source {source.value!r} does not write kind {kind.value!r}: its source is "
                           f"{kind.source.value!r} (scout.reports.kinds)")
+    if isinstance(reason, Reason):
+        reason = reason.value  # the code itself: a record holds plain JSON values
     if not isinstance(reason, str) or not _REASON.match(reason) or len(reason) > 120:
         raise ReportError(f"report reason {reason!r} must be a stable code matching {_REASON.pattern} (<= 120)")
     if not isinstance(job_id, str) or not job_id:
         raise ReportError(f"report job_id must be a non-empty string, got {job_id!r}")
-    if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
+    if not whole_number(generation) or generation < 0:
         raise ReportError(f"report generation must be an int >= 0, got {generation!r}")
-    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+    if step is not None and (not whole_number(step) or step < 0):
         raise ReportError(f"report step must be an int >= 0 or None, got {step!r}")
-    if reporter_rank is not None and (isinstance(reporter_rank, bool) or not isinstance(reporter_rank, int)
-                                      or reporter_rank < 0):
+    if reporter_rank is not None and (not whole_number(reporter_rank) or reporter_rank < 0):
         raise ReportError(f"report reporter_rank must be an int >= 0 or None, got {reporter_rank!r}")
     host_list = list(hosts)
     if not all(isinstance(host, str) for host in host_list):
@@ -222,7 +224,7 @@ def append_record(path: str | os.PathLike[str], record: Mapping[str, Any]) -> No
 def _natural(value: object, *, optional: bool = False) -> bool:
     if value is None:
         return optional
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return whole_number(value) and value >= 0
 
 
 def parse_record(raw: bytes | str) -> dict[str, Any] | None:

@@ -24,7 +24,9 @@ from typing import Any, Final
 
 import attrs
 
+from scout.core.guards import whole_number
 from scout.reports import ReportError, fresh_line_prefix, utc_now
+from scout.reports.kinds import STRAGGLER_KINDS
 
 __all__ = [
     "TIMING_FILE",
@@ -43,8 +45,8 @@ logger = logging.getLogger("scout")
 
 TIMING_SCHEMA: Final = "scout.timing/1"
 TIMING_FILE: Final = "timing.jsonl"
-#: LOOP-6: the kinds of check that write lines (``StragglerKind`` values).
-TIMING_KINDS: Final = ("loop", "forward", "device", "communication")
+#: LOOP-6: the kinds of check that write lines: the kinds of straggler (scout.reports.kinds).
+TIMING_KINDS: Final = STRAGGLER_KINDS
 #: LOOP-6: at most this many lines of each kind per file (100 000 loop checks: a million steps
 #: at the default loop_check_steps of 10), counted across attempts ...
 TIMING_LINES_MAX: Final = 100_000
@@ -105,7 +107,7 @@ def make_timing_record(arguments: Mapping[str, Any], *, job_id: str, generation:
     """A ``scout.timing/1`` record: the check's :func:`timing_arguments` and the job's fields."""
     if not isinstance(job_id, str) or not job_id:
         raise ReportError(f"timing record job_id must be a non-empty string, got {job_id!r}")
-    if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
+    if not whole_number(generation) or generation < 0:
         raise ReportError(f"timing record generation must be an int >= 0, got {generation!r}")
     return {"schema": TIMING_SCHEMA, "time": time or utc_now(), "job_id": job_id, "generation": generation,
             "reporter_rank": reporter_rank, **arguments}
@@ -145,7 +147,7 @@ class TimingLog:
     def __init__(self, path: str | os.PathLike[str], *, lines_max: int = TIMING_LINES_MAX,
                  bytes_max: int = TIMING_FILE_BYTES_MAX) -> None:
         for name, value in (("lines_max", lines_max), ("bytes_max", bytes_max)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not whole_number(value) or value < 1:
                 raise ValueError(f"TimingLog.{name} must be an int >= 1, got {value!r}")
         self.path = Path(path)
         self.lines_max = lines_max
@@ -201,7 +203,7 @@ class TimingLog:
 
 
 def _natural(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return whole_number(value) and value >= 0
 
 
 def _numbers(value: object, length: int) -> bool:

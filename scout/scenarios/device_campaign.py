@@ -48,6 +48,7 @@ from typing import Any, Final
 
 import attrs
 
+from scout.reports.kinds import ReportKind, Source, StragglerReason
 from scout.scenarios.campaign import CaseResult, Outcome, classify
 
 __all__ = ["DEVICE_KINDS", "DeviceCase", "device_cases", "run_device_part"]
@@ -67,18 +68,18 @@ LOOP_SLOW_S: Final = 0.15
 LOOP_CHECK_STEPS: Final = 2
 LOOP_TAIL_STEPS: Final = 12
 JOB_TIMEOUT_S: Final = 420.0
-#: kind -> (report kind, how the quick matrix picks ranks)
+#: fault kind -> the report kind that names it
 DEVICE_KINDS: Final = {
-    "gpu-hang": "hang",
-    "launch-withheld": "hang",
-    "host-sleep": "hang",
-    "thread-sleep": "hang",
-    "desync": "desync",
-    "loop-slow": "straggler",
+    "gpu-hang": ReportKind.HANG,
+    "launch-withheld": ReportKind.HANG,
+    "host-sleep": ReportKind.HANG,
+    "thread-sleep": ReportKind.HANG,
+    "desync": ReportKind.DESYNC,
+    "loop-slow": ReportKind.STRAGGLER,
 }
 HEALTHY_KIND: Final = "healthy (between the faults)"
-OBSERVER_KINDS: Final = frozenset({"hang", "data_stall", "checkpoint_stall", "desync", "group_stall", "unresponsive",
-                                   "inconclusive"})
+#: The observers' findings about ranks (every observer kind that names a failure).
+OBSERVER_KINDS: Final = frozenset(kind for kind in ReportKind if kind.source is Source.OBSERVER and kind.failure)
 
 
 @attrs.frozen
@@ -157,7 +158,7 @@ def _named(records: Sequence[dict[str, Any]]) -> tuple[int, ...]:
 
 
 def _straggler(record: dict[str, Any]) -> bool:
-    return record.get("kind") == "straggler"
+    return record.get("kind") == ReportKind.STRAGGLER
 
 
 def host_only_finding(record: dict[str, Any]) -> str:
@@ -193,7 +194,7 @@ def classify_job(cases: Sequence[DeviceCase], records: Sequence[dict[str, Any]],
     for case in cases:
         if case.kind == "loop-slow":
             mine = [r for r in stragglers if (r.get("step") or 0) >= case.step]
-            confirmed = [r for r in mine if r.get("reason") == "loop-slow"]
+            confirmed = [r for r in mine if r.get("reason") == StragglerReason.LOOP_SLOW]
             ok = (len(confirmed) == 1 and confirmed[0]["ranks"] == [case.rank]
                   and confirmed[0]["step"] <= case.step + LOOP_SLOW_STEPS and _named(mine) == (case.rank,))
         else:

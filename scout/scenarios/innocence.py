@@ -47,6 +47,7 @@ from typing import Any, Final
 
 import attrs
 
+from scout.reports.kinds import ReportKind
 from scout.scenarios.campaign import CaseResult, Outcome
 
 __all__ = ["GROUP_KINDS", "Episode", "issue_episodes", "judge", "random_episodes", "run_innocence_part", "run_job"]
@@ -68,7 +69,6 @@ COLLECTIVE_TIMEOUT_S: Final = 60.0
 #: A job's wall-clock bound: start-up, then each episode's steps and hold, with margin.
 JOB_START_S: Final = 60.0
 EPISODE_BOUND_S: Final = 30.0
-NAMING_KINDS: Final = frozenset({"hang", "desync", "data_stall", "checkpoint_stall"})
 
 
 @attrs.frozen
@@ -212,7 +212,7 @@ def _named(record: dict[str, Any]) -> tuple[int, ...]:
 def judge(episode: Episode, records: Sequence[dict[str, Any]]) -> tuple[Outcome, tuple[int, ...], str]:
     """The outcome of one episode from the observers' reports whose stuck position falls in its
     steps (see the module docstring), what was named, and the reports in short."""
-    mine = [r for r in records if r.get("source") == "observer" and r.get("kind") != "observer_failure"
+    mine = [r for r in records if r.get("source") == "observer" and r.get("kind") != ReportKind.OBSERVER_FAILURE
             and episode.first_step <= int(r.get("step") or 0) < episode.first_step + STEP_SPACING]
     named = tuple(sorted({rank for r in mine for rank in _named(r)}))
     said = "; ".join(f"{r['kind']} ranks={list(_named(r))} reason={r['reason']}" for r in mine) or "nothing reported"

@@ -47,6 +47,7 @@ from typing import Any, Final
 
 import attrs
 
+from scout.reports.kinds import ObserverReason, ReportKind
 from scout.scenarios.campaign import CaseResult, Outcome, classify
 
 __all__ = ["LAYOUT_KINDS", "LayoutCase", "classify_case", "example_path", "layout_cases", "run_layout_part"]
@@ -54,8 +55,9 @@ __all__ = ["LAYOUT_KINDS", "LayoutCase", "classify_case", "example_path", "layou
 STALL_THRESHOLD_S: Final = 3.0
 HOLD_S: Final = 8.0  # a hung rank sleeps this long: past the threshold and the observers' rounds
 JOB_TIMEOUT_S: Final = 360.0
-FAULT_KINDS: Final = frozenset({"hang", "data_stall", "checkpoint_stall", "desync", "group_stall", "unresponsive",
-                                "inconclusive", "observer_failure", "sdc", "straggler"})
+FAULT_KINDS: Final = frozenset({ReportKind.HANG, ReportKind.DATA_STALL, ReportKind.CHECKPOINT_STALL, ReportKind.DESYNC,
+                                ReportKind.GROUP_STALL, ReportKind.UNRESPONSIVE, ReportKind.INCONCLUSIVE,
+                                ReportKind.OBSERVER_FAILURE, ReportKind.SDC, ReportKind.STRAGGLER})
 
 
 @attrs.frozen
@@ -169,23 +171,24 @@ def classify_case(case: LayoutCase, records: Sequence[dict[str, Any]], output: s
     expect = case.spec.expect
     problems = [] if exit_code == 0 else [f"the job ended with {exit_code} (None: killed at its deadline)"]
     if expect == "sdc":
-        sdc = [r for r in faults if r["kind"] == "sdc"]
+        sdc = [r for r in faults if r["kind"] == ReportKind.SDC]
         if not sdc or {tuple(r["ranks"]) for r in sdc} != {(case.rank,)}:
             problems.append(f"sdc reports name {sorted({tuple(r['ranks']) for r in sdc})}, not [{case.rank}]")
         elif min(r["step"] for r in sdc) != case.step:
             problems.append(f"the first sdc report is at step {min(r['step'] for r in sdc)}, not {case.step}")
     elif expect == "hang":
         struck = _struck_at(output)
-        hangs = [r for r in faults if r["kind"] == "hang" and r["ranks"] == [case.rank]]
+        hangs = [r for r in faults if r["kind"] == ReportKind.HANG and r["ranks"] == [case.rank]]
         if not hangs or struck is None:
             problems.append(f"no hang report names rank {case.rank}")
         elif not _time(hangs[0]) - struck <= STALL_THRESHOLD_S + 1.0:
             problems.append(f"named {_time(hangs[0]) - struck:.1f} s after the fault (threshold {STALL_THRESHOLD_S} s)")
     elif expect == "straggler":
-        if not any(r["kind"] == "straggler" and r["ranks"] == [case.rank] for r in faults):
+        if not any(r["kind"] == ReportKind.STRAGGLER and r["ranks"] == [case.rank] for r in faults):
             problems.append(f"no straggler report names rank {case.rank}")
     elif expect == "detect-only":
-        if not faults or any(r["kind"] != "inconclusive" or r.get("reason") != "detect-only" for r in faults) or \
+        if not faults or any(r["kind"] != ReportKind.INCONCLUSIVE or r.get("reason") != ObserverReason.DETECT_ONLY
+                             for r in faults) or \
                 not any(case.rank in r["evidence"].get("group_ranks", ()) for r in faults):
             problems.append(f"expected only inconclusive detect-only reports from rank {case.rank}'s group, got "
                             f"{[(r['kind'], r.get('reason'), r['ranks']) for r in faults]}")

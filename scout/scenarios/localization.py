@@ -32,7 +32,7 @@ from typing import Any, Final
 
 from scout.gate.model import UNVERIFIED_RESTORABLE
 from scout.job.pipeline import CheckOutput
-from scout.reports.kinds import ReportKind
+from scout.reports.kinds import ReportKind, StragglerReason
 from scout.scenarios import observer as observer_scenarios
 from scout.scenarios.registry import Check, ScenarioOutcome, ScenarioParams, scenario
 from scout.scenarios.replay_job import Faults, JobRun, SimReplayCheck, run_replay_job
@@ -157,7 +157,7 @@ def _timing_scenario(params: ScenarioParams, name: str, straggler: int | None, f
         checks.append(Check(
             f"rank {straggler} is reported device-slow by step {deadline} ({CONFIRM_ROUNDS} checks after the "
             "slowdown, the sequential test's bound at its defaults)",
-            first is not None and first <= deadline and confirmed[0]["reason"] == "device-slow",
+            first is not None and first <= deadline and confirmed[0]["reason"] == StragglerReason.DEVICE_SLOW,
             f"first confirmation at step {first}"))
         faults.append(f"rank {straggler}: replay compute {factor}x slower from step {STRAGGLER_ROUND} on")
     else:
@@ -184,7 +184,7 @@ def straggler_confirmation_round(params: ScenarioParams, factor: float) -> tuple
     run, _log = _job(params, "straggler-timing", Faults(straggler_rank=straggler, straggler_step=STRAGGLER_ROUND,
                                                         straggler_factor=factor))
     steps = [r["step"] for r in run.records if r["kind"] == ReportKind.STRAGGLER and r["ranks"] == [straggler]
-             and r["evidence"].get("change") == "confirmed" and r["reason"] == "device-slow"]
+             and r["evidence"].get("change") == "confirmed" and r["reason"] == StragglerReason.DEVICE_SLOW]
     return straggler, min(steps, default=None)
 
 

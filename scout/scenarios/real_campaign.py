@@ -288,53 +288,11 @@ def barrier_rank(rank: int, options: dict[str, Any], barrier: Any, control: Any)
 
 
 def _tiny_lm() -> Any:
-    """A tiny decoder-only transformer: embedding, pre-norm blocks, output head."""
-    import math
+    """The toy model (:mod:`scout.scenarios.toy`) at the campaign's size, and its vocabulary."""
+    from scout.scenarios.toy import TinyLM
 
-    import torch
-    from torch import nn
-
-    vocab, width, heads_count, layers = 64, 32, 4, 3
-
-    class Block(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.norm_attention = nn.LayerNorm(width)
-            self.qkv = nn.Linear(width, 3 * width)
-            self.projection = nn.Linear(width, width)
-            self.norm_mlp = nn.LayerNorm(width)
-            self.mlp = nn.Sequential(nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, width))
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            batch, length, _ = x.shape
-            q, k, v = self.qkv(self.norm_attention(x)).chunk(3, dim=-1)
-
-            def split(t: torch.Tensor) -> torch.Tensor:
-                return t.view(batch, length, heads_count, width // heads_count).transpose(1, 2)
-
-            scores = split(q) @ split(k).transpose(-1, -2) / math.sqrt(width // heads_count)
-            mask = torch.ones(length, length, dtype=torch.bool).triu(1)
-            mixed = (scores.masked_fill(mask, float("-inf")).softmax(-1) @ split(v)).transpose(1, 2)
-            x = x + self.projection(mixed.reshape(batch, length, width))
-            out: torch.Tensor = x + self.mlp(self.norm_mlp(x))
-            return out
-
-    class TinyLM(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.embed = nn.Embedding(vocab, width)
-            self.layers = nn.ModuleList(Block() for _ in range(layers))
-            self.norm = nn.LayerNorm(width)
-            self.lm_head = nn.Linear(width, vocab)
-
-        def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-            x = self.embed(tokens)
-            for layer in self.layers:
-                x = layer(x)
-            out: torch.Tensor = self.lm_head(self.norm(x))
-            return out
-
-    return TinyLM(), vocab
+    vocab = 64
+    return TinyLM(vocab, width=32, heads=4, layers=3), vocab
 
 
 def live_onset(kind: str, step: int, layer: int, layers: int = 3) -> int:

@@ -26,6 +26,7 @@ from typing import Any
 
 import attrs
 
+from scout.core.guards import whole_number
 from scout.transport.sim.cluster import SimulationResult
 from scout.transport.sim.errors import reproduce_line
 
@@ -112,16 +113,16 @@ class ScenarioParams:
     rounds: int = DEFAULT_ROUNDS
 
     def __attrs_post_init__(self) -> None:
-        if isinstance(self.ranks, bool) or not isinstance(self.ranks, int) or self.ranks < 1:
+        if not whole_number(self.ranks) or self.ranks < 1:
             raise ValueError(f"ranks must be an int >= 1, got {self.ranks!r}")
         if self.ranks > MAX_RANKS:
             raise ValueError(f"ranks must be <= {MAX_RANKS}, got {self.ranks}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+        if not whole_number(self.seed) or self.seed < 0:
             # Negative seeds are refused: random.Random(-s) replays the run of seed s.
             raise ValueError(f"seed must be an int >= 0, got {self.seed!r}")
-        if isinstance(self.group_size, bool) or not isinstance(self.group_size, int):
+        if not whole_number(self.group_size):
             raise ValueError(f"group_size must be an int, got {self.group_size!r}")
-        if isinstance(self.rounds, bool) or not isinstance(self.rounds, int):
+        if not whole_number(self.rounds):
             raise ValueError(f"rounds must be an int, got {self.rounds!r}")
         if self.group_size < 2:
             raise ValueError(

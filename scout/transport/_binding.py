@@ -33,6 +33,7 @@ from typing import Any
 
 import attrs
 
+from scout.core.guards import whole_number
 from scout.transport import codec
 from scout.transport.base import (
     DEFAULT_MAX_PAYLOAD_BYTES,
@@ -194,7 +195,7 @@ def wait_until(ready: Callable[[], bool], deadline_s: float, poll: PollSettings)
 
 
 def check_round_id(round_id: Any) -> int:
-    if isinstance(round_id, bool) or not isinstance(round_id, int):
+    if not whole_number(round_id):
         raise TypeError(f"exchange: round_id must be an int, got {type(round_id).__name__}")
     if not -(2**63) <= round_id < 2**63:
         raise ValueError(f"exchange: round_id must fit in 64 bits, got {round_id!r}")
@@ -202,7 +203,7 @@ def check_round_id(round_id: Any) -> int:
 
 
 def check_max_payload_bytes(max_payload_bytes: Any) -> int:
-    if isinstance(max_payload_bytes, bool) or not isinstance(max_payload_bytes, int):
+    if not whole_number(max_payload_bytes):
         raise TypeError(f"max_payload_bytes must be an int, got {type(max_payload_bytes).__name__}")
     if max_payload_bytes < 1:
         raise ValueError(f"max_payload_bytes must be >= 1, got {max_payload_bytes!r}")
@@ -289,7 +290,7 @@ class PieceBinding(abc.ABC):
         self._check_open("group")
         ranks = tuple(ranks)
         for r in ranks:
-            if isinstance(r, bool) or not isinstance(r, int):
+            if not whole_number(r):
                 raise GroupError(f"group {name!r}: rank {r!r} is not an int")
             if not 0 <= r < self._size:
                 raise GroupError(

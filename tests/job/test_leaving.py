@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from scout import reports
-from scout.job.summary import load_run
 from scout.observer.progress import SHM_DIR, record_name
+from scout.reports.summary import load_run
 
 pytestmark = pytest.mark.torchdist
 

@@ -1,6 +1,6 @@
 """LOOP-6: every loop check's ratios in ``run_dir/timing.jsonl`` (scout/reports/timing.py),
 written by the pipeline's reporter rank, summarised by ``scout report`` and drawn in its
-picture (scout/job/loop_timing.py). In one process, from a scripted loop group and synthetic
+picture (scout/reports/loop_timing.py). In one process, from a scripted loop group and synthetic
 files; the real 4-rank job is ``test_attach_torchrun.py``'s healthy run."""
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from scout import reports
 from scout.cli import main
 from scout.job.checks import LoopStragglerCheck
 from scout.job.gate_driver import Reporter, RestoreDecision
-from scout.job.loop_timing import PICTURE_RANKS_MAX, TIMING_RANKS_SHOWN, loop_series
 from scout.job.pipeline import Layout, Pipeline, run_step
 from scout.job.run_dir import RunDir
-from scout.job.summary import load_run, summary_text
 from scout.replay.arrival import LoopConfig, LoopTimer
+from scout.reports.loop_timing import PICTURE_RANKS_MAX, TIMING_RANKS_SHOWN, loop_series
+from scout.reports.summary import load_run, summary_text
 from scout.reports.timing import (
     TIMING_FILE,
     TIMING_SCHEMA,

@@ -128,8 +128,8 @@ SAVE_FAILED = [("restart", "started", {"source": "job", "generation": 0, "step":
 ], ids=["persistent-sdc-restarts-spent", "hang-and-straggler-interrupted", "ctrl-c", "save-failed"])
 def test_REPORT_the_picture_tells_each_attempt_how_it_began_and_ended(
         tmp_path: Path, story: list[tuple[str, str, dict[str, object]]], began: list[str], ended: list[str]) -> None:
-    from scout.job.picture import attempts_of, render_picture
-    from scout.job.summary import load_run
+    from scout.reports.picture import attempts_of, render_picture
+    from scout.reports.summary import load_run
 
     view = load_run(_story(tmp_path, story))
     attempts = attempts_of(view)

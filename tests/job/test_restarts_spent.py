@@ -14,10 +14,10 @@ import pytest
 
 from scout import reports
 from scout.job.gate_driver import Reporter, restarts_left
-from scout.job.picture import attempts_of
 from scout.job.pipeline import FaultDetected, Stop
-from scout.job.summary import load_run
 from scout.reports.kinds import ReportKind, Source, at_fault_in_every_attempt
+from scout.reports.picture import attempts_of
+from scout.reports.summary import load_run
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "train_gpt.py"

@@ -67,7 +67,7 @@ def test_OPS_5_a_scrape_reads_first_and_exposes_every_metric_by_convention() -> 
     state.progress[0] = RankProgress(12, 0.05, True, False)
     state.progress[1] = RankProgress(11, 7.5, True, False)
     state.set_stats(1, {"step": 11, "wall_s": 20.0, "costs": {"replay_s": 0.5},
-                        "stragglers": {"device": {"ratio": 1.5, "score": 4}, "bogus": {"ratio": 9}}})
+                        "stragglers": {"device": {"performance_ratio": 1.5, "score": 4}, "bogus": {"performance_ratio": 9}}})
     state.set_checkpoints([(0, 40, "RECOVERY_VERIFIED"), (0, 80, "CANDIDATE"), (0, 120, "CAPTURED")])
     for latency_s in (0.004, 0.2, 1.0):
         state.rounds.observe(latency_s)
@@ -120,3 +120,24 @@ def test_OPS_1_a_rank_that_stops_after_its_second_step_still_has_a_replay_cost(t
     assert ratio is not None and ratio > 0
     ops.after_step(2, {"replay_s": 0.03}, {})  # within a second of the last write: not rewritten
     assert paths.read_state(paths.rank_stats_path(tmp_path, 0))["step"] == 1
+
+
+def test_OPS_1_a_ranks_straggler_values_are_what_the_metrics_read_back() -> None:
+    """What a rank writes of its trackers (``_straggler_values``) is what the sidecar exports:
+    the performance ratio (the median of its trail) and the confirmation score."""
+    import math
+
+    from scout.core.straggler.tracking import StragglerKind, StragglerTracker
+    from scout.ops.launch import _straggler_values
+
+    tracker = StragglerTracker(StragglerKind.DEVICE, (4, 5, 6), trail_checks=4)
+    for step in range(1, 4):
+        tracker.observe(step, [0.0, math.log(1.25), 0.0])
+    written = _straggler_values(5, {"device": tracker, "loop": None})
+    assert set(written) == {"device"} and written["device"]["performance_ratio"] == pytest.approx(1.25)
+    state = NodeState("job-7", 0, "h0", frozenset({5}), True)
+    state.set_stats(5, {"step": 3, "wall_s": 1.0, "costs": {}, "stragglers": written})
+    families, _ = _families(state, [])
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples}
+    assert samples[("scout_straggler_ratio", (("kind", "device"), ("rank", "5")))] == pytest.approx(1.25)
+    assert samples[("scout_straggler_score", (("kind", "device"), ("rank", "5")))] == written["device"]["score"]

@@ -8,7 +8,6 @@ dropout, output head) trained with DDP over gloo on CPU. Faults are injected wit
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 from typing import Any
 
@@ -22,6 +21,7 @@ from scout.core.recipes import Intervals
 from scout.replay import faults
 from scout.replay.collectives import TorchPeerGroup, TransportPeerGroup
 from scout.replay.replay import RecipeModules, ReplayConfig, Replayer
+from scout.scenarios.toy import TinyLM as ScoutTinyLM
 
 VOCAB = 64
 WIDTH = 32
@@ -31,46 +31,9 @@ SEQUENCE = 16
 BATCH = 4
 
 
-class Block(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.norm_attention = nn.LayerNorm(WIDTH)
-        self.qkv = nn.Linear(WIDTH, 3 * WIDTH)
-        self.projection = nn.Linear(WIDTH, WIDTH)
-        self.norm_mlp = nn.LayerNorm(WIDTH)
-        self.mlp = nn.Sequential(
-            nn.Linear(WIDTH, 2 * WIDTH), nn.GELU(), nn.Linear(2 * WIDTH, WIDTH)
-        )
-        self.dropout = nn.Dropout(0.1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, length, _ = x.shape
-        q, k, v = self.qkv(self.norm_attention(x)).chunk(3, dim=-1)
-
-        def heads(t: torch.Tensor) -> torch.Tensor:
-            return t.view(batch, length, HEADS, WIDTH // HEADS).transpose(1, 2)
-
-        scores = heads(q) @ heads(k).transpose(-1, -2) / math.sqrt(WIDTH // HEADS)
-        mask = torch.ones(length, length, dtype=torch.bool, device=x.device).triu(1)
-        attention = scores.masked_fill(mask, float("-inf")).softmax(-1)
-        mixed = (attention @ heads(v)).transpose(1, 2).reshape(batch, length, WIDTH)
-        x = x + self.dropout(self.projection(mixed))
-        return x + self.dropout(self.mlp(self.norm_mlp(x)))
-
-
-class TinyLM(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(VOCAB, WIDTH)
-        self.layers = nn.ModuleList(Block() for _ in range(LAYERS))
-        self.norm = nn.LayerNorm(WIDTH)
-        self.lm_head = nn.Linear(WIDTH, VOCAB)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = self.embed(tokens)
-        for layer in self.layers:
-            x = layer(x)
-        return self.lm_head(self.norm(x))
+def TinyLM() -> ScoutTinyLM:  # noqa: N802 (the model's name, as the tests spell it)
+    """The toy model (:mod:`scout.scenarios.toy`) at these tests' size, with dropout."""
+    return ScoutTinyLM(VOCAB, WIDTH, HEADS, LAYERS, dropout=0.1)
 
 
 def _batch(rank: int, step: int, length: int = SEQUENCE, batch: int = BATCH) -> torch.Tensor:

@@ -16,7 +16,6 @@ from scout.core.straggler import GroupTiming, LocalizationStatus, SequentialConf
 from scout.replay import faults
 from scout.replay.replay import ReplayConfig
 from scout.replay.stragglers import (
-    REASONS,
     StragglerKind,
     StragglerTracker,
     group_timings,
@@ -24,6 +23,7 @@ from scout.replay.stragglers import (
     straggler_record_arguments,
 )
 from scout.reports import make_record
+from scout.reports.kinds import StragglerReason
 from tests.replay.test_communication import TimedPeers
 from tests.replay.test_replay_local import ScriptedPeers, _setup, _train_step
 
@@ -43,13 +43,14 @@ def _check_schema(record: dict[str, object]) -> None:
 
 
 def test_STRAG_21_reason_codes_are_stable() -> None:
-    assert {REASONS[(kind, "confirmed")] for kind in StragglerKind} == {
+    assert {StragglerReason.of(kind.value, "confirmed").value for kind in StragglerKind} == {
         "device-slow",
         "communication-slow",
         "loop-slow",
         "forward-slow",
     }
-    assert REASONS[(StragglerKind.LOOP, "recovered")] == "recovered-loop-slow"
+    assert StragglerReason.of(StragglerKind.LOOP.value, "recovered").value == "recovered-loop-slow"
+    assert StragglerReason.of("communication", "localized").value == "localized-communication-slow"
 
 
 def test_STRAG_21_confirmation_and_recovery_become_scout_report_records() -> None:
@@ -61,11 +62,11 @@ def test_STRAG_21_confirmation_and_recovery_become_scout_report_records() -> Non
         slow = step <= 20
         events += tracker.observe(step, [0.0, math.log(1.5) if slow else 0.01, 0.0, None])
     confirmed, recovered = events
-    assert (confirmed.reason, confirmed.rank, confirmed.step) == ("device-slow", 5, 8)
+    assert (confirmed.change, confirmed.rank, confirmed.step) == ("confirmed", 5, 8)
     assert confirmed.performance_ratio == pytest.approx(1.5, rel=1e-3)
     assert [entry.step for entry in confirmed.trail] == [2, 4, 6, 8]
     assert [entry.score_mnp for entry in confirmed.trail] == [310, 620, 930, 1000]
-    assert (recovered.reason, recovered.rank) == ("recovered-device-slow", 5)
+    assert (recovered.change, recovered.rank) == ("recovered", 5)
     assert recovered.step > 20 and len(recovered.trail) == 5  # bounded trail
     assert tracker.performance_ratios()[3] is None  # no evidence, no ratio
     hosts = {5: "node-b"}
@@ -77,7 +78,8 @@ def test_STRAG_21_confirmation_and_recovery_become_scout_report_records() -> Non
         _check_schema(record)
         assert record["kind"] == "straggler" and record["source"] == "replay"
         assert record["ranks"] == [5] and record["hosts"] == ["node-b"]
-        assert record["reason"] == event.reason and record["step"] == event.step
+        assert record["step"] == event.step
+        assert record["reason"] == {"confirmed": "device-slow", "recovered": "recovered-device-slow"}[event.change]
         evidence = record["evidence"]
         assert evidence["straggler"] == "device" and evidence["group_ranks"] == [4, 5, 6, 7]
         assert evidence["performance_ratio"] == event.performance_ratio

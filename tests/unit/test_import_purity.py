@@ -33,7 +33,7 @@ SCRIPT = textwrap.dedent(
              "scout.transport.program", "scout.transport.sim", "scout.reports", "scout.observer.process",
              "scout.observer.launch", "scout.observer.driver", "scout.observer.channel", "scout.observer.rendezvous",
              "scout.observer.wire", "scout.observer.progress", "scout.observer.instrument", "scout.observer.mpi",
-             "scout.job.config", "scout.job.summary", "scout.scenarios.registry", "scout.ops.sidecar",
+             "scout.job.config", "scout.reports.summary", "scout.scenarios.registry", "scout.ops.sidecar",
              "scout.ops.state", "scout.ops.tail", "scout.ops.hooks", "scout.ops.paths", "scout.ops.slurm",
              "scout.ops.web", "scout.commands.serve", "scout.commands.slurm_requeue", "scout.job.pipeline",
              "scout.job.aggregate", "scout.job.gate_driver", "scout.scenarios.replay_job",

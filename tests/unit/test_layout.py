@@ -15,19 +15,24 @@ SCOUT = Path(__file__).resolve().parents[2] / "scout"
 LAYERS = {
     "core": 0,
     "gate": 1,
-    "reports": 1,
     "transport": 1,
     "spec_examples": 1,
-    "observer": 2,
-    "replay": 2,
+    # reports: the report vocabulary and its translations (kinds.py: a checkpoint's trust) and
+    # the run's summary and picture, which read the gate's manifest.
+    "reports": 2,
+    "observer": 3,
+    # the observer's worked examples (spec/examples/observer.txt): the core's assessment and the
+    # reports' reason codes.
+    "observer_examples": 3,
+    "replay": 3,
     # ops (metrics sidecar, live page, Slurm) reads what observers and reports leave, and attach
     # starts it: between the two.
-    "ops": 3,
-    "job": 4,
-    "scenarios": 5,
-    "integrations": 5,
-    "commands": 6,
-    "cli": 7,
+    "ops": 4,
+    "job": 5,
+    "scenarios": 6,
+    "integrations": 6,
+    "commands": 7,
+    "cli": 8,
 }
 
 

@@ -31,6 +31,7 @@ from scout.core.observer.model import (
     Evidence,
     Failed,
     Finding,
+    FindingCode,
     HostContract,
     Joined,
     JoinFailed,
@@ -77,9 +78,9 @@ def _kind_of(stages: Sequence[Stage]) -> StallKind:
 
 #: COMPLETION-9: the code of a round whose only evidence against a rank was its host coordinate,
 #: where collectives return at enqueue.
-HOST_PROGRESS_ONLY: Final = "host-progress-only"
+HOST_PROGRESS_ONLY: Final = FindingCode.HOST_PROGRESS_ONLY
 #: COMPLETION-10: the code of a round whose only candidate waits in another group's collective.
-WAITING_ELSEWHERE: Final = "waiting-elsewhere"
+WAITING_ELSEWHERE: Final = FindingCode.WAITING_ELSEWHERE
 
 
 def assess(evidence: Sequence[Evidence | None], config: ObserverConfig) -> Assessment:
@@ -316,7 +317,7 @@ def _assess_group(evidence: Sequence[Evidence | None], source: int,
         return tuple(voting[i] for i in verdict.outliers)
 
     def finding(outcome: Finding, attributed: tuple[int, ...], kind: StallKind, scope: Scope, reason: str,
-                missing: tuple[int, ...] = gone, code: str = "") -> Assessment:
+                missing: tuple[int, ...] = gone, code: FindingCode = FindingCode.NONE) -> Assessment:
         return Assessment(outcome, attributed, (), missing, key, kind, scope, f"{reason} (collective #{blocking})",
                           blocking, source, code)
 

@@ -70,6 +70,7 @@ from typing import Any, ClassVar, Final, TypeAlias
 import attrs
 
 from scout.core.finite import finite_number
+from scout.core.guards import whole_number
 
 __all__ = [
     "COMPLETION_GROUPS_MAX",
@@ -91,6 +92,7 @@ __all__ = [
     "Failed",
     "FINAL_STATES",
     "Finding",
+    "FindingCode",
     "HostContract",
     "Joined",
     "JoinFailed",
@@ -155,12 +157,12 @@ class PendingState(enum.IntEnum):
 
 
 def _sequence_number(_instance: object, attribute: Any, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+    if not whole_number(value) or not 0 <= value < 2**63:
         raise ValueError(f"Completion.{attribute.name} must be an int in [0, 2**63), got {value!r}")
 
 
 def _source_key(_instance: object, _attribute: Any, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 2**64:
+    if not whole_number(value) or not 0 < value < 2**64:
         raise ValueError(f"Completion.source must be an int in [1, 2**64) (0 means no tracking), got {value!r}")
 
 
@@ -367,6 +369,15 @@ class Finding(enum.Enum):
     UNSETTLED = "unsettled"
 
 
+class FindingCode(enum.IntEnum):
+    """Why a finding names nobody although a rule would have (COMPLETION-9, COMPLETION-10); the
+    report's reason code comes from it (scout.reports.kinds.observer_reason)."""
+
+    NONE = 0
+    HOST_PROGRESS_ONLY = 1  # COMPLETION-9: only host coordinates, which are no evidence here
+    WAITING_ELSEWHERE = 2  # COMPLETION-10: the candidate waits in another group's collective
+
+
 class StallKind(enum.Enum):
     HANG = "hang"
     DESYNC = "desync"
@@ -400,9 +411,9 @@ class Assessment:
     # 0 when the host coordinates did; and the group it belongs to (its source key; COMPLETION-12).
     blocking: int = 0
     source: int = 0
-    # A stable reason code where the finding has one of its own (COMPLETION-9, COMPLETION-10);
-    # empty: the finding's usual code.
-    code: str = ""
+    # Why the finding names nobody where a rule would have (COMPLETION-9, COMPLETION-10); NONE:
+    # the finding's usual reason.
+    code: FindingCode = FindingCode.NONE
 
 
 @attrs.frozen
@@ -424,7 +435,7 @@ class StallReport:
     reason: str
     blocking: int = 0  # as Assessment.blocking
     source: int = 0  # as Assessment.source
-    code: str = ""  # as Assessment.code
+    code: FindingCode = FindingCode.NONE  # as Assessment.code
 
 
 def _positive_finite(name: str) -> Any:
@@ -437,7 +448,7 @@ def _positive_finite(name: str) -> Any:
 
 def _count(name: str, minimum: int) -> Any:
     def check(_instance: object, _attribute: object, value: object) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        if not whole_number(value) or value < minimum:
             raise ValueError(f"ObserverConfig.{name} must be an int >= {minimum}, got {value!r}")
 
     return check

@@ -27,6 +27,7 @@ import attrs
 
 from scout.core import invariants
 from scout.core.finite import finite_number
+from scout.core.guards import whole_number
 from scout.core.machine import Machine, MachineState, packaged_machine
 from scout.core.straggler.machine import reaches_bound
 from scout.core.straggler.model import (
@@ -122,7 +123,7 @@ class SequentialConfig:
                 f"SequentialConfig.noise_spread must be a number > 0 or None, got {spread!r}"
             )
         checks = self.noise_checks
-        if isinstance(checks, bool) or not isinstance(checks, int) or checks < 1:
+        if not whole_number(checks) or checks < 1:
             raise ValueError(f"SequentialConfig.noise_checks must be an int >= 1, got {checks!r}")
         self.bounds()  # TestBounds refuses a test that can never confirm or recover
 

@@ -21,6 +21,7 @@ from typing import ClassVar, Final, TypeAlias
 
 import attrs
 
+from scout.core.guards import whole_number
 from scout.core.machine import MachineState
 
 __all__ = [
@@ -84,7 +85,7 @@ class TestBounds:
     def __attrs_post_init__(self) -> None:
         for name, value in attrs.asdict(self).items():
             least = 1 if name in ("confirm_bound", "recovery_bound", "slow_clip") else 0
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            if not whole_number(value) or value < least:
                 raise ValueError(
                     f"TestBounds.{name} must be an int >= {least} (milli-nepers), got {value!r}"
                 )

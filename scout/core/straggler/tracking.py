@@ -34,7 +34,7 @@ import math
 import statistics
 from collections import deque
 from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from typing import Any
 
 import attrs
 
@@ -46,20 +46,17 @@ from scout.core.straggler.confirmation import (
     confirmation_start,
     confirmation_step,
 )
-from scout.core.straggler.localize import GroupTiming, Localization, LocalizationStatus
+from scout.core.straggler.localize import GroupTiming
 from scout.core.straggler.model import Confirmed, Recovered
 from scout.core.verdict import MISSING, TimingConfig, Verdict, classify_timing
 
 __all__ = [
-    "REASONS",
     "ReplayStragglers",
     "StragglerEvent",
     "StragglerKind",
     "StragglerTracker",
     "TrailEntry",
     "group_timings",
-    "localization_record_arguments",
-    "straggler_record_arguments",
 ]
 
 
@@ -70,23 +67,13 @@ class StragglerKind(str, enum.Enum):
     FORWARD = "forward"
 
 
-#: STRAG-21: stable reason codes (dashboards key on these).
-REASONS: Final = {
-    (kind, change): (
-        f"{kind.value}-slow" if change == "confirmed" else f"recovered-{kind.value}-slow"
-    )
-    for kind in StragglerKind
-    for change in ("confirmed", "recovered")
-}
-
-
 @attrs.frozen
 class TrailEntry:
-    """One check of a peer's evidence trail: the step, its time ratio to the group's centre
-    (None: the check said nothing about it) and its confirmation score after the check."""
+    """One check of a peer's evidence trail: the step, its time over the group's centre at that
+    check (None: the check said nothing about it) and its confirmation score after the check."""
 
     step: int
-    ratio: float | None
+    time_ratio: float | None  # one check's; a report's ``performance_ratio`` is their median
     score_mnp: int
 
 
@@ -106,13 +93,9 @@ class StragglerEvent:
     config: SequentialConfig
     effect: Confirmed | Recovered  # the machine's effect (STRAG-11)
 
-    @property
-    def reason(self) -> str:
-        return REASONS[(self.kind, self.change)]
-
 
 def _median_ratio(trail: Sequence[TrailEntry]) -> float | None:
-    ratios = [entry.ratio for entry in trail if entry.ratio is not None]
+    ratios = [entry.time_ratio for entry in trail if entry.time_ratio is not None]
     return statistics.median(ratios) if ratios else None
 
 
@@ -243,57 +226,6 @@ class ReplayStragglers:
                 StragglerKind.COMMUNICATION.value: self.communication.performance_ratios()}
 
 
-def straggler_record_arguments(
-    event: StragglerEvent,
-    *,
-    hosts: Mapping[int, str] | None = None,
-    group_ratios: Sequence[float | None] | None = None,
-) -> dict[str, Any]:
-    """STRAG-21: the arguments of ``scout.reports.make_record`` for one event, without the
-    job's own (``job_id``, ``generation``, ``reporter_rank``)::
-
-        record = make_record(**straggler_record_arguments(event), job_id=..., generation=...)
-
-    ``hosts`` maps global ranks to host names; ``group_ratios`` are the performance ratios of
-    every peer of the group (``StragglerTracker.performance_ratios()``), by position.
-    """
-    host = hosts.get(event.rank) if hosts is not None else None
-    config = event.config
-    evidence: dict[str, Any] = {
-        "straggler": event.kind.value,
-        "change": event.change,
-        "performance_ratio": event.performance_ratio,
-        "peer_position": event.peer,
-        "group_ranks": list(event.group_ranks),
-        "checks": event.checks,
-        "trail": [
-            {"step": entry.step, "ratio": entry.ratio, "score_mnp": entry.score_mnp}
-            for entry in event.trail
-        ],
-        "test": {
-            "slow_ratio": config.slow_ratio,
-            "confirm_evidence": config.confirm_evidence,
-            "recovery_ratio": config.recovery_ratio,
-            "recovery_evidence": config.recovery_evidence,
-            "clip_ratio": config.clip_ratio,
-            "fast_ratio": config.fast_ratio,
-        },
-    }
-    if group_ratios is not None:
-        evidence["group_ratios"] = {
-            str(rank): ratio for rank, ratio in zip(event.group_ranks, group_ratios, strict=True)
-        }
-    return {
-        "kind": "straggler",
-        "source": "replay",
-        "reason": event.reason,
-        "ranks": [event.rank],
-        "hosts": [host] if host is not None else [],
-        "step": event.step,
-        "evidence": evidence,
-    }
-
-
 def group_timings(report: Any, ranks: Sequence[int], family: str) -> dict[str, GroupTiming]:
     """STRAG-20: this group's live centres at one check (a ``StepReport``), by kind, for
     ``scout.core.straggler.localize_live`` once every group's are gathered: ``device`` -- the
@@ -317,33 +249,3 @@ def group_timings(report: Any, ranks: Sequence[int], family: str) -> dict[str, G
             members, family, statistics.median(report.communication_ms)
         )
     return timings
-
-
-def localization_record_arguments(
-    found: Localization, kind: StragglerKind, step: int, groups: Sequence[GroupTiming] = ()
-) -> dict[str, Any] | None:
-    """STRAG-21: the arguments of ``scout.reports.make_record`` for a LOCALIZED result of
-    ``localize_live`` over one kind's group timings (reason ``localized-<kind>-slow``; the
-    ranks are the named rank, or every rank of the named host); None for any other result,
-    which names nobody."""
-    if found.status is not LocalizationStatus.LOCALIZED:
-        return None
-    ranks = [found.rank] if found.rank is not None else list(found.host_ranks)
-    evidence: dict[str, Any] = {
-        "straggler": StragglerKind(kind).value,
-        "localized": "rank" if found.rank is not None else "host",
-        "candidates": list(found.candidates),
-        "groups": [
-            {"family": g.family, "members": sorted(g.members), "centre_ms": g.centre_ms}
-            for g in groups
-        ],
-    }
-    return {
-        "kind": "straggler",
-        "source": "replay",
-        "reason": f"localized-{StragglerKind(kind).value}-slow",
-        "ranks": ranks,
-        "hosts": [found.host] if found.host is not None else [],
-        "step": step,
-        "evidence": evidence,
-    }

@@ -42,6 +42,7 @@ from typing import Any
 
 from mpi4py import MPI
 
+from scout.core.guards import whole_number
 from scout.transport import codec
 from scout.transport._binding import (
     FRAME_HEADER_BYTES,
@@ -203,7 +204,7 @@ class MpiTransport(PieceBinding):
             ("max_stashed_bytes", max_stashed_bytes),
             ("max_pending_sends_per_peer", max_pending_sends_per_peer),
         ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not whole_number(value) or value < 1:
                 raise ValueError(f"MpiTransport: {name} must be an int >= 1, got {value!r}")
         setup_timeout_s = check_timeout_s(setup_timeout_s, "MpiTransport setup")
         poll = PollSettings(busy_poll_s=busy_poll_s, poll_interval_s=poll_interval_s)

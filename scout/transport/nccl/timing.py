@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 import attrs
 
+from scout.core.guards import whole_number
 from scout.transport._binding import PollSettings, wait_until
 
 if TYPE_CHECKING:
@@ -218,7 +219,7 @@ class CudaEventTimer:
 def _cuda_index(device: Any, cuda: Any) -> int:
     if device is None:
         return int(cuda.current_device())
-    if isinstance(device, int) and not isinstance(device, bool):
+    if whole_number(device):
         index = device
     else:
         text = str(device)

@@ -43,6 +43,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import TCPStore
 from torch.distributed.distributed_c10d import PrefixStore, Store
 
+from scout.core.guards import whole_number
 from scout.transport._binding import (
     Frame,
     FrameError,
@@ -114,7 +115,7 @@ class TorchTransport(PieceBinding):
                 f"this process (global rank {dist.get_rank()}) is not a member of the process "
                 "group given to TorchTransport; build it only on the group's members"
             )
-        if isinstance(keep_rounds, bool) or not isinstance(keep_rounds, int) or keep_rounds < 1:
+        if not whole_number(keep_rounds) or keep_rounds < 1:
             raise ValueError(
                 f"TorchTransport: keep_rounds must be an int >= 1, got {keep_rounds!r}"
             )

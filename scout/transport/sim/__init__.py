@@ -7,7 +7,10 @@ injected faults. Same seed and scenario, same trace. See ``docs/simulator.md``.
 Modules, one job each: ``clock`` (virtual time), ``scheduler`` (event heap, bounds, the one
 seeded random generator), ``latency`` (message and collective latency), ``faults`` (fault
 values), ``trace`` (event records), ``process`` (per-program state), ``ops`` (simulator-only
-messaging ops), ``cluster`` (op semantics and fault effects). Named scenarios (``scout simulate``)
+messaging ops), ``runner`` (programs stepped through their ops, waits and deadlines),
+``network`` (payload encoding, links, link faults), ``groups`` (interned groups), ``messaging``
+(exchange, send, receive), ``collectives`` (the collectives engine), ``fault_engine`` (fault
+effects), ``cluster`` (wires the parts; the public API). Named scenarios (``scout simulate``)
 and their pytest helpers live in :mod:`scout.scenarios`.
 """
 

@@ -28,6 +28,8 @@ from typing import Any
 
 import attrs
 
+from scout.core.guards import whole_number
+
 __all__ = [
     "Corrupt",
     "Crash",
@@ -44,7 +46,7 @@ __all__ = [
 def _rank_set(value: int | Iterable[int]) -> frozenset[int]:
     ranks = frozenset([value]) if isinstance(value, int) else frozenset(value)
     for rank in ranks:
-        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+        if not whole_number(rank) or rank < 0:
             raise ValueError(f"a fault names rank {rank!r}: ranks are ints >= 0")
     return ranks
 
@@ -59,7 +61,7 @@ def _programs(value: str | Iterable[str] | None) -> tuple[str, ...] | None:
 
 
 def _rank(instance: object, attribute: attrs.Attribute, value: int) -> None:  # type: ignore[type-arg]
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if not whole_number(value) or value < 0:
         raise ValueError(f"{attribute.name} must be a rank (int >= 0), got {value!r}")
 
 
@@ -80,7 +82,7 @@ def _duration_s(instance: object, attribute: attrs.Attribute, value: float) -> N
 
 
 def _at_op(instance: object, attribute: attrs.Attribute, value: int | None) -> None:  # type: ignore[type-arg]
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+    if value is not None and (not whole_number(value) or value < 1):
         raise ValueError(f"{attribute.name} counts ops from 1, got {value!r}")
 
 
@@ -271,7 +273,7 @@ class FlipBit:
     leaf: int | None = None
 
     def __attrs_post_init__(self) -> None:
-        if isinstance(self.bit, bool) or not isinstance(self.bit, int) or self.bit < 0:
+        if not whole_number(self.bit) or self.bit < 0:
             raise ValueError(f"bit must be an int >= 0, got {self.bit!r}")
 
     def __call__(self, value: Any) -> Any:

@@ -7,8 +7,9 @@ randomness of a run comes from ``Scheduler.rng``, one ``random.Random(seed)``.
 Every run is bounded (TIGER_STYLE: put a limit on everything): by a number of events and by a
 virtual time. Hitting a bound raises :class:`SimulationLimitExceeded` naming the seed.
 
-Events are plain tuples ``(time_s, seq, kind, a, b)``; ``kind`` indexes a table of handlers the
-cluster supplies. Keeping them tuples (not objects) is what keeps the per-event cost low.
+Events are plain tuples ``(time_s, seq, kind, a, b)``; ``kind`` indexes the table of handlers
+that the simulator's parts fill with :meth:`Scheduler.register` (each part registers the events
+it handles). Keeping them tuples (not objects) is what keeps the per-event cost low.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from __future__ import annotations
 import heapq
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
+from scout.core.guards import whole_number
 from scout.transport.sim.clock import VirtualClock
 from scout.transport.sim.errors import SimulationLimitExceeded, reproduce_line
 
@@ -42,6 +44,7 @@ class Scheduler:
         "_heap",
         "_seq",
         "clock",
+        "handlers",
         "active_s",
         "events",
         "max_events",
@@ -58,7 +61,7 @@ class Scheduler:
         max_events: int = DEFAULT_MAX_EVENTS,
         max_virtual_time_s: float = DEFAULT_MAX_VIRTUAL_TIME_S,
     ) -> None:
-        if isinstance(seed, bool) or not isinstance(seed, int):
+        if not whole_number(seed):
             raise TypeError(f"seed must be an int, got {seed!r}")
         if max_events < 1:
             raise ValueError(f"max_events must be >= 1, got {max_events}")
@@ -74,6 +77,18 @@ class Scheduler:
         self.reproduce = reproduce_line(seed)
         self._heap: list[tuple[float, int, int, Any, Any]] = []
         self._seq = 0
+        self.handlers: list[Handler] = []  # by event kind
+
+    def register(self, handler: Handler) -> int:
+        """Add ``handler`` to the table; returns its event kind, for :meth:`at`.
+
+        Kinds only select a handler: the order of events is by ``(time_s, seq)``, so the order in
+        which the parts register does not change a run.
+        """
+        if not callable(handler):
+            raise TypeError(f"an event handler must be callable, got {handler!r}")
+        self.handlers.append(handler)
+        return len(self.handlers) - 1
 
     @property
     def now_s(self) -> float:
@@ -107,8 +122,9 @@ class Scheduler:
             push(heap, (time_s, seq, kind, a, b))
         self._seq = seq
 
-    def run(self, handlers: Sequence[Handler], until_s: float | None = None) -> None:
+    def run(self, until_s: float | None = None) -> None:
         """Handle events in order until none is left or the next one is after ``until_s``."""
+        handlers = self.handlers
         heap = self._heap
         pop = heapq.heappop
         clock = self.clock

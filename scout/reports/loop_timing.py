@@ -16,6 +16,8 @@ from typing import Any, Final
 
 import attrs
 
+from scout.core.straggler.tracking import StragglerKind
+
 __all__ = ["PICTURE_RANKS_MAX", "TIMING_RANKS_SHOWN", "LoopRank", "LoopSeries", "loop_ranks", "loop_series",
            "loop_timing_json", "loop_timing_lines"]
 
@@ -74,7 +76,8 @@ def loop_timing_json(records: Sequence[Mapping[str, Any]], skipped: int,
                      stragglers: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
     """The summary's ``loop_timing`` object (None without a loop record)."""
     loops = _loop_records(records)
-    replay = {kind: _replay_json(records, kind) for kind in ("forward", "device", "communication")}
+    replay = {kind.value: _replay_json(records, kind.value)
+              for kind in (StragglerKind.FORWARD, StragglerKind.DEVICE, StragglerKind.COMMUNICATION)}
     if not loops and not skipped and not any(replay.values()):
         return None
     ranks = loop_ranks(loops)
@@ -131,7 +134,7 @@ def loop_timing_lines(summary: Mapping[str, Any] | None) -> list[str]:
             lines.append(f"  ... {summary['ranks_not_shown']} more rank(s), each with a lower median ratio")
     for kind, replay in summary["replay"].items():
         slowest = replay["slowest"]
-        what = "live forward" if kind == "forward" else f"replay {kind}"  # LOOP-7's is timed live
+        what = "live forward" if kind == StragglerKind.FORWARD else f"replay {kind}"  # LOOP-7's is timed live
         lines.append(f"{what} timing: {replay['checks']} check(s)" + (
             f"; slowest rank {slowest['rank']}: median {slowest['median']:.2f}, max {slowest['max']:.2f}, above the "
             f"slow ratio at {slowest['above']}/{slowest['checks']}" if slowest else "; no ratio (never decided)"))

@@ -6,7 +6,7 @@ the final trust of every checkpoint) and gives a summary -- faults by kind, with
 steps and reasons; the loop checks' ratios per rank; restarts and what they restored; how each
 attempt ended (spec/ops.md OPS-13: an attempt that raised, or that left no ``finished`` report --
 a crash, a kill, a full run_dir -- is shown as such); checkpoint trust -- as text
-(:func:`summary_text`) or JSON (:func:`summary_json`). :mod:`scout.job.picture` draws it. Lines
+(:func:`summary_text`) or JSON (:func:`summary_json`). :mod:`scout.reports.picture` draws it. Lines
 that are not reports (torn, or of the wrong types) are skipped and counted (OPS-12). No torch.
 """
 
@@ -20,12 +20,13 @@ from typing import Any, Final
 import attrs
 
 from scout import reports
+from scout.core.guards import whole_number
 from scout.gate.codec import CodecError
 from scout.gate.manifest import ManifestError
 from scout.gate.model import Trust
 from scout.gate.recorder import inspect_gate_problems
-from scout.job.loop_timing import loop_timing_json, loop_timing_lines
-from scout.reports.kinds import ATTEMPT_STARTS, ReportKind
+from scout.reports.kinds import ATTEMPT_STARTS, ReportKind, RestartReason
+from scout.reports.loop_timing import loop_timing_json, loop_timing_lines
 from scout.reports.timing import TIMING_FILE, read_timing
 
 __all__ = ["RunView", "load_run", "summary_json", "summary_text"]
@@ -57,7 +58,7 @@ class RunView:
 
 
 def _natural(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+    return value if whole_number(value) and value >= 0 else None
 
 
 def _texts(value: object) -> list[str]:
@@ -129,7 +130,7 @@ def attempt_ends(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                          "error": None})
         elif ends and ends[-1]["ended"] == "none" and kind == ReportKind.FINISHED.value:
             error = record["evidence"].get("error")
-            ends[-1].update(ended="closed" if reason == "closed" else reason, step=record["step"],
+            ends[-1].update(ended=reason, step=record["step"],
                             error=None if error is None else str(error))
         elif ends and ends[-1]["ended"] == "none" and kind == ReportKind.RESTART.value:
             ends[-1].update(ended="stopped", step=record["step"], error=reason)
@@ -149,7 +150,7 @@ def start_phrase(reason: str, step: int, choice: str | None, failure: str | None
     """How an attempt began (its ``restart`` record: ``started`` or ``restored``), in the report
     and its picture: a fresh start, or the step, choice and failure of the restore; and the chosen
     checkpoints found without files on the way (spec/recovery.md RECOVERY-7)."""
-    if reason == "started":
+    if reason == RestartReason.STARTED:
         return "fresh start" + (f" ({', '.join(lost)} lost: no files)" if lost else "")
     article = "an" if str(failure)[:1] in "aeiou" else "a"
     gone = f"; {', '.join(lost)} lost: no files" if lost else ""

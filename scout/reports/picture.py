@@ -10,7 +10,7 @@ could not be checked; and each checkpoint the attempt captured, coloured by its 
 labelled with its whole trust history. Below the panels, when ``run_dir/timing.jsonl`` holds loop
 checks (spec/replay.md LOOP-6), a strip of each rank's loop performance ratio over the steps with
 the test's slow ratio marked (for many ranks, only those ever above it and each check's median:
-:func:`scout.job.loop_timing.loop_series`). Attempts get their own panels because a restart resumes
+:func:`scout.reports.loop_timing.loop_series`). Attempts get their own panels because a restart resumes
 at an earlier step: on one step axis a quarantined checkpoint and the verified one that replaced
 it at the same step would overprint. The wall-time strip puts every report at its time, and draws
 each hang from when its rank fell idle to when it was reported, so a 40 s hang has a length.
@@ -29,9 +29,18 @@ from typing import Any, Final
 import attrs
 
 from scout.core.compat import assert_never
-from scout.job.loop_timing import LoopSeries, loop_series
-from scout.job.summary import RunView, attempt_numbers, start_phrase
-from scout.reports.kinds import ATTEMPT_STARTS, SAVE_FAILED, MarkStyle, ReportKind
+from scout.core.guards import whole_number
+from scout.core.straggler.tracking import StragglerKind
+from scout.reports.kinds import (
+    ATTEMPT_STARTS,
+    SAVE_FAILED,
+    FinishedReason,
+    MarkStyle,
+    ReportKind,
+    RestartReason,
+)
+from scout.reports.loop_timing import LoopSeries, loop_series
+from scout.reports.summary import RunView, attempt_numbers, start_phrase
 
 __all__ = ["Attempt", "attempts_of", "render_picture"]
 
@@ -89,14 +98,14 @@ def attempts_of(view: RunView) -> list[Attempt]:
                 began = start_phrase(reason, record["step"], evidence.get("choice"), evidence.get("failure"),
                                      [str(item) for item in lost] if isinstance(lost, list) else None)
                 first = record["step"] or 0
-            elif kind == ReportKind.RESTART and reason == "exhausted":
+            elif kind == ReportKind.RESTART and reason == RestartReason.EXHAUSTED:
                 ended, badly = f"job stopped at step {record['step']}: restarts spent", True
             elif kind == ReportKind.RESTART:
                 policy = evidence.get("policy") or f"on_{reason}=restart"
                 ended, badly = f"stopped by {policy} at step {record['step']}", True
             elif kind == ReportKind.FINISHED:
-                ended, badly = f"finished at step {record['step']}", reason != "closed"
-                if reason != "closed":
+                ended, badly = f"finished at step {record['step']}", reason != FinishedReason.CLOSED
+                if reason != FinishedReason.CLOSED:
                     ended = f"left at step {record['step']} ({reason})"
         attempts.append(Attempt(generation, tuple(records), first, max([first, *steps]), began, ended, badly))
     return attempts
@@ -165,7 +174,7 @@ def render_picture(view: RunView, path: str | Path) -> Path:
     drawn = [_checkpoints_of(view, attempt, history, len(attempts) == 1) for attempt in attempts]
     heights = [1.3 + 0.42 * ranks + _label_pad_pt(checkpoints) / 72 for checkpoints in drawn]
     # LOOP-6, LOOP-7: a strip per kind of loop check that wrote lines.
-    strips = [(kind, *loop_series(view.timing, kind)) for kind in ("loop", "forward")]
+    strips = [(kind.value, *loop_series(view.timing, kind.value)) for kind in (StragglerKind.LOOP, StragglerKind.FORWARD)]
     strips = [strip for strip in strips if strip[1]]
     heights.extend(2.4 for _ in strips)
     heights.append(1.2 + 0.25 * len(attempts))
@@ -238,20 +247,21 @@ def _attempt_panel(axes: Any, attempt: Attempt, checkpoints: list[tuple[str, int
             continue  # a kind of a newer schema revision, or a report without a step
         mark = kind.mark
         if mark.style is MarkStyle.ATTEMPT:
-            if record["reason"] == "restored":
+            if record["reason"] == RestartReason.RESTORED:
                 axes.plot([step], [-0.75], marker=">", markersize=9, color=RESTORE_COLOUR, zorder=5, linestyle="")
                 axes.text(step, -0.75, f"  resumed here (step {step})", fontsize=7, color=RESTORE_COLOUR,
                           va="center")
                 legend["resumed from a checkpoint"] = Line2D([], [], marker=">", color=RESTORE_COLOUR, linestyle="")
-            elif record["reason"] != "started":
+            elif record["reason"] != RestartReason.STARTED:
                 axes.plot([step], [-0.75], marker="s", markersize=8, color=END_COLOUR, zorder=5, linestyle="")
                 policy = evidence.get("policy") or f"on_{record['reason']}=restart"
-                text = "job stopped: restarts spent" if record["reason"] == "exhausted" else f"stopped by {policy}"
+                text = ("job stopped: restarts spent" if record["reason"] == RestartReason.EXHAUSTED
+                        else f"stopped by {policy}")
                 axes.text(step, -0.75, f"  {text}", fontsize=7, color=END_COLOUR, va="center", fontweight="bold")
                 legend["job stopped"] = Line2D([], [], marker="s", color=END_COLOUR, linestyle="")
         elif mark.style is MarkStyle.GROUP:
             members = evidence.get("group_ranks")
-            members = [m for m in members if isinstance(m, int) and not isinstance(m, bool)] \
+            members = [m for m in members if whole_number(m)] \
                 if isinstance(members, list) else []
             if members:
                 axes.add_patch(Rectangle((step - 0.4, min(members) - 0.4), 0.8, max(members) - min(members) + 0.8,
@@ -331,7 +341,7 @@ def _loop_strip(axes: Any, kind: str, series: Sequence[LoopSeries], slow_ratio: 
     axes.set_xlabel("training step")
     axes.set_ylabel(f"{kind} ratio", fontsize=8)
     axes.grid(alpha=0.2)
-    what = "loop time" if kind == "loop" else "live forward time"
+    what = "loop time" if kind == StragglerKind.LOOP else "live forward time"
     axes.set_title(f"{kind} checks: each rank's {what} / the group's centre (timing.jsonl)", fontsize=9, loc="left")
     if slow_ratio is not None:
         axes.axhline(slow_ratio, color=STRAGGLER_COLOUR, linestyle="--", linewidth=1)
