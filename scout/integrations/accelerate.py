@@ -81,7 +81,8 @@ class ScoutAccelerate:
     def save_state(self, output_dir: str | None = None, *args: Any, **kwargs: Any) -> Any:
         """``accelerator.save_state`` (same arguments, same result), then the folder recorded in
         the gate as the checkpoint of the current step (FRAME-8). Collective, as ``save_state``."""
-        location = self._save_state(output_dir, *args, **kwargs)
+        with self.job.checkpoint_io("write", f"step {self.step}"):  # a slow write is a checkpoint stage
+            location = self._save_state(output_dir, *args, **kwargs)
         written = location if location is not None else output_dir
         if written is None:
             logger.warning("scout: accelerator.save_state returned no folder: the checkpoint of step %d is not "

@@ -80,7 +80,8 @@ class ScoutDeepSpeed:
         as the checkpoint of the current step (FRAME-8). Collective, as DeepSpeed's own."""
         step = self.engine.global_steps
         name = str(tag) if tag is not None else f"global_step{step}"  # DeepSpeed's default tag
-        result = self._save(save_dir, name, *args, **kwargs)
+        with self.job.checkpoint_io("write", name):  # a slow write is a checkpoint stage, not a hang
+            result = self._save(save_dir, name, *args, **kwargs)
         framework.record_save(self.job, os.path.abspath(os.path.join(os.fspath(save_dir), name)), step, "deepspeed")
         self.recorded.add(step)
         return result

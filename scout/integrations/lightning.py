@@ -32,6 +32,7 @@ where the skip is installed before Lightning first iterates the training loader)
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import itertools
@@ -235,7 +236,9 @@ def fit(trainer: Any, model: Any, train_dataloaders: Any = None, val_dataloaders
     save_checkpoint, process_dataloader = trainer.save_checkpoint, trainer.strategy.process_dataloader
 
     def save_and_note(filepath: Any, *args: Any, **kwargs: Any) -> None:
-        save_checkpoint(filepath, *args, **kwargs)
+        job = callback.job
+        with job.checkpoint_io("write", os.fspath(filepath)) if job is not None else contextlib.nullcontext():
+            save_checkpoint(filepath, *args, **kwargs)  # a slow write is a checkpoint stage, not a hang
         callback.saved(os.path.abspath(os.fspath(filepath)), trainer.global_step)
 
     def process_and_skip(dataloader: Any) -> Any:
