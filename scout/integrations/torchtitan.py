@@ -18,7 +18,9 @@ returns a copy of a ``ModelSpec`` whose hook first runs the original one and the
   ``GroupedExperts`` modules at the catalog's compressed keys (spec/moe.md MOE-5, MOE-7).
 
 What it does not do: TorchTitan's own checkpointer keeps writing its checkpoints; the gate
-certifies scout's DCP checkpoints (``checkpoint_dir``), not TorchTitan's. TorchTitan 0.3 cannot
+certifies scout's DCP checkpoints (``checkpoint_dir``), not TorchTitan's ``step-N`` folders -- the
+hook runs before TorchTitan builds its ``CheckpointManager`` and receives neither it nor the
+trainer, and the resume step is the job config's (docs/integrations.md says what doing it takes). TorchTitan 0.3 cannot
 train on CPU (its attention backends have no CPU backward), so the trainer path is tested on a
 GPU (``tests/gpu/torchtitan_train.py``); the pieces that run on CPU are tested in
 ``tests/integrations``.

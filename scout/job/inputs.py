@@ -27,6 +27,7 @@ KNOWN_WRAPPERS: Final[dict[tuple[str, str], str]] = {
     ("lightning", "LightningOptimizer"): "_optimizer",
     ("pytorch_lightning", "LightningOptimizer"): "_optimizer",
     ("deepspeed", "DeepSpeedEngine"): "module",
+    ("megatron", "MegatronOptimizer"): "optimizer",
 }
 #: Wrappers inside wrappers are unwrapped this many times at most (a cycle is a bug of the wrapper).
 UNWRAP_DEPTH_MAX: Final = 8
