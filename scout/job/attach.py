@@ -12,9 +12,11 @@
 (``scout.job.assemble``) the progress record and its instrumentation, one out-of-band observer
 per rank (hangs, desyncs, stalls), the checks (replay for SDC and stragglers, loop stragglers,
 experts, the canary) and the two-cycle checkpoint gate, whose one writer is rank 0. ``Job``
-drives them: each ``step()`` runs the pipeline (``scout.job.pipeline``: checks, one exchange,
-the gate, reports, the fault policy) on scout's control group and, at a cycle end where one is
-due, saves a DCP checkpoint and reports its capture. Everything scout finds lands in ``run_dir``.
+drives them: ``restore()`` runs the restore program (``scout.job.restore``: the recovery decision,
+RECOVERY-7's fallback, the load) and each ``step()`` the pipeline (``scout.job.pipeline``: checks,
+one exchange, the gate, reports, the fault policy) on scout's control group and, at a cycle end
+where one is due, the save program (``scout.job.save``: a DCP checkpoint and its capture,
+GATE-40). Everything scout finds lands in ``run_dir``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import os
 import shutil
 import time
 from collections.abc import Iterator, Mapping
+from functools import partial
 from typing import Any
 
 import torch
@@ -40,28 +43,25 @@ from scout.job.boundary import Agreement, GuardedJob
 from scout.job.config import Config, ConfigError, load_config, unknown_variables
 from scout.job.gate_driver import RestoreDecision
 from scout.job.inputs import checked_state, unwrap_model, unwrap_optimizer
-from scout.job.pipeline import CheckpointSaveFailed, FaultDetected, run_step
-from scout.job.run_dir import ADOPT_VARIABLE, bind, bound_jobs, check_binding
+from scout.job.pipeline import CheckpointSaveFailed, FaultDetected, Stop, run_step
+from scout.job.restore import RestoreFiles, run_restore
+from scout.job.run_dir import ADOPT_VARIABLE, bind, check_binding, our_records
+from scout.job.save import SaveFiles, error_text, run_save
 from scout.job.startup import check_directory, checked_on_every_rank
 from scout.observer import instrument
 from scout.observer.progress import launcher_job_id
 from scout.replay.collectives import TorchPeerGroup
 from scout.reports import guard
-from scout.reports.guard import Part
-from scout.reports.kinds import SAVE_FAILED, FinishedReason, ReportKind, attempt_failure
+from scout.reports.kinds import FinishedReason, ReportKind, attempt_failure
 
 __all__ = ["CheckpointSaveFailed", "FaultDetected", "Job", "attach"]
 
 logger = logging.getLogger("scout")
-#: A ``finished`` report's error text is cut to this many characters (a traceback is on stderr).
-ERROR_CHARS_MAX = 500
-#: RECOVERY-7: chosen checkpoints found without files, one after another, before restore() gives
-#: up (each is marked lost, so a real manifest runs out of restorable checkpoints long before).
-LOSS_ROUNDS_MAX = 10_000
 
 
 class Job:
-    """scout attached to one rank of a training job. Made by :func:`attach`."""
+    """scout attached to one rank of a training job (made by :func:`attach`): its lifecycle, DCP and
+    the exception boundary; it runs the restore, step and save programs on scout's control group."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, *,
                  run_dir: str | os.PathLike[str], checkpoint_dir: str | os.PathLike[str] | None,
@@ -80,12 +80,10 @@ class Job:
             raise
         self.rank, self.world_size = self.parts.rank, self.parts.world_size
         self.publisher, self.observer, self.pipeline = self.parts.publisher, self.parts.observer, self.parts.pipeline
-        self.pipeline.clock = time.perf_counter
-        self.pipeline.boundary = self.boundary
-        self._ops_on = True
-        self.guarded = GuardedJob(self.boundary, Agreement(self.parts.control, self.boundary,
-                                                           config.collective_timeout_s),
-                                  self.pipeline, self.pipeline.reporter, rank=self.rank, stop_ops=self._stop_ops)
+        self.pipeline.clock, self.pipeline.boundary = time.perf_counter, self.boundary
+        agreement = Agreement(self.parts.control, self.boundary, config.collective_timeout_s)
+        self.guarded = GuardedJob(self.boundary, agreement, self.pipeline, rank=self.rank, ops=self.parts.ops)
+        self.files = _dcp_files(self)  # the restore and save programs' disk work (None: no checkpoint_dir)
         #: Seconds this rank spent in each part of scout inside job.step() (bench/attach_overhead.py).
         self.costs = self.pipeline.costs
         self.timeline = self._step = 0
@@ -110,8 +108,7 @@ class Job:
         reason = FinishedReason.INTERRUPTED if isinstance(error, KeyboardInterrupt) else FinishedReason.EXCEPTION
         with contextlib.suppress(Exception):
             self.pipeline.reporter.record(ReportKind.FINISHED, reason, step=self._step,
-                                          evidence={"error": f"{type(error).__name__}: {error}"[:ERROR_CHARS_MAX],
-                                                    **self._parts_off()})
+                                          evidence={"error": error_text(error), **self.guarded.parts_off_evidence()})
 
     def remove_record(self) -> None:
         """PROGRESS-12: at interpreter exit, remove this rank's progress record (closing it)."""
@@ -125,7 +122,7 @@ class Job:
         if self._started:
             raise RuntimeError("restore() must come before the first job.step(), once")
         try:
-            failure = attempt_failure(self._our_records()) if self.rank == 0 else None
+            failure = attempt_failure(our_records(self.parts.run_dir.path)) if self.rank == 0 else None  # RECOVERY-6
             with self.parts.idle_loops.awake():  # WAIT-5: scout's groups work now
                 self._begin(failure, checkpoints=self.parts.checkpoint_dir is not None)
         except BaseException as error:  # PROGRESS-11: say "exiting" before anything else
@@ -133,22 +130,12 @@ class Job:
             raise
         return self._step
 
-    def _our_records(self) -> list[dict[str, Any]]:
-        """RECOVERY-6: the run's reports written by the jobs the run directory is bound to."""
-        jobs = bound_jobs(self.parts.run_dir.path)
-        return [r for r in self.parts.run_dir.records() if jobs is None or r["job_id"] in jobs]
-
     def _begin(self, failure: FailureClass | None, *, checkpoints: bool) -> None:
-        """Start the step loop where the gate's writer decides (every rank; collective)."""
-        decision, lost = self._decide(failure, checkpoints=checkpoints)
-        if decision.checkpoint is not None and self.parts.checkpoint_dir is not None:
-            with self.checkpoint_io("read", str(decision.checkpoint)):
-                loaded = dcp.load_checkpoint(self.parts.checkpoint_dir, decision.checkpoint, self.model,
-                                             self._optimizer_for_dcp(), registered=self.registered,
-                                             namespace=self.parts.layout.checkpoint_namespace)
-            if loaded != decision.step:
-                raise RuntimeError(f"checkpoint {decision.checkpoint} held step {loaded}")
-        self.begin_at(decision, lost)
+        """Start the step loop where the restore program decides (every rank; collective)."""
+        restored = self.parts.control.run(run_restore(
+            self.pipeline, failure, checkpoints=checkpoints, files=self.files and self.files[0],
+            on_missing_checkpoint=self.config.on_missing_checkpoint, timeout_s=self.config.collective_timeout_s))
+        self.begin_at(restored.decision, list(restored.lost))
 
     def begin_at(self, decision: RestoreDecision, lost: list[str] | None = None) -> None:
         """Start the step loop at ``decision.step`` (every rank; collective): the state of that
@@ -156,61 +143,34 @@ class Job:
         (spec/frameworks.md FRAME-10, scout.job.framework)."""
         if self._started:
             raise RuntimeError("the step loop has begun already: restore() or begin_at() once, before job.step()")
-        lost = lost or []
         self._started = True
         self._step, self.timeline = decision.step, decision.timeline
         self.boundary.step = decision.step + 1
-        self.pipeline.begin(decision, lost=lost)
+        self.pipeline.begin(decision, lost=lost or [])
         self.publisher.end_stage()  # start-up (or the restore) is over
         self.publisher.begin_step(self._step + 1)
 
-    def _decide(self, failure: FailureClass | None, *, checkpoints: bool) -> tuple[RestoreDecision, list[str]]:
-        """The recovery decision (the gate's writer decides, every rank gets it) with RECOVERY-7's
-        fallback: a chosen checkpoint whose files any rank lacks is marked LOST (GATE-42) and the
-        decision is made again, until the choice is there on every rank or nothing is chosen.
-        Returns the decision and the checkpoints lost on the way."""
-        control = self.parts.control
-        lost: list[str] = []
-        # Each round takes one restorable checkpoint away (GATE-42), so the rounds end; the bound
-        # is the gate's own (a manifest holds fewer checkpoints than this).
-        for _round in range(LOSS_ROUNDS_MAX):
-            decision: RestoreDecision = control.broadcast(self.pipeline.decide_restore(failure, checkpoints=checkpoints))
-            if decision.checkpoint is None or self.parts.checkpoint_dir is None:
-                break
-            found = control.all_gather(missing_checkpoint(decision, self.parts.checkpoint_dir))
-            lacking = [rank for rank, problem in enumerate(found) if problem is not None]
-            if not lacking:
-                break
-            problem = found[lacking[0]]
-            assert problem is not None
-            if self.config.on_missing_checkpoint == "stop":
-                raise FileNotFoundError(f"{problem} (rank(s) {lacking} lack it; on_missing_checkpoint=stop)")
-            path = dcp.checkpoint_path(self.parts.checkpoint_dir, decision.checkpoint)
-            self.pipeline.lost(decision.checkpoint, f"no complete checkpoint at {path} on rank(s) {lacking}")
-            lost.append(str(decision.checkpoint))
-        else:
-            raise RuntimeError(f"restore(): {LOSS_ROUNDS_MAX} chosen checkpoints in a row had no files; the gate's "
-                               "manifest is not what this job saved (spec/recovery.md RECOVERY-7)")
-        if lost and self.rank == 0:
-            instead = "initialization (nothing left that the recovery rules allow)" if decision.checkpoint is None else (
-                f"{decision.choice.value if decision.choice else ''} checkpoint {decision.checkpoint}".strip())
-            logger.warning("scout: restore(): checkpoint(s) %s have no files under checkpoint_dir %r; marked lost "
-                           "(never restored again; spec/gate.md GATE-42) -- this attempt starts from %s "
-                           "(spec/recovery.md RECOVERY-7; on_missing_checkpoint=stop refuses instead)",
-                           ", ".join(lost), str(self.parts.checkpoint_dir), instead)
-        return decision, lost
+    def _load(self, checkpoint: CheckpointId) -> int:
+        """DCP: load ``checkpoint`` on this rank (RestoreFiles.load); returns the step it held."""
+        assert self.parts.checkpoint_dir is not None
+        with self.checkpoint_io("read", str(checkpoint)):
+            return dcp.load_checkpoint(self.parts.checkpoint_dir, checkpoint, self.model, _optimizer(self),
+                                       registered=self.registered, namespace=self.parts.layout.checkpoint_namespace)
 
-    def _optimizer_for_dcp(self) -> torch.optim.Optimizer:
-        if self.optimizer is None:
-            raise RuntimeError("scout saves and restores checkpoints of the model and its optimizer: pass the optimizer")
-        return self.optimizer
+    def _save(self, checkpoint: CheckpointId) -> None:
+        """DCP: this rank's part of ``checkpoint`` (SaveFiles.save), collective over the control group."""
+        assert self.parts.checkpoint_dir is not None
+        with self.checkpoint_io("write", str(checkpoint)):
+            dcp.save_checkpoint(self.parts.checkpoint_dir, checkpoint, self.model, _optimizer(self),
+                                process_group=self.parts.control.group, registered=self.registered,
+                                namespace=self.parts.layout.checkpoint_namespace)
 
     def step(self) -> None:
-        """Once per training step, after ``optimizer.step()``: the checks, the gate, a checkpoint
-        at cycle ends. Raises :class:`FaultDetected` on every rank at the same step when a
-        fault's policy is ``restart``, and :class:`CheckpointSaveFailed` when a save failed and
-        ``on_checkpoint_error = "stop"``; an error of scout's own is a report and the part that
-        failed is switched off on every rank, and training goes on (spec/guard.md)."""
+        """Once per training step, after ``optimizer.step()``: the checks, the gate, a checkpoint at
+        cycle ends. Raises :class:`FaultDetected` on every rank at one step when a fault's policy is
+        ``restart``, :class:`CheckpointSaveFailed` when a save failed and ``on_checkpoint_error =
+        "stop"``; an error of scout's own is a report, its part goes off on every rank, training goes
+        on (spec/guard.md)."""
         if self._closed:
             raise RuntimeError("this scout job was closed")
         if self._leaving and not self._said_left:
@@ -229,147 +189,21 @@ class Job:
             self._begin(None, checkpoints=False)
         self._step += 1
         step = self.boundary.step = self._step
-        started, entry_ns = time.perf_counter(), time.monotonic_ns()
-        self.guarded.agree(step)  # GUARD-4: what failed anywhere at the last step is off from here
-        agreement_s = time.perf_counter() - started
-        self.pipeline.waited(entry_ns, time.monotonic_ns())  # LOOP-1: a wait for the peers, not loop work
-        stop = None
-        try:
-            if guard.INJECTING:
-                guard.inject("control.exchange")
-            outcome = self.parts.control.run(run_step(self.pipeline, step))
-            stop = outcome.stop
-            self.checkpoint_due = outcome.checkpoint_due
-            if outcome.checkpoint_due and self.parts.checkpoint_dir is not None:
-                started = time.perf_counter()
-                self._checkpoint(step)
-                self.costs["cycle_end_s"] = self.costs.get("cycle_end_s", 0.0) + time.perf_counter() - started
-        except CheckpointSaveFailed:  # on_checkpoint_error = "stop": a policy the user chose
-            raise
-        except Exception as error:  # GUARD-7: this rank's sequence of control collectives is broken
-            self.guarded.control_failed(error, step)
-        try:
-            instrument.mark_step(step + 1)
-        except Exception as error:  # GUARD-1: the observer's step check, the step's publish
-            guard.failed(Part.INSTRUMENTATION, error, "job.step")
-        if self.parts.ops is not None and self._ops_on:  # metrics and on_report's per-rank stats (docs/metrics.md)
-            try:
-                if guard.INJECTING:
-                    guard.inject("ops.after_step")
-                self.parts.ops.after_step(step, self.costs, self.pipeline.straggler_trackers())
-            except Exception as error:
-                guard.failed(Part.OPS, error, "job.step")
-        started = time.perf_counter()
-        try:
-            self.guarded.agreement.launch()  # GUARD-4: what failed here since the last launch
-        except Exception as error:
-            self.guarded.control_failed(error, step)
-        self.costs["agreement_s"] = self.costs.get("agreement_s", 0.0) + agreement_s + time.perf_counter() - started
+        stop = self.guarded.run_step(step, partial(self._control_work, step))
         self.boundary.step = step + 1  # the next step's training phase begins
         self.pipeline.step_begins()
         if stop is not None:
             raise FaultDetected.of(stop)
 
-    def _stop_ops(self) -> None:
-        self._ops_on = False
-
-    def _parts_off(self) -> dict[str, Any]:
-        """GUARD-8: the parts that are off on this rank, with their off steps (empty: none)."""
-        off = self.guarded.parts_off()
-        return {"parts_off": off} if off else {}
-
-    def _checkpoint(self, step: int) -> None:
-        """Save the checkpoint of ``step`` (collective, DCP) and tell the gate it is complete; a
-        save that fails is reported and handled by ``on_checkpoint_error`` alike on every rank
-        (GATE-40)."""
-        assert self.parts.checkpoint_dir is not None
-        checkpoint = CheckpointId(self.timeline, step)
-        path = dcp.checkpoint_path(self.parts.checkpoint_dir, checkpoint)
-        control = self.parts.control
-        failed: list[int] = []
-        # GUARD-6: rank 0 says whether its gate's writer stopped since the step's start (then no
-        # rank saves: the gate could not record the capture), or what stands in the way (GATE-40).
-        first = control.broadcast(self._before_save() if self.rank == 0 else None)
-        if isinstance(first, dict):
-            if self.rank == 0:
-                logger.warning("scout: the checkpoint of step %d is not saved: %s (spec/guard.md GUARD-6)", step,
-                               first["skip"])
-            return
-        error = first
-        if error is None:
-            local: str | None = None
-            try:
-                with self.checkpoint_io("write", str(checkpoint)):
-                    dcp.save_checkpoint(self.parts.checkpoint_dir, checkpoint, self.model,
-                                        self._optimizer_for_dcp(), process_group=control.group,
-                                        registered=self.registered,
-                                        namespace=self.parts.layout.checkpoint_namespace)
-            except BaseException as raised:  # DCP's CheckpointException is a BaseException
-                if isinstance(raised, (KeyboardInterrupt, SystemExit, GeneratorExit)):
-                    raise
-                local = _save_error_text(raised)
-            errors = control.all_gather(local)
-            failed = [rank for rank, text in enumerate(errors) if text]
-            error = next((text for text in errors if text), None)
-        manifest = False
-        if error is None:
-            try:
-                if guard.INJECTING:
-                    guard.inject("gate.capture")
-                self.pipeline.captured(step)  # rank 0 records it in the manifest
-            except Exception as raised:  # GATE-40: the record failed; GUARD-3: the gate cannot go on
-                local, manifest = _error_text(raised), True
-                guard.failed(Part.GATE, raised, "gate capture")
-                self.pipeline.stop_gate()
-            else:
-                local = None
-            error = control.broadcast(local)
-            manifest = bool(control.broadcast(manifest))
-            failed = [0] if error else []
-        if error is None:
-            return
-        stop = self.config.on_checkpoint_error == "stop"
-        then = ("the job stops" if stop else
-                "training goes on without the gate: no checkpoint is saved or certified any more" if manifest else
-                "training goes on without it")
-        where = str(self.parts.run_dir.path / "gate") if manifest else str(path)
-        self.pipeline.reporter.record(ReportKind.CHECKPOINT, SAVE_FAILED, ranks=failed, step=step, evidence={
-            "checkpoint": str(checkpoint), "path": where, "error": error,
-            "policy": f"on_checkpoint_error={self.config.on_checkpoint_error}", "manifest": manifest})
-        message = f"scout: the checkpoint of step {step} could not be saved to {where}: {error}; {then} (GATE-40)"
-        if self.rank == 0:
-            logger.error("%s", message)
-        if stop:
-            raise CheckpointSaveFailed(message)
-
-    def _before_save(self) -> dict[str, str] | str | None:
-        """Rank 0, before every save: ``{"skip": why}`` when its gate's writer stopped (GUARD-6),
-        else the free-space problem (GATE-40) or None. A failure of the free-space check itself is
-        the checkpoint part's, and the save goes ahead without it (GUARD-3)."""
-        if self.pipeline.gate_stopped:
-            return {"skip": "the gate's writer stopped after a failure, so it could not record it"}
-        try:
-            if guard.INJECTING:
-                guard.inject("checkpoint.space")
-            return self._free_space_problem()
-        except Exception as raised:
-            guard.failed(Part.CHECKPOINT, raised, "job.step")
-            return None
-
-    def _free_space_problem(self) -> str | None:
-        """GATE-40: why a save cannot succeed before it starts (rank 0): less free space in
-        checkpoint_dir than this rank's share of the state."""
-        assert self.parts.checkpoint_dir is not None
-        needed = sum(t.numel() * t.element_size() for t in _tensors((self.model.state_dict(),
-                                                                     self._optimizer_for_dcp().state_dict())))
-        try:
-            free = shutil.disk_usage(self.parts.checkpoint_dir).free
-        except OSError as error:
-            return _error_text(error)
-        if free >= needed:
-            return None
-        return (f"not enough free space: {free} bytes free in {self.parts.checkpoint_dir}, and this rank's share of "
-                f"the state alone is {needed} bytes; free space, then restart")
+    def _control_work(self, step: int) -> Stop | None:
+        """The step's pipeline, then the save where a checkpoint is due (GUARD-7 around both)."""
+        outcome = self.parts.control.run(run_step(self.pipeline, step))
+        self.checkpoint_due = outcome.checkpoint_due
+        if outcome.checkpoint_due and self.files is not None:  # its time is costs["cycle_end_s"]
+            self.parts.control.run(run_save(self.pipeline, CheckpointId(self.timeline, step), self.files[1],
+                                            on_checkpoint_error=self.config.on_checkpoint_error,
+                                            timeout_s=self.config.collective_timeout_s))
+        return outcome.stop
 
     def loader(self, loader: Any, name: str = "train") -> Any:
         """Wrap a data loader so that waiting for a batch is published as data loading (a slow
@@ -402,7 +236,7 @@ class Job:
         with _logged("the finished report"):
             if self._started and not self._leaving:
                 self.pipeline.reporter.record(ReportKind.FINISHED, FinishedReason.CLOSED, step=self._step,
-                                              evidence=self._parts_off() or None)
+                                              evidence=self.guarded.parts_off_evidence() or None)
         with _logged("removing the instrumentation"):
             instrument.uninstrument()
         with self.parts.idle_loops.awake():
@@ -410,14 +244,11 @@ class Job:
                 self.guarded.agreement.close()
             with _logged("closing the checks and the gate"):
                 self.pipeline.close()
-        with _logged("closing the progress record"):
-            self.publisher.close()
-        if self.observer is not None:
-            with _logged("stopping the observer"):
-                self.observer.close()
-        if self.parts.ops is not None:
-            with _logged("stopping the ops sidecar"):
-                self.parts.ops.close()
+        for what, part in (("closing the progress record", self.publisher), ("stopping the observer", self.observer),
+                           ("stopping the ops sidecar", self.parts.ops)):
+            if part is not None:
+                with _logged(what):
+                    part.close()
         guard.deactivate(self.boundary)
 
     def __enter__(self) -> Job:
@@ -501,19 +332,41 @@ def _adopt_from_environment() -> bool:
     raise ConfigError(f"environment variable {ADOPT_VARIABLE}={value!r}: expected 1 (adopt) or 0")
 
 
-def _error_text(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}"[:ERROR_CHARS_MAX]
+def _optimizer(job: Job) -> torch.optim.Optimizer:
+    if job.optimizer is None:
+        raise RuntimeError("scout saves and restores checkpoints of the model and its optimizer: pass the optimizer")
+    return job.optimizer
 
 
-def _save_error_text(error: BaseException) -> str:
-    """A failed save in one line: DCP's CheckpointException holds every failing rank's error
-    with its traceback; the first rank's error and the list of ranks say it."""
-    failures = getattr(error, "failures", None)
-    if isinstance(failures, dict) and failures:
-        first = min(failures)
-        cause = failures[first][0] if isinstance(failures[first], tuple) else failures[first]
-        return _error_text(cause)[:ERROR_CHARS_MAX - 40] + f" (DCP: ranks {sorted(failures)} failed)"
-    return _error_text(error)
+def _dcp_files(job: Job) -> tuple[RestoreFiles, SaveFiles] | None:
+    """The disk work the restore and save programs are passed (``scout.job.restore``,
+    ``scout.job.save``): DCP under checkpoint_dir (``Job._load``, ``Job._save``); None without
+    checkpoint_dir."""
+    root = job.parts.checkpoint_dir
+    if root is None:
+        return None
+
+    def where(checkpoint: CheckpointId) -> str:
+        return str(dcp.checkpoint_path(root, checkpoint))
+
+    return (RestoreFiles(str(root), where, partial(missing_checkpoint, checkpoint_dir=root), job._load),
+            SaveFiles(where, str(job.parts.run_dir.gate_path), partial(free_space_problem, job), job._save))
+
+
+def free_space_problem(job: Job) -> str | None:
+    """GATE-40: why a save cannot succeed before it starts (rank 0): less free space in
+    checkpoint_dir than this rank's share of the state."""
+    assert job.parts.checkpoint_dir is not None
+    needed = sum(t.numel() * t.element_size() for t in _tensors((job.model.state_dict(),
+                                                                 _optimizer(job).state_dict())))
+    try:
+        free = shutil.disk_usage(job.parts.checkpoint_dir).free
+    except OSError as error:
+        return error_text(error)
+    if free >= needed:
+        return None
+    return (f"not enough free space: {free} bytes free in {job.parts.checkpoint_dir}, and this rank's share of "
+            f"the state alone is {needed} bytes; free space, then restart")
 
 
 def _tensors(value: Any) -> Iterator[torch.Tensor]:

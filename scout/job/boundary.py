@@ -11,6 +11,10 @@ starts one non-blocking all-reduce (maximum) of them on the control group. At th
 meet in a collective) and returns the parts flagged by any rank: every rank gets the same list at
 the same step, and :meth:`GuardedJob.switch_off` switches them off there. Only then, at such a
 step, one all-gather brings the failures' records to rank 0, which reports them.
+
+:meth:`GuardedJob.run_step` is one ``job.step()`` inside the boundary: the agreement first, the
+step's work on the control group (its pipeline, a checkpoint save) with GUARD-7 around it, the
+step's mark and the ops sidecar's stats (GUARD-1), the next agreement's launch.
 """
 
 from __future__ import annotations
@@ -18,17 +22,20 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import torch
 import torch.distributed as dist
 
 from scout.job.control import ControlGroup
-from scout.job.gate_driver import Reporter
-from scout.job.pipeline import Pipeline
+from scout.job.pipeline import CheckpointSaveFailed, Pipeline, Stop
 from scout.observer import instrument
+from scout.reports import guard
 from scout.reports.guard import CONSEQUENCES, NEEDS_CONTROL, Boundary, Failure, Part
 from scout.reports.kinds import ReportKind
+
+if TYPE_CHECKING:
+    from scout.ops.launch import NodeOps
 
 __all__ = ["Agreement", "ControlFailed", "GuardedJob"]
 
@@ -111,17 +118,61 @@ class GuardedJob:
     """What switching parts off does on this rank (GUARD-2, GUARD-6), the agreement that decides
     it (GUARD-4), the reports (GUARD-5) and the control group's failure (GUARD-7)."""
 
-    def __init__(self, boundary: Boundary, agreement: Agreement, pipeline: Pipeline, reporter: Reporter, *,
-                 rank: int, stop_ops: Callable[[], None]) -> None:
+    def __init__(self, boundary: Boundary, agreement: Agreement, pipeline: Pipeline, *, rank: int,
+                 ops: NodeOps | None) -> None:
         self.boundary = boundary
         self.agreement = agreement
         self.pipeline = pipeline
-        self.reporter = reporter
+        self.reporter = pipeline.reporter
         self.rank = rank
-        self._stop_ops = stop_ops
+        #: The ops sidecar's per-rank stats are written after each step while ``ops_on``.
+        self.ops = ops
+        self.ops_on = ops is not None
         #: Every failure reported so far (rank 0 keeps them for the ``finished`` report).
         self.reported: list[Failure] = []
         boundary.on_first_failure = self._stop_at_once
+
+    # -- one job.step() ------------------------------------------------------------------------
+
+    def run_step(self, step: int, work: Callable[[], Stop | None]) -> Stop | None:
+        """``job.step()`` of ``step`` inside the boundary (module docstring): returns what
+        ``work`` -- the step's collectives on the control group -- returned, None if it failed
+        (GUARD-7). ``CheckpointSaveFailed`` is a policy the user chose: it propagates."""
+        started, entry_ns = time.perf_counter(), time.monotonic_ns()
+        self.agree(step)  # GUARD-4: what failed anywhere at the last step is off from here
+        agreement_s = time.perf_counter() - started
+        self.pipeline.waited(entry_ns, time.monotonic_ns())  # LOOP-1: a wait for the peers, not loop work
+        stop = None
+        try:
+            if guard.INJECTING:
+                guard.inject("control.exchange")
+            stop = work()
+        except CheckpointSaveFailed:  # on_checkpoint_error = "stop"
+            raise
+        except Exception as error:  # GUARD-7: this rank's sequence of control collectives is broken
+            self.control_failed(error, step)
+        try:
+            instrument.mark_step(step + 1)
+        except Exception as error:  # GUARD-1: the observer's step check, the step's publish
+            guard.failed(Part.INSTRUMENTATION, error, "job.step")
+        if self.ops is not None and self.ops_on:  # metrics and on_report's per-rank stats (docs/metrics.md)
+            try:
+                if guard.INJECTING:
+                    guard.inject("ops.after_step")
+                self.ops.after_step(step, self.pipeline.costs, self.pipeline.straggler_trackers())
+            except Exception as error:
+                guard.failed(Part.OPS, error, "job.step")
+        started = time.perf_counter()
+        try:
+            self.agreement.launch()  # GUARD-4: what failed here since the last launch
+        except Exception as error:
+            self.control_failed(error, step)
+        costs = self.pipeline.costs
+        costs["agreement_s"] = costs.get("agreement_s", 0.0) + agreement_s + time.perf_counter() - started
+        return stop
+
+    def _stop_ops(self) -> None:
+        self.ops_on = False
 
     # -- GUARD-3: what stops at once where it failed ----------------------------------------
 
@@ -216,3 +267,9 @@ class GuardedJob:
     def parts_off(self) -> dict[str, int]:
         """GUARD-8: part -> its off step, on this rank."""
         return {part.value: off for part, off in self.boundary.off.items()}
+
+    def parts_off_evidence(self) -> dict[str, Any]:
+        """GUARD-8: ``{"parts_off": ...}`` for a ``finished`` report's evidence; empty while every
+        part runs."""
+        off = self.parts_off()
+        return {"parts_off": off} if off else {}

@@ -3,8 +3,10 @@ decision, the canary's readings and each check step's one exchange -- bounded by
 ``collective_timeout_s`` and apart from the training job's process groups and backend.
 
 :meth:`ControlGroup.run` executes a rank program (``scout.transport.program``) on it, which is
-how the job runs ``scout.job.pipeline.run_step``: ``AllGather`` and ``Broadcast`` are the ops a
-step yields; anything else is a bug and raises naming the op.
+how the job runs ``scout.job.pipeline.run_step``, ``scout.job.restore.run_restore``,
+``scout.job.save.run_save`` and the framework's programs (``scout.job.framework``): job-wide
+``AllGather``, ``Broadcast`` and ``Barrier`` are the ops they yield; anything else is a bug and
+raises naming the op. The ops' ``timeout_s`` is the group's own (``collective_timeout_s``).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any, TypeVar
 import torch.distributed as dist
 
 from scout.transport import gloo_groups
-from scout.transport.program import AllGather, Broadcast
+from scout.transport.program import AllGather, Barrier, Broadcast
 
 __all__ = ["ControlGroup"]
 
@@ -56,5 +58,8 @@ class ControlGroup:
                 answer = self.all_gather(op.payload)
             elif isinstance(op, Broadcast) and op.group is None:
                 answer = self.broadcast(op.payload, op.root)
+            elif isinstance(op, Barrier) and op.group is None:
+                self.barrier()
+                answer = None
             else:
-                raise TypeError(f"scout's control group runs job-wide AllGather and Broadcast ops, not {op!r}")
+                raise TypeError(f"scout's control group runs job-wide AllGather, Broadcast and Barrier ops, not {op!r}")

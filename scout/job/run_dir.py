@@ -21,7 +21,7 @@ from scout.reports.kinds import CheckpointReason, ReportKind
 from scout.reports.timing import TIMING_FILE, TimingLog
 
 __all__ = ["ADOPT_VARIABLE", "EXCLUDE_HOSTS_FILE", "GATE_DIR", "JOB_FILE", "RunDir", "bind", "bound_jobs",
-           "check_binding"]
+           "check_binding", "our_records"]
 
 logger = logging.getLogger("scout")
 
@@ -52,6 +52,16 @@ def bound_jobs(path: str | os.PathLike[str]) -> tuple[str, ...] | None:
         raise ValueError(f"the run directory's binding {file} cannot be read ({error}); remove it to bind the "
                          "directory to this job") from None
     return tuple(jobs)
+
+
+def our_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """RECOVERY-6: the reports in run directory ``path`` written by the jobs it is bound to (every
+    report when it is not bound); none when it holds no reports yet."""
+    file = Path(path) / reports.REPORTS_FILE
+    if not file.exists():
+        return []
+    jobs = bound_jobs(path)
+    return [record for record in reports.read_records(file) if jobs is None or record["job_id"] in jobs]
 
 
 def check_binding(path: str | os.PathLike[str], job_id: str, *, adopt: bool) -> tuple[str, ...]:

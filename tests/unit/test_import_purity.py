@@ -36,7 +36,7 @@ SCRIPT = textwrap.dedent(
              "scout.job.config", "scout.reports.summary", "scout.scenarios.registry", "scout.ops.sidecar",
              "scout.ops.state", "scout.ops.tail", "scout.ops.hooks", "scout.ops.paths", "scout.ops.slurm",
              "scout.ops.web", "scout.commands.serve", "scout.commands.slurm_requeue", "scout.job.pipeline",
-             "scout.job.aggregate", "scout.job.gate_driver", "scout.scenarios.replay_job",
+             "scout.job.restore", "scout.job.save", "scout.job.aggregate", "scout.job.gate_driver", "scout.scenarios.replay_job",
              "scout.scenarios.localization"]
     for package in (scout.core, scout.gate):
         for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
