@@ -353,9 +353,9 @@ def _dcp_files(job: Job) -> tuple[RestoreFiles, SaveFiles] | None:
             SaveFiles(where, str(job.parts.run_dir.gate_path), partial(free_space_problem, job), job._save))
 
 
-def free_space_problem(job: Job) -> str | None:
-    """GATE-40: why a save cannot succeed before it starts (rank 0): less free space in
-    checkpoint_dir than this rank's share of the state."""
+def free_space_problem(job: Job, checkpoint: CheckpointId) -> str | None:
+    """GATE-40: why the save of ``checkpoint`` cannot succeed before it starts (rank 0): less free
+    space in checkpoint_dir than this rank's share of the state."""
     assert job.parts.checkpoint_dir is not None
     needed = sum(t.numel() * t.element_size() for t in _tensors((job.model.state_dict(),
                                                                  _optimizer(job).state_dict())))

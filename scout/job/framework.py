@@ -135,7 +135,11 @@ def run_plan(driver: GateDriver | None, failure: FailureClass | None, *, rank: i
             if decision.checkpoint is not None:
                 entry = driver.writer.state.context.entry(decision.checkpoint)
                 artifact = None if entry is None else entry.artifact
-        decision, artifact = yield Broadcast((decision, artifact), 0, PLAN_TIMEOUT_S)
+        chosen = (None if decision is None else decision.to_plain(),
+                  None if artifact is None else (artifact.format, artifact.path, artifact.digest))
+        plain_decision, plain_artifact = yield Broadcast(chosen, 0, PLAN_TIMEOUT_S)  # plain data: any binding
+        decision = None if plain_decision is None else RestoreDecision.from_plain(plain_decision)
+        artifact = None if plain_artifact is None else Artifact(*plain_artifact)
         if decision is None or decision.checkpoint is None:
             break
         present = yield AllGather(artifact is not None and exists(artifact.path), PLAN_TIMEOUT_S)
@@ -149,7 +153,8 @@ def run_plan(driver: GateDriver | None, failure: FailureClass | None, *, rank: i
     else:
         raise RuntimeError(f"resume: {PLAN_ROUNDS_MAX} chosen checkpoints in a row were unusable; the gate's "
                            "manifest is not what this job saved (spec/recovery.md RECOVERY-7)")
-    failure = yield Broadcast(failure, 0, PLAN_TIMEOUT_S)
+    cause = yield Broadcast(None if failure is None else failure.value, 0, PLAN_TIMEOUT_S)
+    failure = None if cause is None else FailureClass(cause)
     if decision is None or decision.checkpoint is None or artifact is None:
         return ResumePlan(None, 0, None, failure, tuple(lost))
     return ResumePlan(artifact.path, decision.step, decision.checkpoint, failure, tuple(lost))

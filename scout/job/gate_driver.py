@@ -161,6 +161,20 @@ class RestoreDecision:
     choice: Choice | None
     timeline: int
 
+    def to_plain(self) -> tuple[Any, ...]:
+        """As plain data, the payload of a rank program's broadcast (any binding can send it;
+        ``scout.transport.codec``): :meth:`from_plain` reads back an equal decision."""
+        checkpoint = None if self.checkpoint is None else (self.checkpoint.timeline, self.checkpoint.step)
+        return (self.step, checkpoint, None if self.failure is None else self.failure.value,
+                None if self.choice is None else self.choice.value, self.timeline)
+
+    @classmethod
+    def from_plain(cls, plain: Sequence[Any]) -> RestoreDecision:
+        step, checkpoint, failure, choice, timeline = plain
+        return cls(step, None if checkpoint is None else CheckpointId(*checkpoint),
+                   None if failure is None else FailureClass(failure), None if choice is None else Choice(choice),
+                   timeline)
+
 
 def _restarted(writer: GateWriter) -> bool:
     """The manifest holds an earlier attempt: this one begins with a restart."""

@@ -73,8 +73,8 @@ def run_restore(pipeline: Pipeline, failure: FailureClass | None, *, checkpoints
         raise ValueError(f"on_missing_checkpoint={on_missing_checkpoint!r}: expected one of {MISSING_CHECKPOINT_POLICIES}")
     lost: list[str] = []
     for _round in range(LOSS_ROUNDS_MAX):
-        decision: RestoreDecision = yield Broadcast(pipeline.decide_restore(failure, checkpoints=checkpoints), 0,
-                                                    timeout_s)
+        chosen = pipeline.decide_restore(failure, checkpoints=checkpoints).to_plain()
+        decision = RestoreDecision.from_plain((yield Broadcast(chosen, 0, timeout_s)))
         if decision.checkpoint is None or files is None:
             break
         found: list[str | None] = yield AllGather(files.missing(decision), timeout_s)

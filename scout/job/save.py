@@ -51,9 +51,9 @@ class SaveFiles:
     #: Where a checkpoint's files go, and where the gate's manifest is (for the reports).
     where: Callable[[CheckpointId], str]
     manifest: str
-    #: GATE-40, on rank 0 before every save: why the save cannot succeed (too little free space),
-    #: or None.
-    free_space: Callable[[], str | None]
+    #: GATE-40, on rank 0 before every save: why the save of this checkpoint cannot succeed (too
+    #: little free space), or None.
+    free_space: Callable[[CheckpointId], str | None]
     #: Write this rank's part of the checkpoint; raises what the write met.
     save: Callable[[CheckpointId], None]
 
@@ -91,7 +91,7 @@ def run_save(pipeline: Pipeline, checkpoint: CheckpointId, files: SaveFiles, *, 
 def _save(pipeline: Pipeline, checkpoint: CheckpointId, files: SaveFiles, on_checkpoint_error: str,
           timeout_s: float) -> Generator[Op, Any, Saved]:
     step = checkpoint.step
-    first = yield Broadcast(_before_save(pipeline, files) if pipeline.rank == 0 else None, 0, timeout_s)
+    first = yield Broadcast(_before_save(pipeline, files, checkpoint) if pipeline.rank == 0 else None, 0, timeout_s)
     if isinstance(first, dict):
         if pipeline.rank == 0:
             logger.warning("scout: the checkpoint of step %d is not saved: %s (spec/guard.md GUARD-6)", step,
@@ -130,7 +130,7 @@ def _save(pipeline: Pipeline, checkpoint: CheckpointId, files: SaveFiles, on_che
     return Saved(checkpoint, error=error, manifest=manifest)
 
 
-def _before_save(pipeline: Pipeline, files: SaveFiles) -> dict[str, str] | str | None:
+def _before_save(pipeline: Pipeline, files: SaveFiles, checkpoint: CheckpointId) -> dict[str, str] | str | None:
     """Rank 0, before every save: ``{"skip": why}`` when its gate's writer stopped (GUARD-6),
     else the free-space problem (GATE-40) or None. A failure of the free-space check itself is
     the checkpoint part's, and the save goes ahead without it (GUARD-3)."""
@@ -139,7 +139,7 @@ def _before_save(pipeline: Pipeline, files: SaveFiles) -> dict[str, str] | str |
     try:
         if guard.INJECTING:
             guard.inject("checkpoint.space")
-        return files.free_space()
+        return files.free_space(checkpoint)
     except Exception as raised:
         guard.failed(Part.CHECKPOINT, raised, "job.step")
         return None
