@@ -54,6 +54,7 @@ SCENARIO_MODULES: list[str] = [
     "scout.scenarios.observer",
     "scout.scenarios.gate_campaign",
     "scout.scenarios.localization",
+    "scout.scenarios.restarts",
 ]
 
 DEFAULT_GROUP_SIZE = 8
@@ -97,6 +98,16 @@ BYTES_PER_RANK: dict[str, int] = {
     "observer-healthy": 36 * 2**10,
     # measured 74
     "gate-campaign": 96 * 2**10,
+    # the restarts part (scout/scenarios/restarts.py: every rank's pipeline for every step of every
+    # attempt, the garbage of an ended attempt kept while the collector is paused), measured
+    # between 256 and 1,024 ranks: 113 with three losses and a restart, 94 with one restart or none
+    "restart-lost-checkpoint": 144 * 2**10,
+    "restart-nothing-left": 144 * 2**10,
+    "save-failed-stop": 120 * 2**10,
+    "save-failed-continue": 120 * 2**10,
+    "save-no-space": 120 * 2**10,
+    "manifest-failed": 120 * 2**10,
+    "saves-healthy": 120 * 2**10,
 }
 MEMORY_BUDGET_ENV = "SCOUT_SIM_MEMORY_MIB"
 

@@ -1,7 +1,9 @@
 """A simulated training job that runs the product's check pipeline (docs/design.md §7.4): the
 same replay round, straggler tests, exchange, merge, gate driver, reports and fault policy that
 ``scout.attach`` runs on every rank, with simulated executors giving the evidence -- as the
-observer scenarios run the observer's production driver (DRIVER-1).
+observer scenarios run the observer's production driver (DRIVER-1) -- and the same restore and
+save programs (``scout.job.restore``, ``scout.job.save``) at each attempt's start and each due
+checkpoint, with simulated files; an attempt a policy stops is restarted.
 
 What is simulated and nothing else:
 
@@ -14,16 +16,21 @@ What is simulated and nothing else:
   ``AllGather`` (``scout.transport.sim``);
 * the manifest's storage (``scout.gate.recorder.MemoryRecorder``): the gate's writer commits
   every state it is asked to persist (GATE-9) into memory instead of files -- as the simulator
-  replaces the network, it replaces the disk;
-* the run directory: rank 0's reports go to a list.
+  replaces the network, it replaces the disk -- and every rank's checkpoint files
+  (``scout.scenarios.sim_storage``), both kept across attempts, with their storage faults;
+* the run directory: rank 0's reports go to a list;
+* the launcher: an attempt that ends by a policy (``FaultDetected``, ``CheckpointSaveFailed``) is
+  followed, on every rank, by the next one while ``max_restarts`` allows; rank 0 writes the
+  ``finished`` reports that ``Job`` writes at its end.
 
-:func:`run_replay_job` runs a job and returns every rank's outcome and rank 0's reports;
+:func:`run_replay_job` runs a job and returns every rank's attempts and rank 0's reports;
 ``scout.scenarios.localization`` builds the ``sdc-in-evidence`` and ``straggler-timing``
-scenarios on it.
+scenarios on it, ``scout.scenarios.restarts`` the restarts with storage faults.
 """
 
 from __future__ import annotations
 
+import enum
 import random
 from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any, Final
@@ -31,6 +38,7 @@ from typing import Any, Final
 import attrs
 
 from scout.core.compat import assert_never
+from scout.core.guards import whole_number
 from scout.core.recipes import (
     Catalog,
     DueRecipe,
@@ -56,20 +64,33 @@ from scout.core.self_check import LiveCheck
 from scout.core.straggler import DEFAULT_SEQUENTIAL_CONFIG
 from scout.core.straggler.tracking import ReplayStragglers
 from scout.core.verdict import DEFAULT_TIMING_CONFIG
-from scout.gate.model import GateConfig, Recipe
+from scout.gate.model import CheckpointId, GateConfig, Recipe
 from scout.gate.recorder import GateWriter, MemoryRecorder
 from scout.gate.step import initial_state
-from scout.job.gate_driver import GateDriver, Reporter, RestoreDecision
-from scout.job.pipeline import CheckOutput, Layout, Pipeline, StepOutcome, replay_output, run_step
+from scout.job.gate_driver import GateDriver, Reporter
+from scout.job.pipeline import (
+    CheckOutput,
+    CheckpointSaveFailed,
+    Layout,
+    Pipeline,
+    StepOutcome,
+    replay_output,
+    run_step,
+)
+from scout.job.restore import Restored, run_restore
+from scout.job.save import Saved, error_text, run_save
+from scout.reports.kinds import FinishedReason, ReportKind, attempt_failure
+from scout.scenarios.sim_storage import AttemptRecorder, SimFiles, StorageFault
 from scout.transport.base import Group
 from scout.transport.program import AllGather, Now, Sleep
 from scout.transport.sim.cluster import SimCluster, SimulationResult
 from scout.transport.sim.process import ProgramState, SimContext
 
-__all__ = ["Faults", "JobRun", "SimExecutor", "SimReplayCheck", "run_replay_job"]
+__all__ = ["Attempt", "AttemptEnd", "Faults", "JobRun", "SimExecutor", "SimReplayCheck", "run_replay_job"]
 
 TIMEOUT_S: Final = 5.0  # every gather's and exchange's deadline (virtual seconds)
 STEP_S: Final = 1.0  # the training part of a step, before its checks
+RESTART_S: Final = 2.0  # the launcher's restart of every rank between two attempts
 DEVICE_FLOOR_MS: Final = 0.1  # the replay's default (ReplayConfig.device_floor_ms)
 
 
@@ -85,6 +106,9 @@ class Faults:
     straggler_factor: float = 1.0
     live_rank: int | None = None  # SELF-1: a transient fault in this rank's live call at live_step
     live_step: int = 0
+    #: The attempt these faults strike (None: every attempt). A fault of one attempt is gone after
+    #: the restart, as a host the scheduler excluded is.
+    attempt: int | None = None
 
 
 class SimExecutor:
@@ -206,10 +230,35 @@ class _Reports:
         pass  # LOOP-6: the simulated checks time no loop
 
 
+class AttemptEnd(enum.Enum):
+    """How one attempt of one rank ended."""
+
+    FINISHED = "finished"  # it ran its last step
+    STOPPED = "stopped"  # the fault policy stopped it (FaultDetected)
+    SAVE_FAILED = "save-failed"  # a save failed under on_checkpoint_error = "stop" (CheckpointSaveFailed)
+    #: The restore refused a checkpoint without files under on_missing_checkpoint = "stop"
+    #: (FileNotFoundError on every rank). The job ends there: the files are as missing at any
+    #: restart, so the simulated launcher does not restart it.
+    REFUSED = "refused"
+
+
+@attrs.frozen
+class Attempt:
+    """One attempt of one rank: where the restore program started it (and what it lost on the
+    way; None: it refused), every save it ran, its last step's outcome (None: it ran none) and how
+    it ended."""
+
+    restored: Restored | None
+    saves: tuple[Saved, ...]
+    outcome: StepOutcome | None
+    ended: AttemptEnd
+
+
 @attrs.frozen
 class JobRun:
-    """What a simulated job did: every rank's last step and stop (None: it did not finish),
-    rank 0's reports and excluded hosts, and the gate's committed states."""
+    """What a simulated job did: every rank's last step and stop in its last attempt (None: it
+    did not finish), rank 0's reports and excluded hosts, the gate's committed states (every
+    attempt's), and every rank's attempts."""
 
     outcomes: tuple[StepOutcome | None, ...]
     records: tuple[dict[str, Any], ...]
@@ -217,7 +266,9 @@ class JobRun:
     storage: MemoryRecorder
     groups: tuple[Group, ...]
     simulation: SimulationResult
-    pipelines: int  # how many pipelines ran (one per rank that started)
+    pipelines: int  # how many pipelines ran (one per rank and attempt that started)
+    attempts: tuple[tuple[Attempt, ...], ...] = ()
+    files: SimFiles | None = None
 
 
 def run_replay_job(
@@ -233,11 +284,22 @@ def run_replay_job(
     jitter: float = 0.01,
     on_sdc: str = "restart",
     make_check: Callable[..., Any] = SimReplayCheck,
+    storage_faults: Sequence[StorageFault] = (),
+    max_restarts: int | None = None,
+    on_checkpoint_error: str = "stop",
+    on_missing_checkpoint: str = "fallback",
 ) -> JobRun:
     """Run the job: every rank replays one hidden layer per step (a cycle is ``hidden_layers``
-    steps, a checkpoint at every cycle end) through the product's pipeline."""
+    steps, a checkpoint at every cycle end) through the product's pipeline, and each attempt
+    starts with the product's restore program and saves with its save program, on simulated
+    files (``scout.scenarios.sim_storage``) with ``storage_faults``. An attempt that a policy
+    stops (an SDC under ``on_sdc = "restart"``, a failed save under ``on_checkpoint_error =
+    "stop"``) is restarted, as torchrun does, while ``max_restarts`` allows (None: one attempt,
+    and the launcher does not say how many restarts it has, RECOVERY-5)."""
     from scout.scenarios.exchange import replica_groups
 
+    if max_restarts is not None and not (whole_number(max_restarts) and max_restarts >= 0):
+        raise ValueError(f"max_restarts must be an int >= 0 or None, got {max_restarts!r}")
     cluster = SimCluster(ranks, seed=seed, scenario=scenario)
     groups = replica_groups(ranks, group_size)
     partition = tuple(group.ranks for group in groups)
@@ -247,37 +309,76 @@ def run_replay_job(
                                 optimizer_slice_count=0), Intervals(hidden_steps=1))
     reports = _Reports()
     storage = MemoryRecorder()
+    files = SimFiles(ranks, storage_faults)
+    attempts_max = 1 + (max_restarts or 0)
     started: list[int] = []
 
-    def program(ctx: SimContext) -> Generator[Any, Any, StepOutcome | None]:
+    def attempt(ctx: SimContext, number: int) -> Generator[Any, Any, Attempt]:
+        """One attempt of this rank: a new process, as after torchrun's restart."""
         layout = Layout.of(partition, names, ctx.rank)
-        executor = SimExecutor(ctx.rank, layout.index, faults, compute_ms, jitter)
+        executor = SimExecutor(ctx.rank, layout.index, faults if faults.attempt in (None, number) else Faults(),
+                               compute_ms, jitter)
         check = make_check(ctx, layout, schedule, executor, hosts)
-        reporter = Reporter(reports if ctx.rank == 0 else None, job_id=scenario, generation=0, hosts=hosts,
-                            rank=ctx.rank)
+        reporter = Reporter(reports if ctx.rank == 0 else None, job_id=scenario, generation=number, hosts=hosts,
+                            rank=ctx.rank, restarts_left=None if max_restarts is None else max_restarts - number,
+                            earlier_records=lambda: reports.records)
         gate = None
-        if ctx.rank == 0:
+        if ctx.rank == 0:  # the gate's writer reads the manifest the earlier attempts committed
             config = GateConfig(scenario, check.gate_recipes(), names)
-            gate = GateDriver(GateWriter(storage, initial_state(config)), reporter)
+            state = storage.generations[-1] if storage.generations else initial_state(config)
+            gate = GateDriver(GateWriter(AttemptRecorder(storage, files.manifest_fails(number)), state), reporter)
         pipeline = Pipeline([check], rank=ctx.rank, world_size=ranks, hosts=hosts, groups=partition, on_sdc=on_sdc,
                             cycle_steps=schedule.cycle_length_steps(), checkpoint_every_cycles=1, reporter=reporter,
                             gate=gate, timeout_s=TIMEOUT_S)
         started.append(ctx.rank)
-        pipeline.begin(RestoreDecision(0, None, None, None, 0))
+        failure = attempt_failure(reports.records) if ctx.rank == 0 else None  # RECOVERY-6: one job's reports
+        try:
+            restored = yield from run_restore(pipeline, failure, checkpoints=True,
+                                              files=files.restore_files(ctx.rank, number),
+                                              on_missing_checkpoint=on_missing_checkpoint, timeout_s=TIMEOUT_S)
+        except FileNotFoundError as error:  # on_missing_checkpoint = "stop": restore() raises, Job.leave reports
+            reporter.record(ReportKind.FINISHED, FinishedReason.EXCEPTION, step=0, evidence={"error": error_text(error)})
+            pipeline.close()
+            return Attempt(None, (), None, AttemptEnd.REFUSED)
+        pipeline.begin(restored.decision, lost=restored.lost)
+        saves: list[Saved] = []
         outcome: StepOutcome | None = None
-        for step in range(1, steps + 1):
-            yield Sleep(STEP_S)  # the training step
-            outcome = yield from run_step(pipeline, step)
-            if outcome.checkpoint_due:
-                pipeline.captured(step)  # the bytes are simulated: complete at once
-            if outcome.stop is not None:
-                break  # FaultDetected: the rank's process ends here
+        ended = AttemptEnd.FINISHED
+        try:
+            for step in range(restored.decision.step + 1, steps + 1):
+                yield Sleep(STEP_S)  # the training step
+                outcome = yield from run_step(pipeline, step)
+                if outcome.checkpoint_due:
+                    saves.append((yield from run_save(
+                        pipeline, CheckpointId(restored.decision.timeline, step), files.save_files(ctx.rank, number),
+                        on_checkpoint_error=on_checkpoint_error, timeout_s=TIMEOUT_S)))
+                if outcome.stop is not None:
+                    ended = AttemptEnd.STOPPED  # FaultDetected: the rank's process ends here
+                    break
+        except CheckpointSaveFailed as error:  # the process ends; rank 0 says why, as Job.leave does
+            ended = AttemptEnd.SAVE_FAILED
+            reporter.record(ReportKind.FINISHED, FinishedReason.EXCEPTION, step=outcome.step if outcome else None,
+                            evidence={"error": error_text(error)})
+        else:
+            if ended is AttemptEnd.FINISHED:
+                reporter.record(ReportKind.FINISHED, FinishedReason.CLOSED, step=steps)
         pipeline.close()
-        return outcome
+        return Attempt(restored, tuple(saves), outcome, ended)
+
+    def program(ctx: SimContext) -> Generator[Any, Any, tuple[Attempt, ...]]:
+        done: list[Attempt] = []
+        for number in range(attempts_max):
+            if number:
+                yield Sleep(RESTART_S)  # the launcher restarts every rank
+            done.append((yield from attempt(ctx, number)))
+            if done[-1].ended in (AttemptEnd.FINISHED, AttemptEnd.REFUSED):
+                break
+        return tuple(done)
 
     cluster.spawn(program)
     result = cluster.run()
-    outcomes = tuple(result.outcomes[(rank, "main")].value if result.outcomes[(rank, "main")].state is ProgramState.DONE
-                     else None for rank in range(ranks))
+    attempts = tuple(result.outcomes[(rank, "main")].value if result.outcomes[(rank, "main")].state is ProgramState.DONE
+                     else () for rank in range(ranks))
+    outcomes = tuple(ran[-1].outcome if ran else None for ran in attempts)
     return JobRun(outcomes, tuple(reports.records), tuple(reports.excluded), storage, tuple(groups), result,
-                  len(started))
+                  len(started), attempts, files)

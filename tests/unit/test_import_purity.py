@@ -37,7 +37,7 @@ SCRIPT = textwrap.dedent(
              "scout.ops.state", "scout.ops.tail", "scout.ops.hooks", "scout.ops.paths", "scout.ops.slurm",
              "scout.ops.web", "scout.commands.serve", "scout.commands.slurm_requeue", "scout.job.pipeline",
              "scout.job.restore", "scout.job.save", "scout.job.aggregate", "scout.job.gate_driver", "scout.scenarios.replay_job",
-             "scout.scenarios.localization"]
+             "scout.scenarios.localization", "scout.scenarios.sim_storage", "scout.scenarios.restarts"]
     for package in (scout.core, scout.gate):
         for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
             names.append(info.name)
