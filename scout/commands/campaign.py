@@ -3,6 +3,7 @@
     scout campaign --quick               # the CI matrix: a few minutes on 2 cores
     scout campaign --part device         # the NCCL-semantics matrix (emulated backend, torchrun)
     scout campaign --part innocence      # >= 500 random run-ahead schedules: never a wrong name
+    scout campaign --part restarts       # lost checkpoints, failed saves, restarts at 256-1024 ranks
     scout campaign                       # >= 1000 simulated scenarios at 8-4096 ranks + real jobs
     scout campaign --part sim --json out.json
     scout campaign --real-case SIGSTOP --rank 2 --step 3 --seed 7     # one real job again
@@ -38,11 +39,13 @@ def register(subparsers: Any) -> None:
         "inconclusive / missed per kind.",
     )
     parser.add_argument("--quick", action="store_true", help="the CI-sized matrix (a few minutes on 2 cores)")
-    parser.add_argument("--part", choices=("all", "sim", "real", "device", "layouts", "innocence"), default="all",
-                        help="which part to run (device: the NCCL-semantics matrix on the emulated backend; "
+    parser.add_argument("--part", choices=("all", "sim", "restarts", "real", "device", "layouts", "innocence"),
+                        default="all",
+                        help="which part to run (restarts: lost checkpoints, failed saves and restarts on the "
+                        "simulator at 256-1024 ranks; device: the NCCL-semantics matrix on the emulated backend; "
                         "layouts: pipeline, tensor and data parallel torchrun jobs of 6-8 ranks; innocence: random "
                         "run-ahead schedules on the emulated backend, never a wrong name, about an hour at full "
-                        "size; layouts and innocence run only by name; all: sim, real and device)")
+                        "size; layouts and innocence run only by name; all: sim, restarts, real and device)")
     parser.add_argument("--seed", type=integer("--seed"), default=0, help="campaign seed (default 0)")
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write every case as JSON to PATH")
     parser.add_argument("--real-case", metavar="KIND", help="run one real-process case again (see --list)")
@@ -63,6 +66,8 @@ def main(args: argparse.Namespace) -> int:
     if args.list:
         for kind in campaign.SIM_KINDS + campaign.SIM_HEALTHY:
             print(f"sim   {kind.kind:<20} scout simulate {kind.scenario}")
+        for kind in campaign.RESTART_KINDS + campaign.RESTART_HEALTHY:
+            print(f"restarts {kind.kind:<28} scout simulate {kind.scenario}")
         for name in (*real_campaign.REAL_KINDS, *real_campaign.HEALTHY_KINDS):
             print(f"real  {name}")
         for name in (*device_campaign.DEVICE_KINDS, device_campaign.HEALTHY_KIND):

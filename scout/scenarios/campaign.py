@@ -5,7 +5,9 @@ Three parts, each a matrix of cases; every case is classified exactly once:
 1. **Simulated** (this module): every fault kind the simulator models -- hang, desync, frozen
    trainer, frozen rank, dead trainer, dead observer, group stall, partition, SDC in exchanged
    evidence, straggler -- at 8 to 4096 ranks, each case a registered scenario
-   (``scout simulate``) run with a seed drawn from the campaign seed.
+   (``scout simulate``) run with a seed drawn from the campaign seed; and the **restarts** part:
+   lost checkpoints, failed saves and restarts (:mod:`scout.scenarios.restarts`: the product's
+   restore and save programs) at 256 to 1024 ranks.
 2. **Real processes** (:mod:`scout.scenarios.real_campaign`): the fault kinds the real path
    supports, in 4-rank gloo jobs forked from one torch import; the NCCL-semantics matrix
    (:mod:`scout.scenarios.device_campaign`); pipeline, tensor and data parallel jobs
@@ -34,7 +36,7 @@ from typing import Any, Final
 
 import attrs
 
-from scout.scenarios import localization, observer
+from scout.scenarios import localization, observer, restarts
 from scout.scenarios.exchange import replica_groups
 from scout.scenarios.registry import ScenarioParams, ScenarioReport, run_scenario
 
@@ -42,6 +44,8 @@ __all__ = [
     "CaseResult",
     "CampaignResult",
     "Outcome",
+    "RESTART_HEALTHY",
+    "RESTART_KINDS",
     "SIM_KINDS",
     "campaign_plan",
     "render",
@@ -137,6 +141,24 @@ SIM_KINDS: Final = (
     SimKind("SDC in evidence", "sdc-in-evidence", _one("sdc-in-evidence", localization)),
     SimKind("straggler", "straggler-timing", _one("straggler-timing", localization)),
 )
+
+def _restart(name: str) -> Callable[[ScenarioParams], tuple[int, ...]]:
+    return lambda params: restarts.faulty_ranks(name, params)
+
+
+#: The restarts part: storage faults and restarts through the product's restore and save programs.
+#: Localized: every check of the scenario holds (what is reported, lost, restored and saved, on
+#: every rank alike), and the only ranks named are the SDC's or the failed write's (rank 0 for the
+#: manifest, nobody for a free-space refusal).
+RESTART_KINDS: Final = (
+    SimKind("lost checkpoint", "restart-lost-checkpoint", _restart("restart-lost-checkpoint")),
+    SimKind("every chosen checkpoint lost", "restart-nothing-left", _restart("restart-nothing-left")),
+    SimKind("failed save, stop", "save-failed-stop", _restart("save-failed-stop"), min_ranks=2),
+    SimKind("failed save, continue", "save-failed-continue", _restart("save-failed-continue"), min_ranks=2),
+    SimKind("no free space", "save-no-space", _restart("save-no-space"), min_ranks=2),
+    SimKind("manifest record failed", "manifest-failed", _restart("manifest-failed"), min_ranks=2),
+)
+RESTART_HEALTHY: Final = (SimKind("healthy saves", "saves-healthy", lambda params: (), min_ranks=2),)
 SIM_HEALTHY: Final = (
     SimKind("healthy observers", "observer-healthy", lambda params: (), min_ranks=2),
     SimKind("healthy timing", "straggler-healthy", lambda params: (), min_ranks=2),
@@ -149,6 +171,10 @@ FULL_SIZES: Final = ((8, 30), (16, 20), (32, 15), (64, 12), (128, 8), (256, 6), 
 QUICK_SIZES: Final = ((8, 10), (16, 6), (32, 4), (64, 3), (256, 1))
 FULL_HEALTHY_SIZES: Final = ((8, 20), (64, 10), (512, 4), (2048, 1))
 QUICK_HEALTHY_SIZES: Final = ((8, 6), (64, 3))
+#: The restarts part at 256+ ranks (a case at 256 ranks takes about 5 s on the shared box, at 1024
+#: about 30 s: every rank runs the replay pipeline for every step of every attempt).
+FULL_RESTART_SIZES: Final = ((256, 3), (512, 1), (1024, 1))
+QUICK_RESTART_SIZES: Final = ((256, 1),)
 GROUP_SIZES: Final = (4, 8, 16)
 
 
@@ -205,14 +231,14 @@ def classify(injected: tuple[int, ...], named: tuple[int, ...], ok: bool, report
     return Outcome.INCONCLUSIVE if reported else Outcome.MISSED
 
 
-def run_sim_case(kind: SimKind, params: ScenarioParams, healthy: bool = False) -> CaseResult:
+def run_sim_case(kind: SimKind, params: ScenarioParams, healthy: bool = False, part: str = "sim") -> CaseResult:
     started = time.perf_counter()
     try:
         report = run_scenario(kind.scenario, params)
     except Exception as error:  # a run that broke is a failed case, with its reproduce line
         line = f"reproduce with: scout simulate {kind.scenario} --ranks {params.ranks} --seed {params.seed} " \
                f"--group-size {params.group_size}"
-        return CaseResult("sim", kind.kind, params.ranks, params.seed,
+        return CaseResult(part, kind.kind, params.ranks, params.seed,
                           Outcome.FALSE_ATTRIBUTION if healthy else Outcome.MISSED, kind.injected(params), (),
                           f"the run failed: {type(error).__name__}: {error}", line, time.perf_counter() - started,
                           params.group_size, healthy)
@@ -224,7 +250,7 @@ def run_sim_case(kind: SimKind, params: ScenarioParams, healthy: bool = False) -
     reproduce = report.reproduce
     if "--group-size" not in reproduce:
         reproduce += f" --group-size {params.group_size}"
-    return CaseResult("sim", kind.kind, params.ranks, params.seed, outcome, injected, named, detail, reproduce,
+    return CaseResult(part, kind.kind, params.ranks, params.seed, outcome, injected, named, detail, reproduce,
                       time.perf_counter() - started, params.group_size, healthy)
 
 
@@ -239,6 +265,8 @@ class CampaignPlan:
     seed: int
     sim: tuple[tuple[SimKind, ScenarioParams], ...]
     sim_healthy: tuple[tuple[SimKind, ScenarioParams], ...]
+    restarts: tuple[tuple[SimKind, ScenarioParams], ...] = ()
+    restarts_healthy: tuple[tuple[SimKind, ScenarioParams], ...] = ()
 
 
 def campaign_plan(*, quick: bool, seed: int) -> CampaignPlan:
@@ -246,6 +274,8 @@ def campaign_plan(*, quick: bool, seed: int) -> CampaignPlan:
         quick, seed,
         tuple(sim_cases(SIM_KINDS, QUICK_SIZES if quick else FULL_SIZES, seed)),
         tuple(sim_cases(SIM_HEALTHY, QUICK_HEALTHY_SIZES if quick else FULL_HEALTHY_SIZES, seed)),
+        tuple(sim_cases(RESTART_KINDS, QUICK_RESTART_SIZES if quick else FULL_RESTART_SIZES, seed)),
+        tuple(sim_cases(RESTART_HEALTHY, QUICK_RESTART_SIZES if quick else FULL_RESTART_SIZES, seed)),
     )
 
 
@@ -302,6 +332,7 @@ class CampaignResult:
             + sum(case.outcome is Outcome.MISATTRIBUTED for case in faulty),
             "false_alarms": sum(case.outcome is Outcome.FALSE_ALARM for case in healthy),
             "sim_scenarios": sum(case.part == "sim" for case in self.cases),
+            "restart_scenarios": sum(case.part == "restarts" for case in self.cases),
             "real_jobs": sum(case.part == "real" for case in self.cases),
             "device_cases": sum(case.part == "device" for case in self.cases),
             "innocence_schedules": sum(case.part == "innocence" for case in self.cases),
@@ -328,7 +359,8 @@ def render(result: CampaignResult) -> str:
     totals = result.totals()
     lines = [
         f"scout campaign ({'quick' if result.quick else 'full'}, seed {result.seed}): "
-        f"{totals['sim_scenarios']} simulated scenarios, {totals['real_jobs']} real-process jobs, "
+        f"{totals['sim_scenarios']} simulated scenarios, {totals['restart_scenarios']} restart scenarios, "
+        f"{totals['real_jobs']} real-process jobs, "
         f"{totals['device_cases']} device-semantics cases, {totals['layout_jobs']} layout jobs, "
         f"{totals['innocence_schedules']} innocence schedules, "
         f"{result.wall_s:.0f} s",
@@ -395,7 +427,19 @@ def run_sim_part(plan: CampaignPlan, result: CampaignResult, log: Callable[[str]
         f"{time.perf_counter() - started:.0f} s")
 
 
-PARTS: Final = ("sim", "real", "device")
+def run_restarts_part(plan: CampaignPlan, result: CampaignResult, log: Callable[[str], None] | None = None) -> None:
+    """The restarts part: each case a registered scenario of :mod:`scout.scenarios.restarts`."""
+    say = log or (lambda line: None)
+    started = time.perf_counter()
+    for kind, params in plan.restarts:
+        result.cases.append(run_sim_case(kind, params, part="restarts"))
+    for kind, params in plan.restarts_healthy:
+        result.cases.append(run_sim_case(kind, params, healthy=True, part="restarts"))
+    say(f"  restarts part: {len(plan.restarts) + len(plan.restarts_healthy)} scenarios at {sorted({p.ranks for _, p in plan.restarts})} ranks in "
+        f"{time.perf_counter() - started:.0f} s")
+
+
+PARTS: Final = ("sim", "restarts", "real", "device")
 #: Parts run only when asked for by name: the layouts part's jobs need 6 and 8 ranks and take
 #: minutes each on 2 cores; the innocence part's random run-ahead schedules (scout.scenarios.
 #: innocence) take about an hour at full size (docs/campaign.md).
@@ -419,6 +463,8 @@ def run_campaign(result: CampaignResult, parts: Sequence[str] = PARTS,
     plan = campaign_plan(quick=result.quick, seed=result.seed)
     if "sim" in parts:
         run_sim_part(plan, result, log)
+    if "restarts" in parts:
+        run_restarts_part(plan, result, log)
     has_torch = importlib.util.find_spec("torch") is not None  # found, not imported (the forkserver imports it)
     if "real" in parts:
         if not has_torch:

@@ -63,6 +63,7 @@ def test_campaign_quick_localizes_every_injected_fault_with_no_false_attribution
     assert totals["false_attributions"] == 0 and totals["misattributed"] == 0
     kinds = {(row["part"], row["kind"]) for row in document["table"] if not row["healthy"]}
     assert {kind.kind for kind in campaign.SIM_KINDS} <= {kind for part, kind in kinds if part == "sim"}
+    assert {kind.kind for kind in campaign.RESTART_KINDS} == {kind for part, kind in kinds if part == "restarts"}
     assert {"sleep", "SIGSTOP", "SIGKILL", "bit flip: output", "bit flip: parameter", "bit flip: optimizer",
             "slow compute", "slow communication"} <= {kind for part, kind in kinds if part == "real"}
     # The device-semantics part (NCCL's contract on the emulated backend, one torchrun job):
@@ -124,6 +125,24 @@ def test_the_full_plan_has_at_least_1000_simulated_scenarios_from_8_to_4096_rank
     # Seeds are drawn from the campaign seed: the same seed, the same plan.
     assert campaign.campaign_plan(quick=False, seed=0).sim == plan.sim
     assert campaign.campaign_plan(quick=False, seed=1).sim != plan.sim
+
+
+def test_the_restarts_part_runs_every_storage_fault_and_restart_kind_at_256_ranks_or_more() -> None:
+    """The part's plan (running it is the slow quick-campaign test above and docs/campaign.md's
+    figures; tests/sim/test_restarts_sim.py runs a lost checkpoint and a failed save at 256 ranks)."""
+    for quick in (True, False):
+        plan = campaign.campaign_plan(quick=quick, seed=0)
+        assert {kind.kind for kind, _ in plan.restarts} == {kind.kind for kind in campaign.RESTART_KINDS}
+        assert [kind.kind for kind, _ in plan.restarts_healthy] and min(p.ranks for _, p in plan.restarts) >= 256
+    full = campaign.campaign_plan(quick=False, seed=0)
+    assert max(p.ranks for _, p in full.restarts) == 1024
+    assert len(full.restarts) == len(campaign.RESTART_KINDS) * sum(count for _, count in campaign.FULL_RESTART_SIZES)
+    assert "restarts" in campaign.PARTS
+    # One case classified as the part classifies it, small: the failed write's rank is what is named.
+    kind = next(kind for kind in campaign.RESTART_KINDS if kind.scenario == "save-failed-stop")
+    case = run_sim_case(kind, ScenarioParams(ranks=16, seed=1, group_size=4), part="restarts")
+    assert (case.part, case.outcome, case.named) == ("restarts", Outcome.LOCALIZED, case.injected), case.detail
+    assert len(case.injected) == 1
 
 
 @pytest.mark.parametrize(
