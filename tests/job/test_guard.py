@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from scout.job.summary import load_run, summary_text
+from scout.reports.summary import load_run, summary_text
 
 from scout import reports
 from tests import processes
