@@ -18,15 +18,16 @@ from torch.nn.parallel import DistributedDataParallel
 
 import scout
 from scout.replay import TorchPeerGroup
-from tests.replay._scenarios import VOCAB, TinyLM, _batch
+from scout.scenarios.toy import TinyLM as ToyLM
+from tests.replay._scenarios import HEADS, LAYERS, VOCAB, WIDTH, TinyLM, _batch
 
 
-class HeadlessStage(TinyLM):
+class HeadlessStage(ToyLM):
     """A first pipeline stage as the issue's job had it: the same blocks, but its projection is
     not called ``lm_head`` (and a real stage 0 has none), so scout finds no output head here."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__(VOCAB, WIDTH, HEADS, LAYERS, dropout=0.1)
         self.projection = self.lm_head
         del self.lm_head
 
