@@ -386,6 +386,16 @@ class Job:
     def closed(self) -> bool:
         return self._closed
 
+    def self_check_before(self, optimizer: torch.optim.Optimizer) -> None:
+        """SELF-9: run the live self-check at ``optimizer``'s pre-step hook. For an optimizer that
+        steps the model without being given to ``attach`` (DeepSpeed's inner optimizer under
+        ZeRO, whose parameter writes no version counter shows); with the optimizer given to
+        ``attach`` scout does this itself."""
+        for check in self.pipeline.checks:
+            hook = getattr(getattr(check, "runner", None), "self_check_before", None)
+            if callable(hook):
+                hook(optimizer)
+
     @property
     def parts_off(self) -> dict[str, int]:
         """The parts of scout switched off after a failure of their own, with the step each is
