@@ -191,7 +191,7 @@ class Intervals:
 
     embedding_steps: int = attrs.field(default=50, validator=_non_negative)
     # 50, not 10: one full layer every 10 steps cost ~1.8 % of a step for an 8-layer model
-    # and every 25 still ~1.1 % (bench/overhead.py); at 50 every class is due at the same step,
+    # and every 25 still ~1.1 % (milestone 1's replay-only benchmark); at 50 every class is due at the same step,
     # one check round per 50 steps, and the estimate is <= 1 % (spec/replay.md REC-2).
     hidden_steps: int = attrs.field(default=50, validator=_non_negative)
     output_steps: int = attrs.field(default=50, validator=_non_negative)
