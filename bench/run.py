@@ -47,6 +47,7 @@ BENCHMARKS: dict[str, tuple[list[str], list[str], float]] = {
     "gate_model_check": ([], [], 1800),
     "observer_process": ([], [], 300),
     "completion_watcher": ([], [], 600),
+    "fixed_cost": ([], ["--rounds", "1", "--steps", "10", "--sections", "fixed"], 2400),
     # The overhead at the defaults (bench/attach_overhead.py's goal) is measured by evaluate's
     # A/B table of parts, with everything else the evaluation measures (docs/evaluation.md).
     "evaluate": ([], ["--quick"], 8 * 3600),

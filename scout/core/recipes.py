@@ -205,13 +205,18 @@ class Intervals:
         return self.expert_recipes_per_check if recipe_class is RecipeClass.EXPERT else 1
 
     def for_class(self, recipe_class: RecipeClass) -> int:
-        return {
-            RecipeClass.EMBEDDING: self.embedding_steps,
-            RecipeClass.HIDDEN: self.hidden_steps,
-            RecipeClass.OUTPUT: self.output_steps,
-            RecipeClass.OPTIMIZER: self.optimizer_steps,
-            RecipeClass.EXPERT: self.expert_steps,
-        }.get(recipe_class, 0)
+        name = _INTERVAL_FIELDS.get(recipe_class)
+        return 0 if name is None else int(getattr(self, name))
+
+
+#: Intervals' field of each scheduled class (the job-level classes have none: 0).
+_INTERVAL_FIELDS: Final = {
+    RecipeClass.EMBEDDING: "embedding_steps",
+    RecipeClass.HIDDEN: "hidden_steps",
+    RecipeClass.OUTPUT: "output_steps",
+    RecipeClass.OPTIMIZER: "optimizer_steps",
+    RecipeClass.EXPERT: "expert_steps",
+}
 
 
 @attrs.frozen
@@ -229,14 +234,18 @@ class Schedule:
 
     catalog: Catalog
     intervals: Intervals = Intervals()
+    #: Per active class, in class order: (class, interval, size, recipes per check) -- computed
+    #: once, because ``due`` runs at every training step (issue 38: the fixed per-step cost).
+    _plan: tuple[tuple[RecipeClass, int, int, int], ...] = attrs.field(init=False, repr=False, eq=False)
+
+    def __attrs_post_init__(self) -> None:
+        plan = tuple((c, self.intervals.for_class(c), self.catalog.class_size(c), self.intervals.per_check(c))
+                     for c in CLASS_ORDER)
+        object.__setattr__(self, "_plan", tuple(row for row in plan if row[1] > 0 and row[2] > 0))
 
     def active_classes(self) -> tuple[RecipeClass, ...]:
         """Classes that are applicable and enabled."""
-        return tuple(
-            c
-            for c in CLASS_ORDER
-            if self.catalog.class_size(c) > 0 and self.intervals.for_class(c) > 0
-        )
+        return tuple(row[0] for row in self._plan)
 
     def due(self, step: int) -> tuple[DueRecipe, ...]:
         """REC-3: class ``c`` is due at step ``s >= 1`` iff ``s % interval_c == 0``; the
@@ -246,13 +255,10 @@ class Schedule:
         if isinstance(step, bool) or not isinstance(step, int) or step < 1:
             raise ValueError(f"steps are numbered from 1, got {step!r}")
         due: list[DueRecipe] = []
-        for recipe_class in self.active_classes():
-            interval = self.intervals.for_class(recipe_class)
+        for recipe_class, interval, size, per_check in self._plan:
             if step % interval:
                 continue
             check_index = step // interval - 1
-            size = self.catalog.class_size(recipe_class)
-            per_check = self.intervals.per_check(recipe_class)
             for lane in range(min(per_check, size)):
                 index = (check_index * per_check + lane) % size
                 due.append(DueRecipe(self.catalog.recipe_at(recipe_class, index), step, check_index))

@@ -62,13 +62,24 @@ def publish_ddp_buckets(
         buffer.div_(group.size())
         return dist.all_reduce(buffer, group=group, async_op=True)
 
+    # Each bucket's fingerprint, by (index, dtype, size): the same few buckets every step, and
+    # describing one costs more than the dictionary look-up (issue 38: the fixed per-step cost).
+    fingerprints: dict[tuple[int, Any, int], int] = {}
+
+    def bucket_fingerprint_of(buffer: Any, index: int) -> int:
+        key = (index, buffer.dtype, buffer.numel())
+        found = fingerprints.get(key)
+        if found is None:
+            call = CollectiveCall("all_reduce", ranks, (TensorMeta(str(buffer.dtype), (buffer.numel(),)),),
+                                  reduce_op="SUM", detail=(("ddp_bucket", index),))
+            found = fingerprints[key] = fingerprint(call)
+        return found
+
     def hook(state: Any, bucket: Any) -> Any:
         buffer = bucket.buffer()
         bucket_fingerprint = 0
         try:
-            call = CollectiveCall("all_reduce", ranks, (TensorMeta(str(buffer.dtype), (buffer.numel(),)),),
-                                  reduce_op="SUM", detail=(("ddp_bucket", bucket.index()),))
-            bucket_fingerprint = fingerprint(call)
+            bucket_fingerprint = bucket_fingerprint_of(buffer, bucket.index())
             publisher.enter_async_collective(bucket_fingerprint)
         except Exception:  # diagnostics never break the training step
             logger.debug("scout: could not publish a DDP bucket", exc_info=True)
