@@ -80,7 +80,14 @@ SIZES: dict[str, dict[str, int]] = {
     "tiny3": dict(vocab=256, width=64, layers=3, heads=4),  # issue 38's tiny GPT: 4 ranks, ~80 ms steps
 }
 SEQUENCE = 128  # tokens per row, unless a run says otherwise (``sequence``)
-WARMUP_STEPS = 2
+WARMUP_STEPS = 2  # unmeasured steps at a run's start, unless a run says otherwise (``warmup``)
+
+
+def warmup_for(layers: int) -> int:
+    """The warm-up that covers scout's calibration window at the defaults (spec/budget.md
+    BUDGET-5: the first cycle, one layer every 2 steps) and two steps beyond it, so that the
+    measured steps run at the cadence the overhead budget chose."""
+    return 2 * layers + WARMUP_STEPS
 #: Parts that are settings of scout.attach; the other parts are scout/job/bench_switches.py's.
 SETTING_PARTS = ("observer", "replay")
 RUN_TIMEOUT_S = 3600.0
@@ -318,12 +325,13 @@ def worker(args: argparse.Namespace) -> None:
                 taken["observer_cpu_s"] = _process_cpu_s(job.observer.pid)
         return taken
 
-    for step in range(1, WARMUP_STEPS + args.steps + 1):
+    warmup = args.warmup
+    for step in range(1, warmup + args.steps + 1):
         if baton is not None:
             baton.wait()
-        if step == WARMUP_STEPS + 1:
+        if step == warmup + 1:
             window["start"] = snapshot()
-        turn_cpu_s = processes_cpu_s() if step > WARMUP_STEPS else 0.0
+        turn_cpu_s = processes_cpu_s() if step > warmup else 0.0
         generator = torch.Generator().manual_seed(1000 * step + rank)
         tokens = torch.randint(0, size["vocab"], (args.batch, sequence + 1), generator=generator).to(device)
         if device.type == "cuda":
@@ -342,7 +350,7 @@ def worker(args: argparse.Namespace) -> None:
             in_scout_s = time.perf_counter() - before
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # the step's time is the GPU's, in both arms
-        if step > WARMUP_STEPS:
+        if step > warmup:
             times.append(time.perf_counter() - started)
             own.append(times[-1] - (run_queue_delay_s() - started_delay))
             step_cpu.append(time.thread_time() - started_cpu)
@@ -350,7 +358,7 @@ def worker(args: argparse.Namespace) -> None:
             train_cpu.append(trained_cpu)
             turn_cpu.append(processes_cpu_s() - turn_cpu_s)
             in_turns_cpu_s += turn_cpu[-1]
-        if step == WARMUP_STEPS + args.steps:
+        if step == warmup + args.steps:
             window["end"] = snapshot()  # before the last turn is handed over
         if baton is not None:
             baton.give()
@@ -373,7 +381,14 @@ def worker(args: argparse.Namespace) -> None:
         result["costs_s"] = {name: seconds - start["costs_s"].get(name, 0.0) for name, seconds in end["costs_s"].items()}
         if "observer_cpu_s" in end:
             result["observer_cpu_s"] = end["observer_cpu_s"] - start["observer_cpu_s"]
-        result["replay_interval_steps"] = job.config.replay_interval_steps
+        calibration = job.parts.calibration  # the cadence in effect: the budget's or the user's
+        result["replay_interval_steps"] = (calibration.cadence.interval_steps if calibration is not None
+                                           else job.config.replay_interval_steps)
+        result["replay_lanes"] = calibration.cadence.lanes if calibration is not None else 1
+        result["cycle_steps"] = job.pipeline.cycle_steps
+        result["cadence_decisions"] = [] if calibration is None else [
+            {"interval_steps": d.cadence.interval_steps if d.cadence else None, "cycle_steps": d.cycle_steps,
+             "share": d.share, "status": d.status.value, "reason": d.reason} for d in calibration.decisions]
         result["replay_rows"] = job.config.replay_rows
         job.close()
         if device.type == "cpu" and "ddp_hook" not in arm.off:
@@ -384,10 +399,12 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def _command(arm: Arm, *, size: str, steps: int, batch: int, nproc: int, device: str, work: Path,
-             out: Path, baton: Path | None = None, side: int = 0, sequence: int = SEQUENCE) -> list[str]:
+             out: Path, baton: Path | None = None, side: int = 0, sequence: int = SEQUENCE,
+             warmup: int = WARMUP_STEPS) -> list[str]:
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--standalone",
                __file__, "--worker", "--arm", json.dumps(arm.to_json()), "--size", size, "--steps", str(steps),
-               "--batch", str(batch), "--sequence", str(sequence), "--device", device, "--out", str(out),
+               "--batch", str(batch), "--sequence", str(sequence), "--warmup", str(warmup), "--device", device,
+               "--out", str(out),
                "--run-dir", str(work / f"run-{out.stem}")]
     if baton is not None:
         command += ["--baton", str(baton), "--side", str(side)]
@@ -421,11 +438,12 @@ def _outcome(arm: Arm, process: subprocess.Popen[str], out: Path) -> dict[str, A
 
 
 def one_run(arm: Arm, *, size: str, steps: int, batch: int, nproc: int, device: str, work: Path,
-            allocator: str = DEFAULT_ALLOCATOR, sequence: int = SEQUENCE) -> dict[str, Any]:
+            allocator: str = DEFAULT_ALLOCATOR, sequence: int = SEQUENCE, warmup: int = WARMUP_STEPS) -> dict[str, Any]:
     """One torchrun job of ``arm`` on its own; rank 0's measurements."""
     out = work / f"{arm.name}-{time.monotonic_ns()}.json"
     process = subprocess.Popen(_command(arm, size=size, steps=steps, batch=batch, nproc=nproc, device=device,
-                                        work=work, out=out, sequence=sequence), env=_environment(arm, allocator),
+                                        work=work, out=out, sequence=sequence, warmup=warmup),
+                               env=_environment(arm, allocator),
                                stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE, text=True)
     try:
@@ -483,7 +501,7 @@ def terminate_raises() -> Iterator[None]:
 
 def pair_run(reference: Arm, arm: Arm, *, first: int, size: str, steps: int, batch: int, nproc: int,
              device: str, work: Path, allocator: str = DEFAULT_ALLOCATOR,
-             sequence: int = SEQUENCE) -> dict[str, dict[str, Any]]:
+             sequence: int = SEQUENCE, warmup: int = WARMUP_STEPS) -> dict[str, dict[str, Any]]:
     """The two jobs of a pair at once, taking turns step by step: side 0 is ``reference``, side
     1 ``arm``, side ``first`` steps first. A turn is one step of every rank of one job; the
     driver gives it (:class:`Baton`), waits until every rank has finished it, then **freezes**
@@ -493,7 +511,7 @@ def pair_run(reference: Arm, arm: Arm, *, first: int, size: str, steps: int, bat
     carry its own costs and only those. Both jobs start at once and meet at their first turn
     (the warm-up steps absorb the start-up); after both have run every step they are released
     to finish. A job that fails ends the other. Rank 0's measurements of each, by arm name."""
-    total_turns = WARMUP_STEPS + steps
+    total_turns = warmup + steps
     stack = contextlib.ExitStack()
     baton = Path(tempfile.mkdtemp(prefix="pair-", dir=work))
     for side in (0, 1):
@@ -504,7 +522,8 @@ def pair_run(reference: Arm, arm: Arm, *, first: int, size: str, steps: int, bat
     arms = (reference, arm)
     outs = [work / f"{a.name}-{time.monotonic_ns()}-side{side}.json" for side, a in enumerate(arms)]
     processes = [subprocess.Popen(_command(a, size=size, steps=steps, batch=batch, nproc=nproc, device=device,
-                                           work=work, out=outs[side], baton=baton, side=side, sequence=sequence),
+                                           work=work, out=outs[side], baton=baton, side=side, sequence=sequence,
+                                           warmup=warmup),
                                   env=_environment(a, allocator), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
                  for side, a in enumerate(arms)]
     errors: list[list[str]] = [[], []]
@@ -587,7 +606,7 @@ def mean_step_s(run: dict[str, Any]) -> float:
 def paired(
     pairs: Sequence[tuple[Arm, Arm]], *, rounds: int, size: str, steps: int, batch: int, nproc: int = 2,
     device: str = "cpu", log: Callable[[str], None] = print, allocator: str = DEFAULT_ALLOCATOR,
-    sequence: int = SEQUENCE,
+    sequence: int = SEQUENCE, warmup: int = WARMUP_STEPS,
 ) -> list[dict[str, Any]]:
     """``rounds`` rounds; in each, every (reference, arm) of ``pairs`` runs as a pair
     (:func:`pair_run`), the side that steps first alternating by round. Per round: the runs (the
@@ -608,7 +627,7 @@ def paired(
             overheads: dict[str, float] = {}
             for reference, arm in pairs:
                 pair = pair_run(reference, arm, first=index % 2, size=size, steps=steps, batch=batch, nproc=nproc,
-                                device=device, work=work, allocator=allocator, sequence=sequence)
+                                device=device, work=work, allocator=allocator, sequence=sequence, warmup=warmup)
                 runs[arm.name] = pair[arm.name]
                 runs[f"{reference.name}@{arm.name}"] = pair[reference.name]
                 overheads[arm.name] = mean_step_s(pair[arm.name]) / mean_step_s(pair[reference.name]) - 1
@@ -644,7 +663,8 @@ def summary(results: list[dict[str, Any]], arm: str) -> dict[str, float]:
 
 def driver(args: argparse.Namespace) -> int:
     results = paired([(OFF, DEFAULTS)], rounds=args.rounds, size=args.size, steps=args.steps, batch=args.batch,
-                     nproc=args.nproc, device=args.device, allocator=args.allocator, sequence=args.sequence)
+                     nproc=args.nproc, device=args.device, allocator=args.allocator, sequence=args.sequence,
+                     warmup=args.warmup)
     overhead = summary(results, "defaults")
     goal = GOAL_CPU if args.device == "cpu" else GOAL_GPU
     on_runs = [r["runs"]["defaults"] for r in results]
@@ -671,9 +691,13 @@ def driver(args: argparse.Namespace) -> int:
         "rounds_detail": [{"overhead": r["overhead"]["defaults"], "first": r["first"],
                            "off": round_figures(r["runs"]["off@defaults"]),
                            "defaults": round_figures(r["runs"]["defaults"])} for r in results],
+        "warmup_steps": args.warmup,
+        "cadence": [{"replay_interval_steps": run.get("replay_interval_steps"), "lanes": run.get("replay_lanes"),
+                     "cycle_steps": run.get("cycle_steps")} for run in on_runs],
         "note": "mean step time over the measured steps, the two arms taking turns step by step (the waiting job "
-                "frozen); replay at the defaults: one hidden layer every 2 steps, 1 row of the batch (CAP-8); a "
-                "cycle replays every recipe once in 2 x layers steps",
+                "frozen); at the defaults the replay cadence is the overhead budget's (spec/budget.md), chosen at "
+                "the end of the calibration window (one hidden layer every 2 steps for 2 x layers steps), which "
+                "the warm-up covers; 1 row of the batch (CAP-8)",
     }
     sys.path.insert(0, str(REPO / "bench"))
     from _goals import at_most, print_goals, write_results
@@ -696,6 +720,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=24, help="measured steps per run (24: one cycle at defaults)")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--sequence", type=int, default=SEQUENCE, help="tokens per row (default %(default)s)")
+    parser.add_argument("--warmup", type=int, default=None, help="unmeasured steps at a run's start (default: the "
+                        "calibration window of the overhead budget and 2 steps, warmup_for(layers))")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--nproc", type=int, default=2, help="ranks per run (default 2)")
@@ -707,6 +733,8 @@ def main() -> int:
     parser.add_argument("--baton", default="", help="the worker's pair directory (FIFOs; paired runs)")
     parser.add_argument("--side", type=int, choices=(0, 1), default=0, help="the worker's side of its pair")
     args = parser.parse_args()
+    if args.warmup is None:
+        args.warmup = warmup_for(SIZES[args.size]["layers"])
     if args.worker:
         worker(args)
         return 0

@@ -128,6 +128,8 @@ class Job:
         self._started = True
         self._step, self.timeline = decision.step, decision.timeline
         self.pipeline.begin(decision, lost=lost)
+        if self.parts.calibration is not None:  # spec/budget.md BUDGET-5, BUDGET-9
+            self.parts.calibration.begin(decision.step)
         self.publisher.end_stage()  # start-up (or the restore) is over
         self.publisher.begin_step(self._step + 1)
 
@@ -192,12 +194,17 @@ class Job:
     def _run_step(self) -> None:
         if not self._started:  # no restore(): a fresh start at step 0, whatever the manifest holds
             self._begin(None, checkpoints=False)
+        began = time.perf_counter()
         self._step += 1
         outcome = self.parts.control.run(run_step(self.pipeline, self._step))
+        checkpoint_s = 0.0
         if outcome.checkpoint_due and self.parts.checkpoint_dir is not None:
             started = time.perf_counter()
             self._checkpoint(self._step)
-            self.costs["cycle_end_s"] = self.costs.get("cycle_end_s", 0.0) + time.perf_counter() - started
+            checkpoint_s = time.perf_counter() - started
+            self.costs["cycle_end_s"] = self.costs.get("cycle_end_s", 0.0) + checkpoint_s
+        if self.parts.calibration is not None:  # spec/budget.md BUDGET-3: what scout cost this step
+            self.parts.calibration.step_ended(self._step, time.perf_counter() - began - checkpoint_s, checkpoint_s)
         instrument.mark_step(self._step + 1)
         if self.parts.ops is not None:  # metrics and on_report's per-rank stats (docs/metrics.md)
             self.parts.ops.after_step(self._step, self.costs, self.pipeline.straggler_trackers())

@@ -75,6 +75,7 @@ class ReportKind(str, enum.Enum):
     CHECKPOINT = "checkpoint"  # a checkpoint's trust changed (verified, quarantined, ...)
     RESTART = "restart"  # the fault policy stopped the job, or a restart restored a checkpoint
     FINISHED = "finished"  # the job closed scout at the end of its loop (the step it reached)
+    CADENCE = "cadence"  # the replay cadence the overhead budget chose, and what it buys (spec/budget.md)
 
     @property
     def source(self) -> Source:
@@ -124,6 +125,7 @@ _TRAITS: Final[Mapping[ReportKind, _Traits]] = {
     ReportKind.CHECKPOINT: _Traits(Source.GATE, False, None, False, False, Mark(MarkStyle.CHECKPOINT)),
     ReportKind.RESTART: _Traits(Source.JOB, False, None, False, False, Mark(MarkStyle.ATTEMPT, "", "#2166ac")),
     ReportKind.FINISHED: _Traits(Source.JOB, False, None, False, False, Mark(MarkStyle.NONE)),
+    ReportKind.CADENCE: _Traits(Source.JOB, False, None, False, False, Mark(MarkStyle.NONE)),
 }
 assert set(_TRAITS) == set(ReportKind), "every report kind has its traits"
 
