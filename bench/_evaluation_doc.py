@@ -470,7 +470,7 @@ def _budget(section: dict[str, Any], _plots_dir: str) -> list[str]:
            f"scout at its defaults (`overhead_budget` {100 * budget:g} %: the replay cadence is chosen at the end of "
            "the first cycle, spec/budget.md) against the same job without scout. " + PAIRED_TEXT + " Each run's warm-up "
            "covers the calibration window (one layer every 2 steps for 2 x layers steps) and its measured steps are "
-           "the cycle a probe run of the same job chose (at least 24, at most 2,000), so a run's mean step holds its "
+           "the cycle a probe run of the same job chose (at least 24, at most 1,000), so a run's mean step holds its "
            "replay. *Noise*: an A/A pair in the same rounds, no scout against no scout. *Cycle*: the cycle each "
            "round's run chose (median, range): an SDC that recurs in replayed work is found within one cycle, and a "
            f"checkpoint comes every {section['checkpoint_every_cycles']} cycles, verified one cycle after it is "

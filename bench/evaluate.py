@@ -96,7 +96,7 @@ QUICK_BUDGET_MODELS: tuple[dict[str, Any], ...] = (
     {"name": "tiny GPT", "size": "tiny", "batch": 2, "nproc": 2, "sequence": 32},)
 #: The budget section's measured steps per run: the cycle a probe run chose, within these bounds
 #: (a run's mean step time holds its replay only when the run is a whole cycle or more).
-BUDGET_STEPS_MIN, BUDGET_STEPS_MAX = 24, 2000
+BUDGET_STEPS_MIN, BUDGET_STEPS_MAX = 24, 1000
 #: The A/A pair of the budget section: no scout against no scout, paired alike (the pairs' noise).
 ALIKE = attach_overhead.Arm("alike", scout=False)
 BATCHES = (16,)  # the batch section's batches (the parts section's goal is at batch 8)
