@@ -87,13 +87,13 @@ LATENCY_INTERVAL_STEPS = 2  # the replay cadence of the real jobs of the latency
 #: The budget section's models (spec/budget.md; issue 38): the tiny GPT of issue 38 on 4 ranks, the
 #: 4.2M GPT, and the 54.6M GPT at batch 8 and 16, each at scout's defaults against no scout.
 BUDGET_MODELS: tuple[dict[str, Any], ...] = (
-    {"name": "tiny GPT", "size": "tiny3", "batch": 8, "nproc": 4, "sequence": 32},
-    {"name": "4.2M GPT", "size": "small", "batch": 8, "nproc": 2, "sequence": 128},
-    {"name": "54.6M GPT, batch 8", "size": "large", "batch": 8, "nproc": 2, "sequence": 128},
-    {"name": "54.6M GPT, batch 16", "size": "large", "batch": 16, "nproc": 2, "sequence": 128},
+    {"key": "tiny", "name": "tiny GPT", "size": "tiny3", "batch": 8, "nproc": 4, "sequence": 32},
+    {"key": "small", "name": "4.2M GPT", "size": "small", "batch": 8, "nproc": 2, "sequence": 128},
+    {"key": "large8", "name": "54.6M GPT, batch 8", "size": "large", "batch": 8, "nproc": 2, "sequence": 128},
+    {"key": "large16", "name": "54.6M GPT, batch 16", "size": "large", "batch": 16, "nproc": 2, "sequence": 128},
 )
 QUICK_BUDGET_MODELS: tuple[dict[str, Any], ...] = (
-    {"name": "tiny GPT", "size": "tiny", "batch": 2, "nproc": 2, "sequence": 32},)
+    {"key": "tiny", "name": "tiny GPT", "size": "tiny", "batch": 2, "nproc": 2, "sequence": 32},)
 #: The budget section's measured steps per run: the cycle a probe run chose, within these bounds
 #: (a run's mean step time holds its replay only when the run is a whole cycle or more).
 BUDGET_STEPS_MIN, BUDGET_STEPS_MAX = 24, 1000
@@ -365,18 +365,23 @@ def run_batch(section: dict[str, Any], quick: bool, rounds: int, batches: Sequen
 
 
 def run_budget(section: dict[str, Any], quick: bool, rounds: int, log: Callable[[str], None],
-               allocator: str = attach_overhead.DEFAULT_ALLOCATOR) -> None:
+               allocator: str = attach_overhead.DEFAULT_ALLOCATOR, only: Sequence[str] = (),
+               earlier: dict[str, Any] | None = None) -> None:
     """Per model of :data:`BUDGET_MODELS`, scout's defaults against no scout -- the cadence the
     overhead budget chose after its calibration window, which the warm-up covers -- in ``rounds``
     pairs, each run as long as the cycle a probe run chose (so that its mean step holds the
     replay), and an A/A pair (no scout against no scout) for the pairs' noise; with the cadence
-    each run chose, the SDC bound (one cycle) and the checkpoint interval it gives."""
+    each run chose, the SDC bound (one cycle) and the checkpoint interval it gives. ``only``: the
+    models by key (``--budget-models``); the others of an ``earlier`` run of the section are kept."""
     budget = Config().overhead_budget
+    kept = {} if earlier is None or not only else dict(earlier.get("models", {}))
     section.update({"design": "paired", "rounds": rounds, "allocator": allocator, "overhead_budget": budget,
-                    "checkpoint_every_cycles": Config().checkpoint_every_cycles, "models": {}})
+                    "checkpoint_every_cycles": Config().checkpoint_every_cycles, "models": kept})
     work = Path(tempfile.mkdtemp(prefix="scout-budget-"))
     try:
         for model in QUICK_BUDGET_MODELS if quick else BUDGET_MODELS:
+            if only and model["key"] not in only:
+                continue
             size, layers = model["size"], attach_overhead.SIZES[model["size"]]["layers"]
             warmup = attach_overhead.warmup_for(layers)
             shape = {"size": size, "batch": model["batch"], "nproc": model["nproc"], "sequence": model["sequence"]}
@@ -833,6 +838,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--stock-rounds", type=int, default=None,
                         help="rounds of the goal's pair with glibc's stock malloc, beside the goal (default 3; "
                              "quick 0)")
+    parser.add_argument("--budget-models", default="", help="the budget section's models, comma-separated, of "
+                        f"{', '.join(m['key'] for m in BUDGET_MODELS)} (default: all; the others of an earlier run are "
+                        "kept)")
     parser.add_argument("--output", type=Path, default=RESULTS, help="the JSON (default bench/results/evaluation.json)")
     parser.add_argument("--doc", type=Path, default=None, help="the document (default docs/evaluation.md; "
                         "not written by --quick unless given)")
@@ -852,6 +860,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown section(s) {unknown}; the sections are {', '.join(SECTIONS)}")
     only = [part.strip() for part in args.parts.split(",") if part.strip()]
+    budget_models = [key.strip() for key in args.budget_models.split(",") if key.strip()]
+    if sorted(set(budget_models) - {m["key"] for m in BUDGET_MODELS}):
+        parser.error(f"unknown budget model(s) {sorted(set(budget_models) - {m['key'] for m in BUDGET_MODELS})}; the "
+                     f"models are {', '.join(m['key'] for m in BUDGET_MODELS)}")
     if sorted(set(only) - set(PARTS)):
         parser.error(f"unknown part(s) {sorted(set(only) - set(PARTS))}; the parts are {', '.join(PARTS)}")
     try:
@@ -904,7 +916,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 elif name == "false_alarms":
                     run_false_alarms(section, args.quick, seeds, work, log)
                 elif name == "budget":
-                    run_budget(section, args.quick, rounds, log, args.allocator)
+                    run_budget(section, args.quick, rounds, log, args.allocator, budget_models,
+                               document["sections"].get("budget"))
                 else:
                     run_campaign(section, args.quick, seeds, log)
             section["host"] = document["host"]
