@@ -161,6 +161,8 @@ class Job:
         self._step, self.timeline = decision.step, decision.timeline
         self.boundary.step = decision.step + 1
         self.pipeline.begin(decision, lost=lost)
+        if self.parts.calibration is not None:  # spec/budget.md BUDGET-5, BUDGET-9
+            self.parts.calibration.begin(decision.step)
         self.publisher.end_stage()  # start-up (or the restore) is over
         self.publisher.begin_step(self._step + 1)
 
@@ -227,6 +229,7 @@ class Job:
     def _run_step(self) -> None:
         if not self._started:  # no restore(): a fresh start at step 0, whatever the manifest holds
             self._begin(None, checkpoints=False)
+        began = time.perf_counter()
         self._step += 1
         step = self.boundary.step = self._step
         started, entry_ns = time.perf_counter(), time.monotonic_ns()
@@ -240,10 +243,14 @@ class Job:
             outcome = self.parts.control.run(run_step(self.pipeline, step))
             stop = outcome.stop
             self.checkpoint_due = outcome.checkpoint_due
+            checkpoint_s = 0.0
             if outcome.checkpoint_due and self.parts.checkpoint_dir is not None:
                 started = time.perf_counter()
                 self._checkpoint(step)
-                self.costs["cycle_end_s"] = self.costs.get("cycle_end_s", 0.0) + time.perf_counter() - started
+                checkpoint_s = time.perf_counter() - started
+                self.costs["cycle_end_s"] = self.costs.get("cycle_end_s", 0.0) + checkpoint_s
+            if self.parts.calibration is not None:  # spec/budget.md BUDGET-3: what scout cost this step
+                self.parts.calibration.step_ended(step, time.perf_counter() - began - checkpoint_s, checkpoint_s)
         except CheckpointSaveFailed:  # on_checkpoint_error = "stop": a policy the user chose
             raise
         except Exception as error:  # GUARD-7: this rank's sequence of control collectives is broken

@@ -116,6 +116,7 @@ class ReportKind(str, enum.Enum):
     RESTART = "restart"  # the fault policy stopped the job, or a restart restored a checkpoint
     FINISHED = "finished"  # the job closed scout at the end of its loop (the step it reached)
     INTERNAL_ERROR = "internal_error"  # scout's own code failed: the part is off, training goes on (GUARD-5)
+    CADENCE = "cadence"  # the replay cadence the overhead budget chose, and what it buys (spec/budget.md)
 
     @property
     def source(self) -> Source:
@@ -167,6 +168,7 @@ _TRAITS: Final[Mapping[ReportKind, _Traits]] = {
     ReportKind.FINISHED: _Traits(Source.JOB, False, None, False, False, Mark(MarkStyle.NONE)),
     # GUARD-5: not a fault of the training job (nothing to exclude or recover from), but said on stderr.
     ReportKind.INTERNAL_ERROR: _Traits(Source.JOB, False, None, False, True, Mark(MarkStyle.RANKS, "P", "#8c510a")),
+    ReportKind.CADENCE: _Traits(Source.JOB, False, None, False, False, Mark(MarkStyle.NONE)),
 }
 assert set(_TRAITS) == set(ReportKind), "every report kind has its traits"
 

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from scout.reports.summary import load_run, summary_text
 
 from scout import reports
+from scout.reports.summary import load_run, summary_text
 from tests import processes
 
 pytestmark = pytest.mark.torchdist
