@@ -55,6 +55,7 @@ __all__ = [
     "localization_record_arguments",
     "observer_kind",
     "observer_reason",
+    "straggler_reason",
     "straggler_record_arguments",
     "trust_reason",
 ]
@@ -383,6 +384,11 @@ def _straggler_kind(kind: StragglerKind) -> str:
     from scout.core.straggler.tracking import StragglerKind
 
     return dict(zip(StragglerKind, STRAGGLER_KINDS, strict=True))[StragglerKind(kind)]
+
+
+def straggler_reason(event: StragglerEvent) -> StragglerReason:
+    """The report reason of one straggler event (a confirmation or a recovery of its kind)."""
+    return StragglerReason.of(_straggler_kind(event.kind), event.change)
 
 
 def straggler_record_arguments(
