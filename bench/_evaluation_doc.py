@@ -99,7 +99,8 @@ def render(document: dict[str, Any], plots_dir: str = "evaluation") -> str:
                   [[g["name"], f"{g['measured']:.4g} {g['unit']}".strip(), f"{g['comparison']} {g['target']:g}",
                     "yes" if g["met"] else "**no**"] for g in document.get("goals", [])])
     writers = (("overhead", _overhead), ("parts", _parts), ("batch", _batch), ("latency", _latency),
-               ("recovery", _recovery), ("false_alarms", _false_alarms), ("campaign", _campaign))
+               ("recovery", _recovery), ("false_alarms", _false_alarms), ("campaign", _campaign),
+               ("budget", _budget))
     missing = [name for name, _writer in writers if name not in sections]
     if missing:
         # A run of some sections replaces a document of another size (quick or full): say what
@@ -460,6 +461,37 @@ def _campaign(section: dict[str, Any], _plots_dir: str) -> list[str]:
 # --------------------------------------------------------------------------------------------
 # Plots
 # --------------------------------------------------------------------------------------------
+
+
+def _budget(section: dict[str, Any], _plots_dir: str) -> list[str]:
+    """Section 7: the overhead budget's table -- per model the overhead measured at the defaults,
+    the noise, the budget, the cadence chosen and what it buys."""
+    budget = section["overhead_budget"]
+    out = ["## 7. The overhead budget: every model within it", "", f"{_load(section)}.", "",
+           f"scout at its defaults (`overhead_budget` {100 * budget:g} %: the replay cadence is chosen at the end of "
+           "the first cycle, spec/budget.md) against the same job without scout. " + PAIRED_TEXT + " Each run's warm-up "
+           "covers the calibration window (one layer every 2 steps for 2 x layers steps) and its measured steps are "
+           "the cycle a probe run of the same job chose (at least 24, at most 1,000), so a run's mean step holds its "
+           "replay. *Noise*: an A/A pair in the same rounds, no scout against no scout. *Cycle*: the cycle each "
+           "round's run chose (median, range): an SDC that recurs in replayed work is found within one cycle, and a "
+           f"checkpoint comes every {section['checkpoint_every_cycles']} cycles, verified one cycle after it is "
+           "written.", ""]
+    rows = []
+    for name, entry in section["models"].items():
+        cadences = entry["cadence"]
+        intervals = sorted({c["replay_interval_steps"] for c in cadences if c["replay_interval_steps"]})
+        lanes = sorted({c["lanes"] for c in cadences if c["lanes"]})
+        cycle = entry["cycle_steps"]
+        every = ", ".join(str(i) for i in intervals) + ("" if lanes == [1] else f" ({'/'.join(map(str, lanes))} lanes)")
+        median_cycle = cycle["median"]
+        checkpoint = "-" if median_cycle is None else f"{median_cycle * section['checkpoint_every_cycles']:.0f}"
+        rows.append([name, f"{entry['parameters'] / 1e6:.1f}M", str(entry["nproc"]), f"{entry['batch']} x "
+                     f"{entry['sequence']}", _spread(entry["off_step_s"], 3, " s"),
+                     f"**{_spread_pct(entry['overhead'])}**", _spread_pct(entry["noise"]), f"{100 * budget:g} %",
+                     every or "-", _spread(cycle, 0), _num(median_cycle, 0), checkpoint])
+    out += _table(["model", "parameters", "ranks", "batch", "step without scout", "overhead", "noise (A/A)", "budget",
+                   "replay interval (steps)", "cycle (steps)", "SDC bound (steps)", "checkpoint every (steps)"], rows)
+    return out
 
 
 def plots(document: dict[str, Any], directory: Path) -> list[Path]:

@@ -76,10 +76,18 @@ GOAL_GPU = 0.005  # TARGETS.md: <= 0.5 % on a GPU
 SIZES: dict[str, dict[str, int]] = {
     "large": dict(vocab=16384, width=512, layers=12, heads=8),  # 54.6M parameters
     "small": dict(vocab=2048, width=256, layers=4, heads=4),  # 4.2M parameters
-    "tiny": dict(vocab=256, width=64, layers=4, heads=4),  # quick mode: the plumbing, not a figure
+    "tiny": dict(vocab=256, width=64, layers=4, heads=4),  # quick mode; the fixed per-step cost (bench/fixed_cost.py)
+    "tiny3": dict(vocab=256, width=64, layers=3, heads=4),  # issue 38's tiny GPT: 4 ranks, ~80 ms steps
 }
-SEQUENCE = 128
-WARMUP_STEPS = 2
+SEQUENCE = 128  # tokens per row, unless a run says otherwise (``sequence``)
+WARMUP_STEPS = 2  # unmeasured steps at a run's start, unless a run says otherwise (``warmup``)
+
+
+def warmup_for(layers: int) -> int:
+    """The warm-up that covers scout's calibration window at the defaults (spec/budget.md
+    BUDGET-5: the first cycle, one layer every 2 steps) and two steps beyond it, so that the
+    measured steps run at the cadence the overhead budget chose."""
+    return 2 * layers + WARMUP_STEPS
 #: Parts that are settings of scout.attach; the other parts are scout/job/bench_switches.py's.
 SETTING_PARTS = ("observer", "replay")
 RUN_TIMEOUT_S = 3600.0
@@ -101,15 +109,22 @@ DEFAULT_ALLOCATOR = "heap"
 @attrs.frozen
 class Arm:
     """One way to run the job: ``scout`` off, or on with ``cadence`` (replay_interval_steps;
-    None: the default) and the parts in ``off`` switched off."""
+    None: the default), the parts in ``off`` switched off and other attach ``settings``."""
 
     name: str
     scout: bool = True
     cadence: int | None = None
     off: tuple[str, ...] = ()
+    settings: tuple[tuple[str, Any], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "scout": self.scout, "cadence": self.cadence, "off": list(self.off)}
+        return {"name": self.name, "scout": self.scout, "cadence": self.cadence, "off": list(self.off),
+                "settings": [list(item) for item in self.settings]}
+
+    @classmethod
+    def from_json(cls, value: dict[str, Any]) -> Arm:
+        return cls(value["name"], value["scout"], value["cadence"], tuple(value["off"]),
+                   tuple((str(k), v) for k, v in value.get("settings", ())))
 
 
 OFF = Arm("off", scout=False)
@@ -245,7 +260,8 @@ def worker(args: argparse.Namespace) -> None:
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel
 
-    arm = Arm(**{**json.loads(args.arm), "off": tuple(json.loads(args.arm)["off"])})
+    arm = Arm.from_json(json.loads(args.arm))
+    sequence = args.sequence
     size = SIZES[args.size]
     torch.set_num_threads(1)
     if args.device == "cuda":
@@ -259,7 +275,7 @@ def worker(args: argparse.Namespace) -> None:
         dist.init_process_group("gloo")
     rank = dist.get_rank()
     example = _example()
-    example.SEQUENCE = SEQUENCE  # the attention mask's size (examples/train_gpt.py builds it from this global)
+    example.SEQUENCE = sequence  # the attention mask's size (examples/train_gpt.py builds it from this global)
     torch.manual_seed(0)
     model = example.GPT(**size).to(device)
     parameters = sum(p.numel() for p in model.parameters())
@@ -272,10 +288,18 @@ def worker(args: argparse.Namespace) -> None:
         keywords: dict[str, Any] = {part: False for part in arm.off if part in SETTING_PARTS}
         if arm.cadence is not None:
             keywords["replay_interval_steps"] = arm.cadence
+        keywords.update(dict(arm.settings))
         job = scout.attach(ddp, optimizer, run_dir=args.run_dir, **keywords)
         job.restore()
         _time_on_this_thread(job)
     times: list[float] = []
+    scout_times: list[float] = []  # the wall time of each measured step's job.step()
+    step_cpu: list[float] = []  # the training thread's CPU time of each measured step, job.step() included
+    turn_cpu: list[float] = []  # this trainer's (every thread) and its observer's CPU time of each measured step
+    own: list[float] = []  # each measured step's wall time less the training thread's run-queue delay (STRAG-1)
+    from scout.replay.collectives import RunQueueDelay
+
+    run_queue_delay_s = RunQueueDelay()
     train_cpu: list[float] = []  # this thread's CPU time of forward, backward and the optimizer
     window: dict[str, Any] = {}
     baton = Baton(Path(args.baton), args.side, rank, RUN_TIMEOUT_S) if args.baton else None
@@ -302,32 +326,40 @@ def worker(args: argparse.Namespace) -> None:
                 taken["observer_cpu_s"] = _process_cpu_s(job.observer.pid)
         return taken
 
-    for step in range(1, WARMUP_STEPS + args.steps + 1):
+    warmup = args.warmup
+    for step in range(1, warmup + args.steps + 1):
         if baton is not None:
             baton.wait()
-        if step == WARMUP_STEPS + 1:
+        if step == warmup + 1:
             window["start"] = snapshot()
-        turn_cpu_s = processes_cpu_s() if step > WARMUP_STEPS else 0.0
+        turn_cpu_s = processes_cpu_s() if step > warmup else 0.0
         generator = torch.Generator().manual_seed(1000 * step + rank)
-        tokens = torch.randint(0, size["vocab"], (args.batch, SEQUENCE + 1), generator=generator).to(device)
+        tokens = torch.randint(0, size["vocab"], (args.batch, sequence + 1), generator=generator).to(device)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        started, started_cpu = time.perf_counter(), time.thread_time()
+        started, started_cpu, started_delay = time.perf_counter(), time.thread_time(), run_queue_delay_s()
         logits = ddp(tokens[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, size["vocab"]), tokens[:, 1:].reshape(-1))
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         trained_cpu = time.thread_time() - started_cpu
+        in_scout_s = 0.0
         if job is not None:
+            before = time.perf_counter()
             job.step()
+            in_scout_s = time.perf_counter() - before
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # the step's time is the GPU's, in both arms
-        if step > WARMUP_STEPS:
+        if step > warmup:
             times.append(time.perf_counter() - started)
+            own.append(times[-1] - (run_queue_delay_s() - started_delay))
+            step_cpu.append(time.thread_time() - started_cpu)
+            scout_times.append(in_scout_s)
             train_cpu.append(trained_cpu)
-            in_turns_cpu_s += processes_cpu_s() - turn_cpu_s
-        if step == WARMUP_STEPS + args.steps:
+            turn_cpu.append(processes_cpu_s() - turn_cpu_s)
+            in_turns_cpu_s += turn_cpu[-1]
+        if step == warmup + args.steps:
             window["end"] = snapshot()  # before the last turn is handed over
         if baton is not None:
             baton.give()
@@ -337,6 +369,8 @@ def worker(args: argparse.Namespace) -> None:
     start = window["start"]
     result: dict[str, Any] = {
         "rank": rank, "parameters": parameters, "layers": size["layers"], "batch": args.batch, "step_s": times,
+        "job_step_s": scout_times, "step_cpu_s": step_cpu, "turn_cpu_s": turn_cpu,
+        "step_own_s": own, "sequence": sequence,
         "train_cpu_s": train_cpu,
         "trainer_cpu_s": end["cpu_s"] - start["cpu_s"], "window_wall_s": end["wall_s"] - start["wall_s"],
         # The trainer's user and system time, page faults and context switches over the window.
@@ -348,7 +382,14 @@ def worker(args: argparse.Namespace) -> None:
         result["costs_s"] = {name: seconds - start["costs_s"].get(name, 0.0) for name, seconds in end["costs_s"].items()}
         if "observer_cpu_s" in end:
             result["observer_cpu_s"] = end["observer_cpu_s"] - start["observer_cpu_s"]
-        result["replay_interval_steps"] = job.config.replay_interval_steps
+        calibration = job.parts.calibration  # the cadence in effect: the budget's or the user's
+        result["replay_interval_steps"] = (calibration.cadence.interval_steps if calibration is not None
+                                           else job.config.replay_interval_steps)
+        result["replay_lanes"] = calibration.cadence.lanes if calibration is not None else 1
+        result["cycle_steps"] = job.pipeline.cycle_steps
+        result["cadence_decisions"] = [] if calibration is None else [
+            {"interval_steps": d.cadence.interval_steps if d.cadence else None, "cycle_steps": d.cycle_steps,
+             "share": d.share, "status": d.status.value, "reason": d.reason} for d in calibration.decisions]
         result["replay_rows"] = job.config.replay_rows
         job.close()
         if device.type == "cpu" and "ddp_hook" not in arm.off:
@@ -359,10 +400,13 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def _command(arm: Arm, *, size: str, steps: int, batch: int, nproc: int, device: str, work: Path,
-             out: Path, baton: Path | None = None, side: int = 0) -> list[str]:
+             out: Path, baton: Path | None = None, side: int = 0, sequence: int = SEQUENCE,
+             warmup: int = WARMUP_STEPS) -> list[str]:
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--standalone",
                __file__, "--worker", "--arm", json.dumps(arm.to_json()), "--size", size, "--steps", str(steps),
-               "--batch", str(batch), "--device", device, "--out", str(out), "--run-dir", str(work / f"run-{out.stem}")]
+               "--batch", str(batch), "--sequence", str(sequence), "--warmup", str(warmup), "--device", device,
+               "--out", str(out),
+               "--run-dir", str(work / f"run-{out.stem}")]
     if baton is not None:
         command += ["--baton", str(baton), "--side", str(side)]
     return command
@@ -395,11 +439,13 @@ def _outcome(arm: Arm, process: subprocess.Popen[str], out: Path) -> dict[str, A
 
 
 def one_run(arm: Arm, *, size: str, steps: int, batch: int, nproc: int, device: str, work: Path,
-            allocator: str = DEFAULT_ALLOCATOR) -> dict[str, Any]:
+            allocator: str = DEFAULT_ALLOCATOR, sequence: int = SEQUENCE, warmup: int = WARMUP_STEPS) -> dict[str, Any]:
     """One torchrun job of ``arm`` on its own; rank 0's measurements."""
     out = work / f"{arm.name}-{time.monotonic_ns()}.json"
     process = subprocess.Popen(_command(arm, size=size, steps=steps, batch=batch, nproc=nproc, device=device,
-                                        work=work, out=out), env=_environment(arm, allocator), stdout=subprocess.DEVNULL,
+                                        work=work, out=out, sequence=sequence, warmup=warmup),
+                               env=_environment(arm, allocator),
+                               stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE, text=True)
     try:
         process.wait(timeout=RUN_TIMEOUT_S)
@@ -455,7 +501,8 @@ def terminate_raises() -> Iterator[None]:
 
 
 def pair_run(reference: Arm, arm: Arm, *, first: int, size: str, steps: int, batch: int, nproc: int,
-             device: str, work: Path, allocator: str = DEFAULT_ALLOCATOR) -> dict[str, dict[str, Any]]:
+             device: str, work: Path, allocator: str = DEFAULT_ALLOCATOR,
+             sequence: int = SEQUENCE, warmup: int = WARMUP_STEPS) -> dict[str, dict[str, Any]]:
     """The two jobs of a pair at once, taking turns step by step: side 0 is ``reference``, side
     1 ``arm``, side ``first`` steps first. A turn is one step of every rank of one job; the
     driver gives it (:class:`Baton`), waits until every rank has finished it, then **freezes**
@@ -465,7 +512,7 @@ def pair_run(reference: Arm, arm: Arm, *, first: int, size: str, steps: int, bat
     carry its own costs and only those. Both jobs start at once and meet at their first turn
     (the warm-up steps absorb the start-up); after both have run every step they are released
     to finish. A job that fails ends the other. Rank 0's measurements of each, by arm name."""
-    total_turns = WARMUP_STEPS + steps
+    total_turns = warmup + steps
     stack = contextlib.ExitStack()
     baton = Path(tempfile.mkdtemp(prefix="pair-", dir=work))
     for side in (0, 1):
@@ -476,7 +523,8 @@ def pair_run(reference: Arm, arm: Arm, *, first: int, size: str, steps: int, bat
     arms = (reference, arm)
     outs = [work / f"{a.name}-{time.monotonic_ns()}-side{side}.json" for side, a in enumerate(arms)]
     processes = [subprocess.Popen(_command(a, size=size, steps=steps, batch=batch, nproc=nproc, device=device,
-                                           work=work, out=outs[side], baton=baton, side=side),
+                                           work=work, out=outs[side], baton=baton, side=side, sequence=sequence,
+                                           warmup=warmup),
                                   env=_environment(a, allocator), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
                  for side, a in enumerate(arms)]
     errors: list[list[str]] = [[], []]
@@ -559,6 +607,7 @@ def mean_step_s(run: dict[str, Any]) -> float:
 def paired(
     pairs: Sequence[tuple[Arm, Arm]], *, rounds: int, size: str, steps: int, batch: int, nproc: int = 2,
     device: str = "cpu", log: Callable[[str], None] = print, allocator: str = DEFAULT_ALLOCATOR,
+    sequence: int = SEQUENCE, warmup: int = WARMUP_STEPS,
 ) -> list[dict[str, Any]]:
     """``rounds`` rounds; in each, every (reference, arm) of ``pairs`` runs as a pair
     (:func:`pair_run`), the side that steps first alternating by round. Per round: the runs (the
@@ -579,7 +628,7 @@ def paired(
             overheads: dict[str, float] = {}
             for reference, arm in pairs:
                 pair = pair_run(reference, arm, first=index % 2, size=size, steps=steps, batch=batch, nproc=nproc,
-                                device=device, work=work, allocator=allocator)
+                                device=device, work=work, allocator=allocator, sequence=sequence, warmup=warmup)
                 runs[arm.name] = pair[arm.name]
                 runs[f"{reference.name}@{arm.name}"] = pair[reference.name]
                 overheads[arm.name] = mean_step_s(pair[arm.name]) / mean_step_s(pair[reference.name]) - 1
@@ -615,7 +664,8 @@ def summary(results: list[dict[str, Any]], arm: str) -> dict[str, float]:
 
 def driver(args: argparse.Namespace) -> int:
     results = paired([(OFF, DEFAULTS)], rounds=args.rounds, size=args.size, steps=args.steps, batch=args.batch,
-                     nproc=args.nproc, device=args.device, allocator=args.allocator)
+                     nproc=args.nproc, device=args.device, allocator=args.allocator, sequence=args.sequence,
+                     warmup=args.warmup)
     overhead = summary(results, "defaults")
     goal = GOAL_CPU if args.device == "cpu" else GOAL_GPU
     on_runs = [r["runs"]["defaults"] for r in results]
@@ -630,7 +680,7 @@ def driver(args: argparse.Namespace) -> int:
             breakdown[name] = breakdown.get(name, 0.0) + seconds / window_s / len(on_runs)
     result = {
         "model_parameters": on_runs[0]["parameters"], "size": args.size,
-        "ranks": args.nproc, "device": args.device, "batch": args.batch, "sequence": SEQUENCE,
+        "ranks": args.nproc, "device": args.device, "batch": args.batch, "sequence": args.sequence,
         "steps_per_run": args.steps, "rounds": args.rounds, "allocator": args.allocator,
         "design": "pairs taking turns step by step, the waiting job frozen",
         "off_step_s": off_means, "on_step_s": [mean_step_s(run) for run in on_runs],
@@ -642,9 +692,13 @@ def driver(args: argparse.Namespace) -> int:
         "rounds_detail": [{"overhead": r["overhead"]["defaults"], "first": r["first"],
                            "off": round_figures(r["runs"]["off@defaults"]),
                            "defaults": round_figures(r["runs"]["defaults"])} for r in results],
+        "warmup_steps": args.warmup,
+        "cadence": [{"replay_interval_steps": run.get("replay_interval_steps"), "lanes": run.get("replay_lanes"),
+                     "cycle_steps": run.get("cycle_steps")} for run in on_runs],
         "note": "mean step time over the measured steps, the two arms taking turns step by step (the waiting job "
-                "frozen); replay at the defaults: one hidden layer every 2 steps, 1 row of the batch (CAP-8); a "
-                "cycle replays every recipe once in 2 x layers steps",
+                "frozen); at the defaults the replay cadence is the overhead budget's (spec/budget.md), chosen at "
+                "the end of the calibration window (one hidden layer every 2 steps for 2 x layers steps), which "
+                "the warm-up covers; 1 row of the batch (CAP-8)",
     }
     sys.path.insert(0, str(REPO / "bench"))
     from _goals import at_most, print_goals, write_results
@@ -666,6 +720,9 @@ def main() -> int:
     parser.add_argument("--size", choices=sorted(SIZES), default="large")
     parser.add_argument("--steps", type=int, default=24, help="measured steps per run (24: one cycle at defaults)")
     parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--sequence", type=int, default=SEQUENCE, help="tokens per row (default %(default)s)")
+    parser.add_argument("--warmup", type=int, default=None, help="unmeasured steps at a run's start (default: the "
+                        "calibration window of the overhead budget and 2 steps, warmup_for(layers))")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--nproc", type=int, default=2, help="ranks per run (default 2)")
@@ -677,6 +734,8 @@ def main() -> int:
     parser.add_argument("--baton", default="", help="the worker's pair directory (FIFOs; paired runs)")
     parser.add_argument("--side", type=int, choices=(0, 1), default=0, help="the worker's side of its pair")
     args = parser.parse_args()
+    if args.warmup is None:
+        args.warmup = warmup_for(SIZES[args.size]["layers"])
     if args.worker:
         worker(args)
         return 0

@@ -18,6 +18,7 @@ Run: .venv/bin/python bench/completion_watcher.py
 
 from __future__ import annotations
 
+import argparse
 import os
 import random
 import statistics
@@ -194,6 +195,7 @@ def watcher_thread_cpu(window_s: float = 5.0) -> dict[str, float]:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     import torch
     import torch.distributed as dist
 

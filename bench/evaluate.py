@@ -18,7 +18,11 @@ bench/results/evaluation.json, then rendered into docs/evaluation.md with its pl
    ``checkpoint_every_cycles``, for SDC and hang, under ``torchrun --max-restarts 1``;
 5. ``false_alarms``: healthy runs with jitter, simulated at scale and real 4-rank jobs, counted
    per fault kind, with the 95 % upper bound on the per-round false-attribution rate;
-6. ``campaign``: the fault campaign (``scout campaign``) over seeds, exact counts per seed.
+6. ``campaign``: the fault campaign (``scout campaign``) over seeds, exact counts per seed;
+7. ``budget``: scout at its defaults -- the replay cadence the overhead budget chooses (spec/budget.md)
+   -- against no scout on the tiny GPT (4 ranks), the 4.2M GPT and the 54.6M GPT at batch 8 and 16,
+   paired, with an A/A pair for the noise: the overhead, the budget, the cycle chosen and the SDC
+   bound it gives; goal: each within the budget plus the pairs' noise.
 
 The overhead, parts and batch sections run the trainers with glibc's heap kept (``--allocator``;
 bench/attach_overhead.py ALLOCATORS); the parts section also runs the goal's pair with glibc's stock
@@ -74,11 +78,27 @@ RESULTS = BENCH / "results" / "evaluation.json"
 DOC = REPO / "docs" / "evaluation.md"
 PLOTS = REPO / "docs" / "evaluation"
 SCHEMA = "scout.evaluation/1"
-SECTIONS = ("overhead", "parts", "batch", "latency", "recovery", "false_alarms", "campaign")
+SECTIONS = ("overhead", "parts", "batch", "latency", "recovery", "false_alarms", "campaign", "budget")
 TRAIN_GPT = REPO / "examples" / "train_gpt.py"
 WORLD = 4  # ranks of the real jobs (examples/train_gpt.py)
 GPT_LAYERS = 4  # examples/train_gpt.py's GPT
 CADENCES = (1, 2, 5, 10, 20)
+LATENCY_INTERVAL_STEPS = 2  # the replay cadence of the real jobs of the latency, recovery and false-alarm sections
+#: The budget section's models (spec/budget.md; issue 38): the tiny GPT of issue 38 on 4 ranks, the
+#: 4.2M GPT, and the 54.6M GPT at batch 8 and 16, each at scout's defaults against no scout.
+BUDGET_MODELS: tuple[dict[str, Any], ...] = (
+    {"key": "tiny", "name": "tiny GPT", "size": "tiny3", "batch": 8, "nproc": 4, "sequence": 32},
+    {"key": "small", "name": "4.2M GPT", "size": "small", "batch": 8, "nproc": 2, "sequence": 128},
+    {"key": "large8", "name": "54.6M GPT, batch 8", "size": "large", "batch": 8, "nproc": 2, "sequence": 128},
+    {"key": "large16", "name": "54.6M GPT, batch 16", "size": "large", "batch": 16, "nproc": 2, "sequence": 128},
+)
+QUICK_BUDGET_MODELS: tuple[dict[str, Any], ...] = (
+    {"key": "tiny", "name": "tiny GPT", "size": "tiny", "batch": 2, "nproc": 2, "sequence": 32},)
+#: The budget section's measured steps per run: the cycle a probe run chose, within these bounds
+#: (a run's mean step time holds its replay only when the run is a whole cycle or more).
+BUDGET_STEPS_MIN, BUDGET_STEPS_MAX = 24, 1000
+#: The A/A pair of the budget section: no scout against no scout, paired alike (the pairs' noise).
+ALIKE = attach_overhead.Arm("alike", scout=False)
 BATCHES = (16,)  # the batch section's batches (the parts section's goal is at batch 8)
 PARTS_BATCH = 8
 FACTORS = (1.2, 1.5, 2.0)
@@ -158,7 +178,12 @@ def train_gpt(work: Path, name: str, *, steps: int, fault: str = "", settings: d
     env = {key: value for key, value in os.environ.items()
            if not key.startswith(("SCOUT_", "EXAMPLE_FAULT")) or key == "SCOUT_REPORT_AUDIT_FILE"}
     env.update({"OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
-                "SCOUT_JOB_ID": f"evaluate-{name}-{os.getpid()}"})
+                "SCOUT_JOB_ID": f"evaluate-{name}-{os.getpid()}",
+                # Latency, recovery and false alarms are measured at a known cadence, set as a user
+                # sets it (spec/budget.md BUDGET-8): one layer every 2 steps. The overhead budget's
+                # cadence for this tiny model is a cycle of a thousand steps or more (the overhead
+                # sections measure it, with the SDC bound it gives).
+                "SCOUT_REPLAY_INTERVAL_STEPS": str(LATENCY_INTERVAL_STEPS)})
     env.update({f"SCOUT_{key.upper()}": str(value) for key, value in (settings or {}).items()})
     started = time.time()
     log = directory / "job.log"
@@ -194,9 +219,11 @@ def _median_range(values: Sequence[float]) -> dict[str, Any]:
 
 
 def _replay_formula(run: dict[str, Any]) -> float:
-    """The replay's expected share of a step (issue 23): 1 / (interval x layers x batch / rows)."""
+    """The replay's expected share of a step (issue 23): 1 / (cycle x batch / rows), the cycle
+    ``interval x layers`` steps (with lanes, ``interval x ceil(layers / lanes)``)."""
     rows = run["replay_rows"] or run["batch"]
-    return 1.0 / (run["replay_interval_steps"] * run["layers"] * run["batch"] / rows)
+    cycle = run.get("cycle_steps") or run["replay_interval_steps"] * run["layers"]
+    return 1.0 / (cycle * run["batch"] / rows)
 
 
 def _arm_row(results: list[dict[str, Any]], arm: str) -> dict[str, Any]:
@@ -277,18 +304,21 @@ def run_parts(section: dict[str, Any], quick: bool, rounds: int, log: Callable[[
     goal_rounds = rounds if goal_rounds is None else goal_rounds
     log(f"== parts: {size} model, the defaults against no scout in {goal_rounds} rounds, {len(chosen)} part(s) in "
         f"{rounds} rounds, of {steps} steps")
+    # The warm-up covers the overhead budget's calibration window (spec/budget.md BUDGET-5).
+    warmup = attach_overhead.warmup_for(attach_overhead.SIZES[size]["layers"])
     goal = attach_overhead.paired([(attach_overhead.OFF, defaults)], rounds=goal_rounds, size=size, steps=steps,
-                                  batch=2 if quick else PARTS_BATCH, log=log, allocator=allocator)
+                                  batch=2 if quick else PARTS_BATCH, log=log, allocator=allocator, warmup=warmup)
     if stock_rounds:
         log(f"== parts: the defaults against no scout with glibc's stock malloc, {stock_rounds} rounds")
         stock = attach_overhead.paired([(attach_overhead.OFF, defaults)], rounds=stock_rounds, size=size,
-                                       steps=steps, batch=2 if quick else PARTS_BATCH, log=log, allocator="stock")
+                                       steps=steps, batch=2 if quick else PARTS_BATCH, log=log, allocator="stock",
+                                       warmup=warmup)
         section["stock_allocator"] = {"rounds": stock_rounds, "off_step_s": _reference_step_s(stock, "defaults"),
                                       "defaults": _arm_row(stock, "defaults"), "round_detail": _round_detail(stock),
                                       "rounds_figures": _rounds_figures(stock)}
     results = attach_overhead.paired([(defaults, attach_overhead.Arm(f"no-{p}", off=(p,))) for p in chosen],
                                      rounds=rounds, size=size, steps=steps, batch=2 if quick else PARTS_BATCH,
-                                     log=log, allocator=allocator)
+                                     log=log, allocator=allocator, warmup=warmup)
     first = goal[0]["runs"]["defaults"]
     parts: dict[str, Any] = {}
     for part in chosen:
@@ -324,13 +354,60 @@ def run_batch(section: dict[str, Any], quick: bool, rounds: int, batches: Sequen
         log(f"== batch: {size} model at batch {batch}, the defaults against no scout in {rounds} rounds of {steps} "
             "steps")
         goal = attach_overhead.paired([(attach_overhead.OFF, attach_overhead.DEFAULTS)], rounds=rounds, size=size,
-                                      steps=steps, batch=batch, log=log, allocator=allocator)
+                                      steps=steps, batch=batch, log=log, allocator=allocator,
+                                      warmup=attach_overhead.warmup_for(attach_overhead.SIZES[size]["layers"]))
         first = goal[0]["runs"]["defaults"]
         section.update({"parameters": first["parameters"], "layers": first["layers"]})
         section["batches"][str(batch)] = {
             "batch": batch, "off_step_s": _reference_step_s(goal, "defaults"),
             "defaults": _arm_row(goal, "defaults"), "rounds": _round_detail(goal),
             "rounds_figures": _rounds_figures(goal)}
+
+
+def run_budget(section: dict[str, Any], quick: bool, rounds: int, log: Callable[[str], None],
+               allocator: str = attach_overhead.DEFAULT_ALLOCATOR, only: Sequence[str] = (),
+               earlier: dict[str, Any] | None = None) -> None:
+    """Per model of :data:`BUDGET_MODELS`, scout's defaults against no scout -- the cadence the
+    overhead budget chose after its calibration window, which the warm-up covers -- in ``rounds``
+    pairs, each run as long as the cycle a probe run chose (so that its mean step holds the
+    replay), and an A/A pair (no scout against no scout) for the pairs' noise; with the cadence
+    each run chose, the SDC bound (one cycle) and the checkpoint interval it gives. ``only``: the
+    models by key (``--budget-models``); the others of an ``earlier`` run of the section are kept."""
+    budget = Config().overhead_budget
+    kept = {} if earlier is None or not only else dict(earlier.get("models", {}))
+    section.update({"design": "paired", "rounds": rounds, "allocator": allocator, "overhead_budget": budget,
+                    "checkpoint_every_cycles": Config().checkpoint_every_cycles, "models": kept})
+    work = Path(tempfile.mkdtemp(prefix="scout-budget-"))
+    try:
+        for model in QUICK_BUDGET_MODELS if quick else BUDGET_MODELS:
+            if only and model["key"] not in only:
+                continue
+            size, layers = model["size"], attach_overhead.SIZES[model["size"]]["layers"]
+            warmup = attach_overhead.warmup_for(layers)
+            shape = {"size": size, "batch": model["batch"], "nproc": model["nproc"], "sequence": model["sequence"]}
+            probe = attach_overhead.one_run(attach_overhead.DEFAULTS, steps=2, device="cpu", work=work, warmup=warmup,
+                                            allocator=allocator, **shape)
+            low, high = (4, 40) if quick else (BUDGET_STEPS_MIN, BUDGET_STEPS_MAX)
+            steps = min(max(int(probe.get("cycle_steps") or 0), low), high)
+            log(f"== budget: {model['name']}, probe cycle {probe.get('cycle_steps')} steps; the defaults and an A/A "
+                f"pair against no scout, {rounds} rounds of {steps} steps after {warmup} of warm-up")
+            results = attach_overhead.paired([(attach_overhead.OFF, attach_overhead.DEFAULTS),
+                                              (attach_overhead.OFF, ALIKE)], rounds=rounds, steps=steps, log=log,
+                                             allocator=allocator, warmup=warmup, **shape)
+            runs = [r["runs"]["defaults"] for r in results]
+            cycles = [int(run.get("cycle_steps") or 0) for run in runs]
+            section["models"][model["name"]] = {
+                **shape, "parameters": runs[0]["parameters"], "layers": layers, "steps": steps, "warmup": warmup,
+                "probe_cycle_steps": probe.get("cycle_steps"), "probe_decisions": probe.get("cadence_decisions"),
+                "off_step_s": _reference_step_s(results, "defaults"),
+                "overhead": attach_overhead.summary(results, "defaults"),
+                "noise": attach_overhead.summary(results, "alike"),
+                "cadence": [{"replay_interval_steps": run.get("replay_interval_steps"), "lanes": run.get("replay_lanes"),
+                             "cycle_steps": run.get("cycle_steps"), "decisions": run.get("cadence_decisions")}
+                            for run in runs],
+                "cycle_steps": _median_range(cycles), "rounds": _round_detail(results)}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -360,7 +437,7 @@ def _hang_case(work: Path, seed: int, threshold_s: float) -> dict[str, Any]:
 def _sdc_case(work: Path, seed: int) -> dict[str, Any]:
     rng = random.Random(f"sdc:{seed}")
     rank, step = rng.randrange(WORLD), rng.randrange(4, 12)
-    cycle = 2 * GPT_LAYERS  # replay_interval_steps 2 (the default) x hidden layers
+    cycle = LATENCY_INTERVAL_STEPS * GPT_LAYERS  # the jobs' replay_interval_steps x hidden layers
     job = train_gpt(work, f"sdc-{seed}", steps=step + cycle + 4, fault=f"sdc:{rank}:{step}")
     case: dict[str, Any] = {"seed": seed, "rank": rank, "onset_step": step, "exit_code": job["exit_code"],
                             "wall_s": job["wall_s"], "cycle_steps": cycle}
@@ -376,7 +453,7 @@ def _sdc_case(work: Path, seed: int) -> dict[str, Any]:
 def _straggler_real_case(work: Path, seed: int, factor: float, checks_max: int) -> dict[str, Any]:
     rng = random.Random(f"straggler:{seed}:{factor}")
     rank = rng.randrange(WORLD)
-    interval = 2  # the default replay_interval_steps: one replay check every 2 steps
+    interval = LATENCY_INTERVAL_STEPS  # the jobs' replay_interval_steps: one replay check every 2 steps
     job = train_gpt(work, f"straggler-{factor:g}-{seed}", steps=interval * checks_max, fault=f"slow:{rank}:{factor:g}")
     confirmed = [r for r in job["reports"] if r["kind"] == "straggler" and r["evidence"].get("change") == "confirmed"]
     first: dict[str, int] = {}
@@ -453,7 +530,7 @@ def run_latency(section: dict[str, Any], quick: bool, seeds: Sequence[int], work
 
 def _recovery_case(work: Path, kind: str, every: int, seed: int, threshold_s: float) -> dict[str, Any]:
     rng = random.Random(f"recovery:{kind}:{every}:{seed}")
-    cycle = 2 * GPT_LAYERS
+    cycle = LATENCY_INTERVAL_STEPS * GPT_LAYERS
     # A verified checkpoint exists once the one saved at the first checkpoint boundary had a
     # clean cycle after it; the fault comes some steps after that.
     first_verified = cycle * every + cycle
@@ -713,6 +790,17 @@ def goals(document: dict[str, Any]) -> list[Goal]:
         events = sum(v["false_attributions"] for part in ("simulated", "real") for v in alarms[part].values())
         found.append(at_most("false attributions in healthy runs", events, 0, "",
                              "simulated at scale and real 4-rank jobs, every kind"))
+    budget_section = sections.get("budget")
+    if budget_section:
+        budget = budget_section["overhead_budget"]
+        for name, entry in budget_section["models"].items():
+            overhead, noise = entry["overhead"], entry["noise"]
+            allowed = budget + max(abs(noise["min"]), abs(noise["max"]))
+            found.append(at_most(f"overhead within the budget at the defaults ({name}, {entry['nproc']} ranks)",
+                                 100 * overhead["median"], 100 * allowed, "%",
+                                 f"median of {overhead['n']} paired rounds, range {100 * overhead['min']:+.2f} to "
+                                 f"{100 * overhead['max']:+.2f} %; the budget {100 * budget:g} % plus the pairs' noise "
+                                 f"(no scout against no scout: {100 * noise['min']:+.2f} to {100 * noise['max']:+.2f} %)"))
     campaign_section = sections.get("campaign")
     if campaign_section:
         totals = campaign_section["totals"]
@@ -750,6 +838,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--stock-rounds", type=int, default=None,
                         help="rounds of the goal's pair with glibc's stock malloc, beside the goal (default 3; "
                              "quick 0)")
+    parser.add_argument("--budget-models", default="", help="the budget section's models, comma-separated, of "
+                        f"{', '.join(m['key'] for m in BUDGET_MODELS)} (default: all; the others of an earlier run are "
+                        "kept)")
     parser.add_argument("--output", type=Path, default=RESULTS, help="the JSON (default bench/results/evaluation.json)")
     parser.add_argument("--doc", type=Path, default=None, help="the document (default docs/evaluation.md; "
                         "not written by --quick unless given)")
@@ -769,6 +860,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown section(s) {unknown}; the sections are {', '.join(SECTIONS)}")
     only = [part.strip() for part in args.parts.split(",") if part.strip()]
+    budget_models = [key.strip() for key in args.budget_models.split(",") if key.strip()]
+    if sorted(set(budget_models) - {m["key"] for m in BUDGET_MODELS}):
+        parser.error(f"unknown budget model(s) {sorted(set(budget_models) - {m['key'] for m in BUDGET_MODELS})}; the "
+                     f"models are {', '.join(m['key'] for m in BUDGET_MODELS)}")
     if sorted(set(only) - set(PARTS)):
         parser.error(f"unknown part(s) {sorted(set(only) - set(PARTS))}; the parts are {', '.join(PARTS)}")
     try:
@@ -820,6 +915,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     run_recovery(section, args.quick, seeds, work, log)
                 elif name == "false_alarms":
                     run_false_alarms(section, args.quick, seeds, work, log)
+                elif name == "budget":
+                    run_budget(section, args.quick, rounds, log, args.allocator, budget_models,
+                               document["sections"].get("budget"))
                 else:
                     run_campaign(section, args.quick, seeds, log)
             section["host"] = document["host"]

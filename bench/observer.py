@@ -14,6 +14,7 @@ Run: .venv/bin/python bench/observer.py
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -249,6 +250,7 @@ def bench_detection_latency(trials: int = 3) -> dict[str, Any]:
 
 
 def main() -> int:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     results = {
         "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()},
         "publish": bench_publish(),

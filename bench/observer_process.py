@@ -13,6 +13,7 @@ this CPU is taken from them. Writes bench/results/observer_process.json.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -114,6 +115,7 @@ def one_start() -> tuple[float, float]:
 
 
 def main() -> int:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     runs = [one_start() for _ in range(STARTS)]
     starts, rss = [r[0] for r in runs], [r[1] for r in runs]
     cpu = {"default": healthy_cpu(WATCH_INTERVAL_S), "poll_0.05_s": healthy_cpu(0.05)}

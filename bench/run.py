@@ -12,13 +12,20 @@ Usage: ./dev bench [NAME ...] [--quick]
   NAME     run only these benchmarks (file names without .py, e.g. signature sim)
   --quick  smaller sizes (CI-sized smoke run; the figures are then not the goal's)
   --table  only print the table from the JSON files already in bench/results/
+  --list   the benchmarks it runs, and the scripts of bench/ run by hand
+  --check  import every script of bench/ and run its --help, in this process (CI runs this:
+           tests/unit/test_bench_imports.py): a benchmark that cannot even start is caught here,
+           not when someone next runs it
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
+import runpy
 import subprocess
 import sys
 import time
@@ -37,13 +44,23 @@ BENCHMARKS: dict[str, tuple[list[str], list[str], float]] = {
     "exchange": ([], ["--max-ranks", "8", "--iterations", "20"], 1800),
     "transport": ([], [], 900),
     "observer": ([], [], 900),
-    "overhead": ([], [], 1800),
     "gate_model_check": ([], [], 1800),
     "observer_process": ([], [], 300),
     "completion_watcher": ([], [], 600),
+    "fixed_cost": ([], ["--rounds", "1", "--steps", "10", "--sections", "fixed"], 2400),
     # The overhead at the defaults (bench/attach_overhead.py's goal) is measured by evaluate's
     # A/B table of parts, with everything else the evaluation measures (docs/evaluation.md).
     "evaluate": ([], ["--quick"], 8 * 3600),
+}
+#: The other scripts of bench/, which ``./dev bench`` does not run, and why: studies run by hand,
+#: with inputs of their own or for an hour, and the pair driver the evaluation runs. ``--check``
+#: (CI) imports each and runs its ``--help`` all the same.
+BY_HAND: dict[str, str] = {
+    "attach_overhead": "the overhead at the defaults in step-by-step pairs; bench/evaluate.py measures with it",
+    "loop_wall": "loop-straggler settings replayed over recorded jobs' loop checks (needs --healthy logs)",
+    "replay_clock": "which clock times replay on a CPU (STRAG-1): a study of real 4-rank jobs",
+    "self_check": "what the live path's self-check costs per captured call (SELF-8)",
+    "stragglers": "the straggler power table (STRAG-*, LOOP-*): about an hour",
 }
 #: Benchmarks whose JSON is not bench/results/<name>.json: (the full run's, the quick run's).
 RESULT_FILES: dict[str, tuple[str, str]] = {"evaluate": ("evaluation.json", "evaluation-quick.json")}
@@ -106,13 +123,83 @@ def table(names: list[str], failures: dict[str, str], results: Path = RESULTS, q
     return 1 if missed else 0
 
 
+def scripts() -> list[str]:
+    """Every script of bench/ (file names without .py) but the runner and the private modules."""
+    return sorted(p.stem for p in BENCH.glob("*.py") if not p.stem.startswith("_") and p.stem != "run")
+
+
+def listing() -> str:
+    """What ``--list`` prints: the benchmarks ``./dev bench`` runs, then the scripts run by hand."""
+    lines = ["benchmarks ./dev bench runs (time bound; --quick arguments):"]
+    for name, (_, quick, bound_s) in BENCHMARKS.items():
+        lines.append(f"  {name:<20} {bound_s / 60:>5.0f} min  {' '.join(quick) or '-'}")
+    lines.append("scripts run by hand (./dev py bench/NAME.py --help):")
+    lines += [f"  {name:<20} {why}" for name, why in BY_HAND.items()]
+    return "\n".join(lines)
+
+
+def check_help(name: str) -> str | None:
+    """Run bench/<name>.py with ``--help`` in this process, as ``python bench/<name>.py --help``
+    would: None if it printed its usage and exited 0, else what went wrong. A script that does
+    not parse its arguments would run instead of answering: one that writes a result file is
+    caught by the results directory changing."""
+    path = BENCH / f"{name}.py"
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in RESULTS.glob("*")) if RESULTS.exists() else []
+    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    sys.argv = [str(path), "--help"]
+    sys.path.insert(0, str(BENCH))
+    output = io.StringIO()
+    problem: str | None = None
+    try:
+        with contextlib.redirect_stdout(output):
+            runpy.run_path(str(path), run_name="__main__")
+        problem = "ran to its end instead of printing its usage"
+    except SystemExit as done:
+        if done.code not in (0, None):
+            problem = f"exited {done.code!r}"
+    except BaseException as error:  # an ImportError, a NameError: what the check is for
+        problem = f"{type(error).__name__}: {error}"
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+    after = sorted((p.name, p.stat().st_mtime_ns) for p in RESULTS.glob("*")) if RESULTS.exists() else []
+    if problem is None and "usage:" not in output.getvalue():
+        problem = "printed no usage"
+    if problem is None and after != before:
+        problem = "wrote to bench/results/ when asked for --help"
+    return problem
+
+
+def check(names: list[str]) -> int:
+    """``--check``: every script's --help; the list of each that failed, and exit 1 if one did."""
+    failed = 0
+    for name in names:
+        problem = check_help(name)
+        print(f"{name}: {'ok' if problem is None else 'FAILED: ' + problem}", flush=True)
+        failed += problem is not None
+    unlisted = sorted(set(scripts()) - set(BENCHMARKS) - set(BY_HAND))
+    if unlisted:
+        print(f"bench/ script(s) {unlisted} are neither run by ./dev bench (BENCHMARKS) nor listed as run by hand "
+              "(BY_HAND) in bench/run.py", flush=True)
+    gone = sorted((set(BENCHMARKS) | set(BY_HAND)) - set(scripts()))
+    if gone:
+        print(f"bench/run.py lists {gone}, which have no script in bench/", flush=True)
+    return 1 if failed or unlisted or gone else 0
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", help=f"benchmarks to run (default all: {', '.join(BENCHMARKS)})")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--table", action="store_true", help="only print the table")
+    parser.add_argument("--list", action="store_true", help="the benchmarks it runs, and the scripts run by hand")
+    parser.add_argument("--check", action="store_true", help="import every bench/ script and run its --help (CI)")
     parser.add_argument("--results", type=Path, default=RESULTS, help=argparse.SUPPRESS)
     arguments = parser.parse_args(argv)
+    if arguments.list:
+        print(listing())
+        return 0
+    if arguments.check:
+        return check(arguments.names or scripts())
     unknown = [n for n in arguments.names if n not in BENCHMARKS]
     if unknown:
         print(f"unknown benchmark(s) {unknown}; known: {', '.join(BENCHMARKS)}", file=sys.stderr)

@@ -8,6 +8,7 @@ Run: ./dev py bench/verdict.py   (or ./dev bench)
 
 from __future__ import annotations
 
+import argparse
 import collections
 import platform
 import random
@@ -58,6 +59,7 @@ def best_of_ms(function, argument, budget_s=0.6, min_repeats=5):
 
 
 def main() -> int:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     rng = random.Random(2608)
     rows = []
     for n in SIZES:

@@ -30,6 +30,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 # to one audit file (scout.reports.append_record honours SCOUT_REPORT_AUDIT_FILE) and validated
 # against the JSON Schema at the end: a report that breaks scout.report/1 fails the session.
 _AUDIT_ENV = "SCOUT_REPORT_AUDIT_FILE"
+BUDGET_PIN = "SCOUT_REPLAY_INTERVAL_STEPS"
 _SUBREAPER = pytest.StashKey[bool]()
 
 
@@ -40,6 +41,12 @@ def pytest_configure(config: pytest.Config) -> None:
     # Orphans (a rank whose launcher died, an observer whose trainer died) come back to pytest
     # instead of init, so the fixture below sees them.
     config.stash[_SUBREAPER] = processes.become_subreaper()
+    # The suite's jobs replay at the fixed cadence they were written for -- one hidden layer every
+    # 2 steps, so an SDC of the example GPT is found within 8 steps -- set as a user sets it
+    # (spec/budget.md BUDGET-8: an explicit cadence wins). Left unset, scout chooses the cadence
+    # from overhead_budget, which for a tiny model on a loaded 2-core box is a cycle of a thousand
+    # steps or more; the tests of the budget unset it (tests/job/test_budget_torchrun.py).
+    os.environ.setdefault(BUDGET_PIN, "2")
     if _AUDIT_ENV not in os.environ and not hasattr(config, "workerinput"):
         handle, path = tempfile.mkstemp(prefix="scout-report-audit-", suffix=".jsonl")
         os.close(handle)

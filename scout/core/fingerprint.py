@@ -190,10 +190,24 @@ def canonical_bytes(call: CollectiveCall) -> bytes:
     return bytes(out)
 
 
+#: Fingerprints already computed, by call: a training step makes the same few calls at every
+#: step (DDP's buffer broadcast, its gradient buckets), and hashing a call's description costs
+#: far less than encoding and digesting it again (issue 38: the fixed per-step cost). Bounded:
+#: emptied when full.
+_KNOWN: dict[CollectiveCall, int] = {}
+KNOWN_CALLS_MAX: Final = 4096
+
+
 def fingerprint(call: CollectiveCall) -> int:
     """The call's fingerprint: an int in ``[1, 2**64 - 1]``, equal in every process for equal calls."""
+    known = _KNOWN.get(call)
+    if known is not None:
+        return known
     digest = hashlib.blake2b(canonical_bytes(call), digest_size=8).digest()
     value = int.from_bytes(digest, "little")
     result = value if value != FINGERPRINT_NONE else 1
     assert 1 <= result <= _FINGERPRINT_MAX
+    if len(_KNOWN) >= KNOWN_CALLS_MAX:
+        _KNOWN.clear()
+    _KNOWN[call] = result
     return result

@@ -192,7 +192,7 @@ class Intervals:
 
     embedding_steps: int = attrs.field(default=50, validator=_non_negative)
     # 50, not 10: one full layer every 10 steps cost ~1.8 % of a step for an 8-layer model
-    # and every 25 still ~1.1 % (bench/overhead.py); at 50 every class is due at the same step,
+    # and every 25 still ~1.1 % (milestone 1's replay-only benchmark); at 50 every class is due at the same step,
     # one check round per 50 steps, and the estimate is <= 1 % (spec/replay.md REC-2).
     hidden_steps: int = attrs.field(default=50, validator=_non_negative)
     output_steps: int = attrs.field(default=50, validator=_non_negative)
@@ -200,19 +200,28 @@ class Intervals:
     expert_steps: int = attrs.field(default=50, validator=_non_negative)  # MOE-1
     #: REC-3, MOE-10: expert recipes replayed at each expert check (every other class: one).
     expert_recipes_per_check: int = attrs.field(default=1, validator=_positive)
+    #: REC-3, BUDGET-2: hidden recipes replayed at each hidden check (the budget's lanes).
+    hidden_recipes_per_check: int = attrs.field(default=1, validator=_positive)
 
     def per_check(self, recipe_class: RecipeClass) -> int:
         """REC-3's ``m_c``: recipes of ``recipe_class`` replayed at each of its checks."""
-        return self.expert_recipes_per_check if recipe_class is RecipeClass.EXPERT else 1
+        if recipe_class is RecipeClass.EXPERT:
+            return self.expert_recipes_per_check
+        return self.hidden_recipes_per_check if recipe_class is RecipeClass.HIDDEN else 1
 
     def for_class(self, recipe_class: RecipeClass) -> int:
-        return {
-            RecipeClass.EMBEDDING: self.embedding_steps,
-            RecipeClass.HIDDEN: self.hidden_steps,
-            RecipeClass.OUTPUT: self.output_steps,
-            RecipeClass.OPTIMIZER: self.optimizer_steps,
-            RecipeClass.EXPERT: self.expert_steps,
-        }.get(recipe_class, 0)
+        name = _INTERVAL_FIELDS.get(recipe_class)
+        return 0 if name is None else int(getattr(self, name))
+
+
+#: Intervals' field of each scheduled class (the job-level classes have none: 0).
+_INTERVAL_FIELDS: Final = {
+    RecipeClass.EMBEDDING: "embedding_steps",
+    RecipeClass.HIDDEN: "hidden_steps",
+    RecipeClass.OUTPUT: "output_steps",
+    RecipeClass.OPTIMIZER: "optimizer_steps",
+    RecipeClass.EXPERT: "expert_steps",
+}
 
 
 @attrs.frozen
@@ -230,30 +239,38 @@ class Schedule:
 
     catalog: Catalog
     intervals: Intervals = Intervals()
+    #: REC-3, BUDGET-5: steps are counted from this step (a cadence that starts at a cycle
+    #: boundary of the job counts from that boundary); 0 for a schedule that starts with the job.
+    origin_step: int = attrs.field(default=0, validator=_non_negative)
+    #: Per active class, in class order: (class, interval, size, recipes per check) -- computed
+    #: once, because ``due`` runs at every training step (issue 38: the fixed per-step cost).
+    _plan: tuple[tuple[RecipeClass, int, int, int], ...] = attrs.field(init=False, repr=False, eq=False)
+
+    def __attrs_post_init__(self) -> None:
+        plan = tuple((c, self.intervals.for_class(c), self.catalog.class_size(c), self.intervals.per_check(c))
+                     for c in CLASS_ORDER)
+        object.__setattr__(self, "_plan", tuple(row for row in plan if row[1] > 0 and row[2] > 0))
 
     def active_classes(self) -> tuple[RecipeClass, ...]:
         """Classes that are applicable and enabled."""
-        return tuple(
-            c
-            for c in CLASS_ORDER
-            if self.catalog.class_size(c) > 0 and self.intervals.for_class(c) > 0
-        )
+        return tuple(row[0] for row in self._plan)
 
     def due(self, step: int) -> tuple[DueRecipe, ...]:
-        """REC-3: class ``c`` is due at step ``s >= 1`` iff ``s % interval_c == 0``; the
-        ``k``-th check of the class (``k = s // interval_c - 1``) replays recipes
-        ``(k * m_c + j) mod n_c`` for ``j < min(m_c, n_c)`` (``m_c`` = 1 but for the experts,
+        """REC-3: counted from the origin ``o`` (``s' = s - o >= 1``), class ``c`` is due at
+        step ``s`` iff ``s' % interval_c == 0``; the ``k``-th check of the class
+        (``k = s' // interval_c - 1``) replays recipes ``(k * m_c + j) mod n_c`` for
+        ``j < min(m_c, n_c)`` (``m_c`` = 1 but for the hidden lanes, BUDGET-2, and the experts,
         MOE-10). In class order, and within a class in ``j`` order."""
         if not whole_number(step) or step < 1:
             raise ValueError(f"steps are numbered from 1, got {step!r}")
+        counted = step - self.origin_step
+        if counted < 1:
+            raise ValueError(f"step {step} is not after this schedule's origin, step {self.origin_step}")
         due: list[DueRecipe] = []
-        for recipe_class in self.active_classes():
-            interval = self.intervals.for_class(recipe_class)
-            if step % interval:
+        for recipe_class, interval, size, per_check in self._plan:
+            if counted % interval:
                 continue
-            check_index = step // interval - 1
-            size = self.catalog.class_size(recipe_class)
-            per_check = self.intervals.per_check(recipe_class)
+            check_index = counted // interval - 1
             for lane in range(min(per_check, size)):
                 index = (check_index * per_check + lane) % size
                 due.append(DueRecipe(self.catalog.recipe_at(recipe_class, index), step, check_index))
@@ -289,7 +306,10 @@ class Schedule:
             self.catalog.expert_keys,
         ) + (  # appended only when not 1, so the digests of schedules without lanes are unchanged
             (("expert_recipes_per_check", self.intervals.expert_recipes_per_check),)
-             if self.intervals.expert_recipes_per_check != 1 else ())
+             if self.intervals.expert_recipes_per_check != 1 else ()) + (
+            (("hidden_recipes_per_check", self.intervals.hidden_recipes_per_check),)
+            if self.intervals.hidden_recipes_per_check != 1 else ()) + (
+            (("origin_step", self.origin_step),) if self.origin_step else ())
 
 
 @attrs.frozen

@@ -125,6 +125,11 @@ def attach(engine: Any, *, run_dir: str | os.PathLike[str], **settings: Any) -> 
                         "layers are)", engine.zero_optimization_stage())
         optimizer = None
     job = scout.attach(engine, optimizer, run_dir=run_dir, **settings)
+    inner = getattr(engine, "basic_optimizer", None)
+    if optimizer is None and isinstance(inner, torch.optim.Optimizer):
+        # SELF-9: under ZeRO the engine writes the module's parameters through .data after its
+        # inner optimizer steps; the live calls are re-executed before that step.
+        job.self_check_before(inner)
     try:
         framework.begin(job, plan, engine.global_steps)
         glue = ScoutDeepSpeed(engine, job, Path(run_dir) / OWN_DIR)

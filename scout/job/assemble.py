@@ -23,6 +23,7 @@ from scout.core.observer import Stage
 from scout.gate.model import GateConfig
 from scout.gate.recorder import GateWriter
 from scout.job import bench_switches
+from scout.job.calibration import Calibration
 from scout.job.checks import Cycle, ReplayCheck, build_checks
 from scout.job.config import Config
 from scout.job.control import ControlGroup
@@ -69,6 +70,8 @@ class Assembly:
     idle_loops: IdleLoops
     #: LAYOUT-1: the replica groups, their names, the stage (checkpoint namespace).
     layout: JobLayout
+    #: spec/budget.md: the replay cadence the overhead budget chooses (None without replay).
+    calibration: Calibration | None = None
 
 
 def _rendezvous_backend(parent: int) -> str | None:
@@ -153,6 +156,9 @@ def _verification_impossible(peers: TorchPeerGroup, config: Config, checks: Sequ
 def _cycle_line(cycle: Cycle, config: Config, checkpoints: bool) -> str:
     """spec/replay.md REC-8: what rank 0 says at attach about the cycle and the checkpoints."""
     line = f"scout: replay cycle {cycle.steps} steps (set by {cycle.set_by}{'; ' + cycle.note if cycle.note else ''})"
+    if config.replay_interval_steps is None:  # BUDGET-5: the calibration window
+        return (line + f": calibrating -- at its end scout chooses the cadence that keeps its work within "
+                f"overhead_budget={100 * config.overhead_budget:g} % of a step, and says what it buys (spec/budget.md)")
     if checkpoints:
         line += (f"; a checkpoint every {cycle.steps * config.checkpoint_every_cycles} steps "
                  f"(checkpoint_every_cycles={config.checkpoint_every_cycles}), verified one cycle later")
@@ -257,6 +263,8 @@ def _assemble(model: nn.Module, optimizer: torch.optim.Optimizer | None, *, run_
                         on_sdc=config.on_sdc, cycle_steps=cycle_steps,
                         checkpoint_every_cycles=config.checkpoint_every_cycles, reporter=reporter, gate=gate,
                         timeout_s=config.collective_timeout_s)
+    calibration = None if not checks else Calibration(checks, pipeline, config=config, all_gather=control.all_gather,
+                                                      reporter=reporter, rank=rank, checkpoints=ckpt is not None)
     if observer is not None:
         observer.wait_ready(config.collective_timeout_s)
         instrument.check_at_each_step(observer.check)
@@ -267,4 +275,4 @@ def _assemble(model: nn.Module, optimizer: torch.optim.Optimizer | None, *, run_
     control.barrier()
     return Assembly(rank, world_size, sink, ckpt, control, hosts, identity, publisher, observer, pipeline, ops,
                     IdleLoops(gloo_groups.own_loop_threads()),  # WAIT-5, WAIT-6: none on a gloo job
-                    job_layout)
+                    job_layout, calibration=calibration)

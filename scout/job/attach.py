@@ -121,13 +121,10 @@ class Job:
         step. A quarantined checkpoint is never loaded."""
         if self._started:
             raise RuntimeError("restore() must come before the first job.step(), once")
-        try:
+        with leaving.on_error(self):  # PROGRESS-11: an error says "exiting" before anything else
             failure = attempt_failure(our_records(self.parts.run_dir.path)) if self.rank == 0 else None  # RECOVERY-6
             with self.parts.idle_loops.awake():  # WAIT-5: scout's groups work now
                 self._begin(failure, checkpoints=self.parts.checkpoint_dir is not None)
-        except BaseException as error:  # PROGRESS-11: say "exiting" before anything else
-            self.leave(error)
-            raise
         return self._step
 
     def _begin(self, failure: FailureClass | None, *, checkpoints: bool) -> None:
@@ -147,23 +144,22 @@ class Job:
         self._step, self.timeline = decision.step, decision.timeline
         self.boundary.step = decision.step + 1
         self.pipeline.begin(decision, lost=lost or [])
+        if self.parts.calibration is not None:  # spec/budget.md BUDGET-5, BUDGET-9
+            self.parts.calibration.begin(decision.step)
         self.publisher.end_stage()  # start-up (or the restore) is over
         self.publisher.begin_step(self._step + 1)
 
-    def _load(self, checkpoint: CheckpointId) -> int:
-        """DCP: load ``checkpoint`` on this rank (RestoreFiles.load); returns the step it held."""
-        assert self.parts.checkpoint_dir is not None
+    def _load(self, root: str | os.PathLike[str], checkpoint: CheckpointId) -> int:
+        """DCP: load ``checkpoint`` from ``root`` on this rank (RestoreFiles.load); the step it held."""
         with self.checkpoint_io("read", str(checkpoint)):
-            return dcp.load_checkpoint(self.parts.checkpoint_dir, checkpoint, self.model, _optimizer(self),
-                                       registered=self.registered, namespace=self.parts.layout.checkpoint_namespace)
+            return dcp.load_checkpoint(root, checkpoint, self.model, _optimizer(self), registered=self.registered,
+                                       namespace=self.parts.layout.checkpoint_namespace)
 
-    def _save(self, checkpoint: CheckpointId) -> None:
-        """DCP: this rank's part of ``checkpoint`` (SaveFiles.save), collective over the control group."""
-        assert self.parts.checkpoint_dir is not None
+    def _save(self, root: str | os.PathLike[str], checkpoint: CheckpointId) -> None:
+        """DCP: this rank's part of ``checkpoint`` under ``root`` (SaveFiles.save; collective)."""
         with self.checkpoint_io("write", str(checkpoint)):
-            dcp.save_checkpoint(self.parts.checkpoint_dir, checkpoint, self.model, _optimizer(self),
-                                process_group=self.parts.control.group, registered=self.registered,
-                                namespace=self.parts.layout.checkpoint_namespace)
+            dcp.save_checkpoint(root, checkpoint, self.model, _optimizer(self), process_group=self.parts.control.group,
+                                registered=self.registered, namespace=self.parts.layout.checkpoint_namespace)
 
     def step(self) -> None:
         """Once per training step, after ``optimizer.step()``: the checks, the gate, a checkpoint at
@@ -177,32 +173,33 @@ class Job:
             self._said_left = True
             logger.warning("scout: job.step() after an exception left rank %d: its observer no longer watches it "
                            "(spec/observer.md PROGRESS-11); let the exception end the process", self.rank)
-        try:
-            with self.parts.idle_loops.awake():  # WAIT-5: checks, the exchange, a checkpoint save
-                self._run_step()
-        except BaseException as error:  # PROGRESS-11: say "exiting" before anything else
-            self.leave(error)
-            raise
+        with leaving.on_error(self), self.parts.idle_loops.awake():  # PROGRESS-11; WAIT-5: scout's groups work
+            self._run_step()
 
     def _run_step(self) -> None:
         if not self._started:  # no restore(): a fresh start at step 0, whatever the manifest holds
             self._begin(None, checkpoints=False)
+        began = time.perf_counter()
         self._step += 1
         step = self.boundary.step = self._step
-        stop = self.guarded.run_step(step, partial(self._control_work, step))
+        stop = self.guarded.run_step(step, partial(self._control_work, step, began))
         self.boundary.step = step + 1  # the next step's training phase begins
         self.pipeline.step_begins()
         if stop is not None:
             raise FaultDetected.of(stop)
 
-    def _control_work(self, step: int) -> Stop | None:
+    def _control_work(self, step: int, began: float) -> Stop | None:
         """The step's pipeline, then the save where a checkpoint is due (GUARD-7 around both)."""
         outcome = self.parts.control.run(run_step(self.pipeline, step))
-        self.checkpoint_due = outcome.checkpoint_due
-        if outcome.checkpoint_due and self.files is not None:  # its time is costs["cycle_end_s"]
+        self.checkpoint_due, checkpoint_s = outcome.checkpoint_due, 0.0
+        if outcome.checkpoint_due and self.files is not None:  # its time is also costs["cycle_end_s"]
+            started = time.perf_counter()
             self.parts.control.run(run_save(self.pipeline, CheckpointId(self.timeline, step), self.files[1],
                                             on_checkpoint_error=self.config.on_checkpoint_error,
                                             timeout_s=self.config.collective_timeout_s))
+            checkpoint_s = time.perf_counter() - started
+        if self.parts.calibration is not None:  # spec/budget.md BUDGET-3: what scout cost this step
+            self.parts.calibration.step_ended(step, time.perf_counter() - began - checkpoint_s, checkpoint_s)
         return outcome.stop
 
     def loader(self, loader: Any, name: str = "train") -> Any:
@@ -210,15 +207,18 @@ class Job:
         data path is then a data stall with its own threshold, not a hang)."""
         return instrument.instrument_dataloader(loader, name)
 
-    @contextlib.contextmanager
-    def checkpoint_io(self, operation: str, name: str = "checkpoint") -> Iterator[None]:
+    def checkpoint_io(self, operation: str, name: str = "checkpoint") -> contextlib.AbstractContextManager[None]:
         """Mark other checkpoint reads (``"read"``) and writes (``"write"``) of the job."""
-        with instrument.checkpoint_io(operation, name):
-            yield
+        return instrument.checkpoint_io(operation, name)
 
     @property
     def closed(self) -> bool:
         return self._closed
+
+    def self_check_before(self, optimizer: torch.optim.Optimizer) -> None:
+        """SELF-9: the live self-check at the pre-step hook of an optimizer not given to ``attach``
+        (DeepSpeed's inner optimizer under ZeRO; ``Pipeline.self_check_before``)."""
+        self.pipeline.self_check_before(optimizer)
 
     @property
     def parts_off(self) -> dict[str, int]:
@@ -349,8 +349,9 @@ def _dcp_files(job: Job) -> tuple[RestoreFiles, SaveFiles] | None:
     def where(checkpoint: CheckpointId) -> str:
         return str(dcp.checkpoint_path(root, checkpoint))
 
-    return (RestoreFiles(str(root), where, partial(missing_checkpoint, checkpoint_dir=root), job._load),
-            SaveFiles(where, str(job.parts.run_dir.gate_path), partial(free_space_problem, job), job._save))
+    return (RestoreFiles(str(root), where, partial(missing_checkpoint, checkpoint_dir=root), partial(job._load, root)),
+            SaveFiles(where, str(job.parts.run_dir.gate_path), partial(free_space_problem, job),
+                      partial(job._save, root)))
 
 
 def free_space_problem(job: Job, checkpoint: CheckpointId) -> str | None:

@@ -20,6 +20,7 @@ import attrs
 import torch
 from torch import nn
 
+from scout.core.budget import CALIBRATION, Cadence
 from scout.core.canary import CanaryOutcome
 from scout.core.recipes import Intervals, RecipeClass, RecipeId, Schedule
 from scout.core.verdict import Status
@@ -38,8 +39,8 @@ from scout.reports.guard import Part
 from scout.reports.kinds import ReportKind, SdcReason
 from scout.reports.timing import timing_arguments
 
-__all__ = ["CanaryCheck", "Cycle", "LoopStragglerCheck", "ReplayCheck", "build_checks", "expert_cadence",
-           "group_names", "running_statistics"]
+__all__ = ["CanaryCheck", "Cycle", "LoopStragglerCheck", "ReplayCheck", "build_checks", "dense_intervals",
+           "expert_cadence", "group_names", "running_statistics"]
 
 logger = logging.getLogger("scout")
 
@@ -244,6 +245,7 @@ class CanaryCheck(_NoOps):
         self.monitor = monitor
         self.layout = layout
         self.cycle_steps = cycle_steps
+        self.origin_step = 0  # BUDGET-5: cycles are counted from here
 
     def gate_recipes(self) -> list[Recipe]:
         return [Recipe(str(CANARY_RECIPE), self.layout.names)]
@@ -252,7 +254,7 @@ class CanaryCheck(_NoOps):
         return bool(self.cycle_steps) and step % self.cycle_steps == 0
 
     def run(self, step: int) -> Generator[Any, Any, CheckOutput | None]:
-        if not self.cycle_steps or step % self.cycle_steps:
+        if not self.cycle_steps or (step - self.origin_step) % self.cycle_steps:
             return None
         decision = self.monitor.check(step)
         if guard.INJECTING:  # after the canary's exchange: the other ranks are not left waiting
@@ -347,6 +349,15 @@ class Cycle:
         return other if other.steps > self.steps else self
 
 
+def dense_intervals(cadence: Cadence, layers: int) -> Intervals:
+    """REC-2, BUDGET-2: a hidden check every ``interval`` steps replaying ``lanes`` layers; the
+    embedding, the head and the optimizer slice once per cycle (``interval x ceil(layers /
+    lanes)`` steps; never, without hidden layers)."""
+    cycle = cadence.interval_steps * -(-layers // cadence.lanes)
+    return Intervals(embedding_steps=cycle, hidden_steps=cadence.interval_steps, output_steps=cycle,
+                     optimizer_steps=cycle, hidden_recipes_per_check=cadence.lanes)
+
+
 def expert_cadence(dense_cycle_steps: int, expert_recipes: int, max_per_step: int) -> tuple[int, int]:
     """spec/moe.md MOE-10: ``(interval, recipes per check)`` that fit the expert recipes into the
     dense cycle ``C``: one recipe every ``C // n_e`` steps when ``n_e <= C``, else a check every
@@ -385,12 +396,12 @@ def build_checks(
                        "verified (spec/replay.md CAP-9): convert them with "
                        "torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) before wrapping it, or use a norm "
                        "without running statistics (LayerNorm, GroupNorm)", ", ".join(stats))
-    k = config.replay_interval_steps
     # LAYOUT-2: pipeline stages may hold different numbers of layers; every stage's schedule is
     # built on the deepest stage's, so the job has one cycle (REC-4).
     layers = max(int(count) for count in exchange(len(modules.hidden)))
-    intervals = Intervals(embedding_steps=k * layers, hidden_steps=k, output_steps=k * layers,
-                          optimizer_steps=k * layers)
+    # BUDGET-8: an explicit interval; else the calibration cadence until the budget decides (BUDGET-5).
+    explicit = config.replay_interval_steps
+    intervals = dense_intervals(Cadence(explicit) if explicit is not None else CALIBRATION, layers)
     # STRAG-1: with straggler_repetitions = 0 the run that gives the SDC evidence is also the
     # one timed (no extra replay); n > 0 times n repetitions after it.
     repetitions = config.straggler_repetitions

@@ -82,6 +82,22 @@ def _count(name: str, minimum: int, maximum: int) -> Any:
     return check
 
 
+def _optional_count(name: str, minimum: int, maximum: int, unset: str) -> Any:
+    def check(_instance: object, _attribute: object, value: object) -> None:
+        if value is not None and (not whole_number(value) or not minimum <= value <= maximum):
+            raise ConfigError(f"{name} must be an int in [{minimum}, {maximum}], or unset ({unset}); got {value!r}")
+
+    return check
+
+
+def _share(name: str, maximum: float) -> Any:
+    def check(_instance: object, _attribute: object, value: object) -> None:
+        if not finite_number(value) or not 0 < value <= maximum:
+            raise ConfigError(f"{name} must be a share of a step in (0, {maximum:g}] (0.01 is 1 %), got {value!r}")
+
+    return check
+
+
 def _choice(name: str, allowed: tuple[str, ...]) -> Any:
     def check(_instance: object, _attribute: object, value: object) -> None:
         if value not in allowed:
@@ -159,9 +175,15 @@ class Config:
     #: While a stall lasts, rounds repeat this often (one report per stuck position).
     recheck_interval_s: float = attrs.field(default=RECHECK_INTERVAL_S_DEFAULT,
                                             validator=_positive_s("recheck_interval_s", 600.0))
-    #: Steps between two replay checks (1 = every step). One hidden layer is replayed per check,
-    #: so a replay cycle -- every recipe once -- is ``replay_interval_steps x hidden layers``.
-    replay_interval_steps: int = attrs.field(default=2, validator=_count("replay_interval_steps", 1, 1_000_000))
+    #: The share of a step's wall time scout may take on this job (spec/budget.md): scout measures
+    #: what it costs during the first replay cycle and picks the replay cadence -- the interval,
+    #: and hidden layers per check -- that keeps it inside, then says what that cadence buys.
+    overhead_budget: float = attrs.field(default=0.01, validator=_share("overhead_budget", 0.5))
+    #: Steps between two replay checks (1 = every step), one hidden layer per check, so a replay
+    #: cycle -- every recipe once -- is ``replay_interval_steps x hidden layers``. Unset (the
+    #: default): chosen by ``overhead_budget``; set, it wins (BUDGET-8).
+    replay_interval_steps: int | None = attrs.field(default=None, validator=_optional_count(
+        "replay_interval_steps", 1, 1_000_000, "chosen by overhead_budget"))
     #: Replay only the first rows of each captured batch (CAP-8): a replay then costs about
     #: ``replay_rows / batch`` of the live call. 0 replays the whole batch.
     replay_rows: int = attrs.field(default=1, validator=_count("replay_rows", 0, 1_000_000))
@@ -266,7 +288,7 @@ class Config:
 
 _FIELDS: Final = {field.name: field for field in attrs.fields(Config)}
 #: Keys whose default is None but whose values are ints (read from the environment as ints).
-_OPTIONAL_INTS: Final = frozenset({"metrics_port"})
+_OPTIONAL_INTS: Final = frozenset({"metrics_port", "replay_interval_steps"})
 
 
 def _from_text(key: str, text: str, source: str) -> Any:

@@ -64,6 +64,19 @@ def publish_ddp_buckets(
         buffer.div_(group.size())
         return dist.all_reduce(buffer, group=group, async_op=True)
 
+    # Each bucket's fingerprint, by (index, dtype, size): the same few buckets every step, and
+    # describing one costs more than the dictionary look-up (issue 38: the fixed per-step cost).
+    fingerprints: dict[tuple[int, Any, int], int] = {}
+
+    def bucket_fingerprint_of(buffer: Any, index: int) -> int:
+        key = (index, buffer.dtype, buffer.numel())
+        found = fingerprints.get(key)
+        if found is None:
+            call = CollectiveCall("all_reduce", ranks, (TensorMeta(str(buffer.dtype), (buffer.numel(),)),),
+                                  reduce_op="SUM", detail=(("ddp_bucket", index),))
+            found = fingerprints[key] = fingerprint(call)
+        return found
+
     def hook(state: Any, bucket: Any) -> Any:
         buffer = bucket.buffer()
         finishers: list[Callable[[], None] | None] = []
@@ -72,9 +85,7 @@ def publish_ddp_buckets(
             try:
                 if guard.INJECTING:
                     guard.inject("ddp_hook.bucket")
-                call = CollectiveCall("all_reduce", ranks, (TensorMeta(str(buffer.dtype), (buffer.numel(),)),),
-                                      reduce_op="SUM", detail=(("ddp_bucket", bucket.index()),))
-                bucket_fingerprint = fingerprint(call)
+                bucket_fingerprint = bucket_fingerprint_of(buffer, bucket.index())
                 publisher.enter_async_collective(bucket_fingerprint)
                 finishers = [_started(listener) for listener in tuple(listeners)]
                 tracker = instrument.completion_tracker(group)

@@ -21,10 +21,11 @@ import atexit
 import contextlib
 import sys
 import threading
+from collections.abc import Iterator
 from types import TracebackType
 from typing import Protocol
 
-__all__ = ["Leaver", "unwatch", "watch"]
+__all__ = ["Leaver", "on_error", "unwatch", "watch"]
 
 
 class Leaver(Protocol):
@@ -58,6 +59,17 @@ def watch(job: Leaver) -> None:
             _installed = True
         if job not in _watched:
             _watched.append(job)
+
+
+@contextlib.contextmanager
+def on_error(job: Leaver) -> Iterator[None]:
+    """PROGRESS-11 around ``Job.restore`` and ``Job.step``: an exception that leaves the block
+    marks the way out (``job.leave``) before anything else, then propagates unchanged."""
+    try:
+        yield
+    except BaseException as error:
+        job.leave(error)
+        raise
 
 
 def unwatch(job: Leaver) -> None:

@@ -254,7 +254,9 @@ class Pipeline:
         self.groups = tuple(tuple(g) for g in groups)  # the replica groups, for the restart report
         self.on_sdc = on_sdc
         self.cycle_steps = cycle_steps
+        self.checkpoint_every_cycles = checkpoint_every_cycles
         self.checkpoint_every_steps = cycle_steps * checkpoint_every_cycles
+        self.origin_step = 0  # BUDGET-5: cycles are counted from here
         self.reporter = reporter
         self.gate = gate
         self.timeout_s = timeout_s
@@ -307,6 +309,22 @@ class Pipeline:
         if self.boundary is None:
             raise error
         self.boundary.failed(Part(check.name), error, "job.step")
+
+    def set_cycle(self, cycle_steps: int, origin_step: int) -> None:
+        """BUDGET-5: cycles of ``cycle_steps`` steps from ``origin_step`` on (a boundary), and a
+        checkpoint every ``checkpoint_every_cycles`` of them."""
+        self.cycle_steps, self.origin_step = cycle_steps, origin_step
+        self.checkpoint_every_steps = cycle_steps * self.checkpoint_every_cycles
+
+    def self_check_before(self, optimizer: Any) -> None:
+        """SELF-9: run the live self-check at ``optimizer``'s pre-step hook, for an optimizer that
+        steps the model without being given to ``attach`` (DeepSpeed's inner optimizer under ZeRO,
+        whose parameter writes no version counter shows); with the optimizer given to ``attach``
+        the replay check does this itself (``scout.job.attach.Job.self_check_before``)."""
+        for check in self.checks:
+            hook = getattr(getattr(check, "runner", None), "self_check_before", None)
+            if callable(hook):
+                hook(optimizer)
 
     def straggler_trackers(self) -> dict[str, Any]:
         """Every check's straggler trackers by kind (``scout.ops.launch.NodeOps.after_step``)."""
@@ -402,7 +420,8 @@ def run_step(pipeline: Pipeline, step: int) -> Generator[Op, Any, StepOutcome]:
         gathered = yield from aggregate.exchange_outputs(outputs, world_size=pipeline.world_size,
                                                          timeout_s=pipeline.timeout_s)
         stop = _after_exchange(pipeline, outputs, gathered)
-    cycle_end = pipeline.cycle_steps > 0 and step % pipeline.cycle_steps == 0
+    counted = step - pipeline.origin_step  # BUDGET-5: cycles from the current cadence's origin
+    cycle_end = pipeline.cycle_steps > 0 and counted % pipeline.cycle_steps == 0
     if cycle_end and pipeline.gate is not None and pipeline.certifying:
         try:
             if guard.INJECTING:
@@ -413,7 +432,7 @@ def run_step(pipeline: Pipeline, step: int) -> Generator[Op, Any, StepOutcome]:
             pipeline.stop_gate()
     if clock:
         pipeline._cost("gate_and_reports_s", clock() - started)
-    due = (cycle_end and pipeline.checkpoint_every_steps > 0 and step % pipeline.checkpoint_every_steps == 0
+    due = (cycle_end and pipeline.checkpoint_every_steps > 0 and counted % pipeline.checkpoint_every_steps == 0
            and stop is None and pipeline.certifying and pipeline.saving)
     return StepOutcome(step, stop, due)
 

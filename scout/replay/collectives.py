@@ -112,16 +112,18 @@ class RunQueueDelay:
         self._files: dict[int, int | None] = {}
 
     def __call__(self) -> float:
-        tid = threading.get_native_id()
-        fd = self._files.get(tid, -1)
+        # Keyed by the thread's Python identity (no system call, unlike its native id: this runs
+        # several times a training step, issue 38); the native id only names the file.
+        thread = threading.get_ident()
+        fd = self._files.get(thread, -1)
         if fd == -1:
             fd = None
             if len(self._files) < self.THREADS_MAX:
                 try:
-                    fd = os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY)
+                    fd = os.open(f"/proc/self/task/{threading.get_native_id()}/schedstat", os.O_RDONLY)
                 except OSError:
                     fd = None
-                self._files[tid] = fd
+                self._files[thread] = fd
         if fd is None:
             return 0.0
         try:

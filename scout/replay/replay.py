@@ -291,6 +291,14 @@ class DenseExecutor:
     def _check_live_calls(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
         self.capture.check_pending()  # never raises (CAP-6)
 
+    def self_check_before(self, optimizer: torch.optim.Optimizer) -> None:
+        """SELF-9: re-execute the live calls at ``optimizer``'s pre-step hook -- an optimizer that
+        steps the model but is not replayed (DeepSpeed's inner optimizer under ZeRO, which then
+        writes the model's parameters through ``.data``: no version counter tells, so a check
+        after it would find every rank's live path "not reproducible")."""
+        if self._self_check_hook is None and self.config.self_check:
+            self._self_check_hook = optimizer.register_step_pre_hook(self._check_live_calls)
+
     def held_bytes(self) -> int:
         """CAP-5: bytes currently held by captures."""
         return self.capture.held_bytes + (self.optimizer.held_bytes if self.optimizer else 0)
@@ -515,6 +523,10 @@ class Replayer(ReplayRunner):
     def after_optimizer_step(self) -> StepReport:
         """Finish step ``step_count + 1``: run its due checks, arm the next step."""
         return self.step()
+
+    def self_check_before(self, optimizer: torch.optim.Optimizer) -> None:
+        """SELF-9's check point for an optimizer scout does not replay (:meth:`DenseExecutor.self_check_before`)."""
+        self.dense.self_check_before(optimizer)
 
 
 def _uses_fsdp(model: nn.Module) -> bool:

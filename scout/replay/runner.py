@@ -350,6 +350,17 @@ class ReplayRunner:
         self.step_count = validated_step(step, "resume_at")
         self._arm(step + 1)
 
+    def set_schedule(self, schedule: Schedule) -> None:
+        """BUDGET-5: replay on ``schedule`` from the next step on (every peer switches at the same
+        step, so the digest each round carries stays the same on every peer); the next step's
+        captures are armed anew."""
+        if schedule.catalog != self.schedule.catalog:
+            raise ValueError(f"a new schedule must keep the catalog: {schedule.catalog} is not {self.schedule.catalog}")
+        self.schedule = schedule
+        self.schedule_digest = structured_signature((self.executor.schedule_tag, 1, schedule.describe()))
+        self.executor.release()
+        self._arm(self.step_count + 1)
+
     def step(self) -> StepReport:
         """Finish step ``step_count + 1``: run its due checks, arm the next step."""
         if self._closed:

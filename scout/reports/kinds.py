@@ -55,6 +55,7 @@ __all__ = [
     "localization_record_arguments",
     "observer_kind",
     "observer_reason",
+    "straggler_reason",
     "straggler_record_arguments",
     "trust_reason",
 ]
@@ -116,6 +117,7 @@ class ReportKind(str, enum.Enum):
     RESTART = "restart"  # the fault policy stopped the job, or a restart restored a checkpoint
     FINISHED = "finished"  # the job closed scout at the end of its loop (the step it reached)
     INTERNAL_ERROR = "internal_error"  # scout's own code failed: the part is off, training goes on (GUARD-5)
+    CADENCE = "cadence"  # the replay cadence the overhead budget chose, and what it buys (spec/budget.md)
 
     @property
     def source(self) -> Source:
@@ -167,6 +169,7 @@ _TRAITS: Final[Mapping[ReportKind, _Traits]] = {
     ReportKind.FINISHED: _Traits(Source.JOB, False, None, False, False, Mark(MarkStyle.NONE)),
     # GUARD-5: not a fault of the training job (nothing to exclude or recover from), but said on stderr.
     ReportKind.INTERNAL_ERROR: _Traits(Source.JOB, False, None, False, True, Mark(MarkStyle.RANKS, "P", "#8c510a")),
+    ReportKind.CADENCE: _Traits(Source.JOB, False, None, False, False, Mark(MarkStyle.NONE)),
 }
 assert set(_TRAITS) == set(ReportKind), "every report kind has its traits"
 
@@ -381,6 +384,11 @@ def _straggler_kind(kind: StragglerKind) -> str:
     from scout.core.straggler.tracking import StragglerKind
 
     return dict(zip(StragglerKind, STRAGGLER_KINDS, strict=True))[StragglerKind(kind)]
+
+
+def straggler_reason(event: StragglerEvent) -> StragglerReason:
+    """The report reason of one straggler event (a confirmation or a recovery of its kind)."""
+    return StragglerReason.of(_straggler_kind(event.kind), event.change)
 
 
 def straggler_record_arguments(

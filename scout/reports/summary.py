@@ -186,6 +186,11 @@ def summary_json(view: RunView) -> dict[str, Any]:
         "loop_timing": loop_timing_json(view.timing, view.timing_skipped,
                                         [r for r in view.records if r["kind"] == ReportKind.STRAGGLER]),
         "parts_off": parts_off(view.records, numbers),
+        # spec/budget.md BUDGET-7, BUDGET-8: each cadence the run replayed at, and what it bought.
+        "cadences": [{"generation": r["generation"], "step": r["step"], "reason": r["reason"],
+                      **{k: r["evidence"].get(k) for k in ("interval_steps", "lanes", "cycle_steps", "share",
+                                                           "overhead_budget", "status")}}
+                     for r in view.records if r["kind"] == ReportKind.CADENCE],
     }
 
 
@@ -245,6 +250,12 @@ def summary_text(view: RunView) -> str:
                          f"rank(s) {part['ranks']} at step {part['step']}: {_clip(part['error'], 100)}")
     if data["loop_timing"] is not None:
         lines += ["", *loop_timing_lines(data["loop_timing"])]
+    for cadence in data["cadences"]:
+        share = "" if cadence["share"] is None else (f", scout's work {100 * cadence['share']:.2f} % of a step "
+                                                     f"(budget {100 * cadence['overhead_budget']:g} %)")
+        lines.append(f"replay cadence from step {cadence['step']} ({cadence['reason']}): {cadence['lanes']} layer(s) "
+                     f"every {cadence['interval_steps']} steps, a cycle (SDC bound) of {cadence['cycle_steps']} steps"
+                     f"{share}{'' if cadence['status'] == 'within' else ' -- ' + str(cadence['status'])}")
     lines.append("")
     for restart in data["restarts"]:  # numbered as the picture numbers attempts (attempt_numbers)
         what = (start_phrase(restart["reason"], restart["step"], restart["choice"], restart["failure"], restart["lost"])

@@ -18,16 +18,16 @@ from torch.nn.parallel import DistributedDataParallel
 
 import scout
 from scout.replay import TorchPeerGroup
-from scout.scenarios.toy import TinyLM as ScoutTinyLM
+from scout.scenarios.toy import TinyLM as ToyLM
 from tests.replay._scenarios import HEADS, LAYERS, VOCAB, WIDTH, TinyLM, _batch
 
 
-class HeadlessStage(ScoutTinyLM):
+class HeadlessStage(ToyLM):
     """A first pipeline stage as the issue's job had it: the same blocks, but its projection is
     not called ``lm_head`` (and a real stage 0 has none), so scout finds no output head here."""
 
     def __init__(self) -> None:
-        super().__init__(VOCAB, WIDTH, HEADS, LAYERS, dropout=0.1)  # tests.replay._scenarios.TinyLM()
+        super().__init__(VOCAB, WIDTH, HEADS, LAYERS, dropout=0.1)
         self.projection = self.lm_head
         del self.lm_head
 

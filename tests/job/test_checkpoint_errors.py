@@ -51,7 +51,9 @@ def _command(tmp_path: Path, checkpoint_dir: Path, steps: int) -> list[str]:
 
 
 def _environment(**settings: str) -> dict[str, str]:
-    env = {key: value for key, value in os.environ.items() if not key.startswith("SCOUT_")}
+    # Every setting of the shell left out but the suite's replay cadence (tests/conftest.py).
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith("SCOUT_") or key == "SCOUT_REPLAY_INTERVAL_STEPS"}
     env.update({"OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
                 **{f"SCOUT_{key.upper()}": value for key, value in settings.items()}})
     return env

@@ -28,7 +28,9 @@ TORCHRUN = Path(sys.executable).with_name("torchrun")
 
 def _launch(tmp_path: Path, steps: int, **settings: str) -> tuple[subprocess.CompletedProcess[str], list[dict[str, Any]]]:
     """One launch of the job ``lost-job`` (the same job id every time: a restart of it)."""
-    env = {key: value for key, value in os.environ.items() if not key.startswith("SCOUT_")}
+    # Every setting of the shell left out but the suite's replay cadence (tests/conftest.py).
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith("SCOUT_") or key == "SCOUT_REPLAY_INTERVAL_STEPS"}
     env.update({"OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "SCOUT_JOB_ID": "lost-job",
                 # A checkpoint every cycle (8 steps): t0/s8 and t0/s16 are verified by step 24.
                 "SCOUT_CHECKPOINT_EVERY_CYCLES": "1",

@@ -15,7 +15,8 @@ from scout.observer.progress import RecordIdentity, launcher_job_id
 
 def test_CONFIG_defaults_serve_a_real_job() -> None:
     config = load_config(None, None, environ={})
-    assert (config.stall_threshold_s, config.replay_interval_steps, config.checkpoint_every_cycles) == (10.0, 2, 5)
+    assert (config.stall_threshold_s, config.replay_interval_steps, config.checkpoint_every_cycles) == (10.0, None, 5)
+    assert config.overhead_budget == 0.01  # BUDGET-1: the cadence is chosen by the budget unless set
     assert (config.on_sdc, config.on_hang) == ("report", "report")
     assert config.observer_fields()["stall_threshold_s"] == 10.0
 
@@ -41,6 +42,9 @@ def test_CONFIG_keywords_beat_environment_beat_file_beat_defaults(tmp_path: Path
         ({"stall_threshold_s": float("nan")}, "stall_threshold_s"),
         ({"replay_interval_steps": 0}, "replay_interval_steps"),
         ({"replay_interval_steps": True}, "replay_interval_steps"),
+        ({"overhead_budget": 0}, "overhead_budget"),
+        ({"overhead_budget": 0.8}, "overhead_budget"),
+        ({"overhead_budget": "1%"}, "overhead_budget"),
         ({"on_sdc": "reboot"}, "on_sdc"),
         ({"observer": "yes"}, "observer"),
         ({"stall_threshold_s": 1.0, "round_deadline_s": 1.0}, "round_deadline_s"),
@@ -141,3 +145,20 @@ def test_IDENTITY_the_job_id_comes_from_the_launcher_and_survives_restarts() -> 
     assert launcher_job_id({"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0"}) == "77.0"
     assert launcher_job_id({"SCOUT_JOB_ID": "mine", "TORCHELASTIC_RUN_ID": "abc"}) == "mine"
     assert RecordIdentity.from_environment(0, torchrun, job_id="given").job_id == "given"
+
+
+def test_BUDGET_1_BUDGET_8_the_budget_and_an_explicit_cadence_from_every_source(tmp_path: Path) -> None:
+    assert load_config(None, None, environ={"SCOUT_OVERHEAD_BUDGET": "0.02"}).overhead_budget == 0.02
+    assert load_config(None, None, environ={"SCOUT_REPLAY_INTERVAL_STEPS": "7"}).replay_interval_steps == 7
+    path = tmp_path / "scout.toml"
+    path.write_text("overhead_budget = 0.005\nreplay_interval_steps = 3\n")
+    config = load_config(path, None, environ={})
+    assert (config.overhead_budget, config.replay_interval_steps) == (0.005, 3)
+    with pytest.raises(ConfigError, match=r"overhead_budget must be a share of a step in \(0, 0.5\] \(0.01 is 1 %\), "
+                                          r"got 1.5"):
+        load_config(None, {"overhead_budget": 1.5}, environ={})
+    with pytest.raises(ConfigError, match=r"replay_interval_steps must be an int in \[1, 1000000\], or unset "
+                                          r"\(chosen by overhead_budget\); got 0"):
+        load_config(None, {"replay_interval_steps": 0}, environ={})
+    with pytest.raises(ConfigError, match="SCOUT_REPLAY_INTERVAL_STEPS: 'two' is not a valid int"):
+        load_config(None, None, environ={"SCOUT_REPLAY_INTERVAL_STEPS": "two"})

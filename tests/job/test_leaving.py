@@ -35,7 +35,9 @@ def _command(run_dir: Path, steps: int, fault: str = "") -> list[str]:
 
 
 def _environment(job_id: str) -> dict[str, str]:
-    env = {key: value for key, value in os.environ.items() if not key.startswith("SCOUT_")}
+    # Every setting of the shell left out but the suite's replay cadence (tests/conftest.py).
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith("SCOUT_") or key == "SCOUT_REPLAY_INTERVAL_STEPS"}
     env.update({"OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "SCOUT_JOB_ID": job_id,
                 "SCOUT_STALL_THRESHOLD_S": str(THRESHOLD_S), "SCOUT_RECHECK_INTERVAL_S": "1.0",
                 "SCOUT_ROUND_DEADLINE_S": "0.5"})

@@ -87,7 +87,9 @@ def test_RECOVERY_5_under_torchrun_without_restarts_an_sdc_stop_says_the_restart
     """Also PROGRESS-11 for ``FaultDetected``: every rank takes THRESHOLD_S + 3 s to exit after
     it, and no observer reads that as a stall."""
     run_dir = tmp_path / "run"
-    env = {key: value for key, value in os.environ.items() if not key.startswith("SCOUT_")}
+    # Every setting of the shell left out but the suite's replay cadence (tests/conftest.py).
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith("SCOUT_") or key == "SCOUT_REPLAY_INTERVAL_STEPS"}
     env.update({"OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "SCOUT_ON_SDC": "restart",
                 "SCOUT_STALL_THRESHOLD_S": str(THRESHOLD_S), "SCOUT_RECHECK_INTERVAL_S": "1.0",
                 "SCOUT_ROUND_DEADLINE_S": "0.5"})
@@ -113,7 +115,9 @@ def test_RECOVERY_5_under_torchrun_without_restarts_an_sdc_stop_says_the_restart
 def test_RECOVERY_5_under_torchrun_without_restarts_a_hang_stopped_by_the_observer_says_the_restarts_are_spent(
         tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    env = {key: value for key, value in os.environ.items() if not key.startswith("SCOUT_")}
+    # Every setting of the shell left out but the suite's replay cadence (tests/conftest.py).
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith("SCOUT_") or key == "SCOUT_REPLAY_INTERVAL_STEPS"}
     env.update({"OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "SCOUT_ON_HANG": "restart",
                 "SCOUT_STALL_THRESHOLD_S": "3", "SCOUT_RECHECK_INTERVAL_S": "2"})
     command = [str(TORCHRUN), "--nproc-per-node", "4", "--standalone", "--max-restarts", "0", str(EXAMPLE),

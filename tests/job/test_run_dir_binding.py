@@ -49,7 +49,9 @@ def test_RECOVERY_6_a_binding_that_cannot_be_read_is_named(tmp_path: Path, text:
 
 
 def _job(tmp_path: Path, run_dir: Path, job_id: str, **environ: str) -> subprocess.CompletedProcess[str]:
-    env = {key: value for key, value in os.environ.items() if not key.startswith("SCOUT_")}
+    # Every setting of the shell left out but the suite's replay cadence (tests/conftest.py).
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith("SCOUT_") or key == "SCOUT_REPLAY_INTERVAL_STEPS"}
     env.update({"OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "SCOUT_JOB_ID": job_id,
                 **environ})
     command = [str(TORCHRUN), "--nproc-per-node", "4", "--standalone", str(EXAMPLE), "--steps", "3",

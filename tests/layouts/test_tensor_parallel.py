@@ -65,7 +65,7 @@ def test_TP_5_a_tensor_parallel_call_is_not_self_checked_and_says_why() -> None:
     layer(torch.ones(2, 3))
     outcome = capture.live(recipe, 1)
     assert outcome.code.name == "UNCHECKED" and outcome.reason == TP_NOT_SELF_CHECKED
-    assert capture._pending == []  # no self-replay hook was registered for the live call
+    assert capture._unchecked == {} and capture._live == {}  # no live call kept for a self-replay (SELF-9)
     capture.close()
 
 

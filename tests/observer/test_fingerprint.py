@@ -167,7 +167,25 @@ def test_FINGERPRINT_3_a_zero_digest_is_remapped_to_1_and_the_ends_of_the_range_
 
     fake = types.SimpleNamespace(blake2b=lambda data, digest_size: _Digest(raw))
     monkeypatch.setattr(module, "hashlib", fake)
+    monkeypatch.setattr(module, "_KNOWN", {})  # computed afresh, not remembered from another test
     assert fingerprint(BASE) == expected
+
+
+def test_FINGERPRINT_1_a_remembered_fingerprint_is_the_computed_one_and_the_memory_is_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """fingerprint() remembers the calls it has seen (a step repeats the same few collectives):
+    what it returns from memory is what it computes, and it holds at most KNOWN_CALLS_MAX calls."""
+    import scout.core.fingerprint as module
+
+    monkeypatch.setattr(module, "_KNOWN", {})
+    monkeypatch.setattr(module, "KNOWN_CALLS_MAX", 3)
+    calls = [CollectiveCall("all_reduce", detail=(("n", n),)) for n in range(7)]
+    first = [fingerprint(call) for call in calls]
+    assert len(module._KNOWN) <= 3
+    module._KNOWN.clear()
+    assert [fingerprint(call) for call in calls] == first  # computed again: the same values
+    assert [fingerprint(call) for call in reversed(calls)] == first[::-1]  # partly from memory
 
 
 def _exactly(message: str) -> str:

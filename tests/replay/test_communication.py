@@ -17,6 +17,7 @@ from scout.replay import faults
 from scout.replay import replay as replay_module
 from scout.replay.collectives import CollectiveTimer, CollectiveTimes
 from scout.replay.replay import own_communication_ms
+from scout.reports.kinds import straggler_reason
 from tests.replay.test_replay_local import Rows, ScriptedPeers, _setup, _train_step
 
 
@@ -122,7 +123,7 @@ def test_COMM_2_STRAG_4_communication_checks_feed_their_own_sequential_test() ->
     assert [sorted(r.confirmed_communication_stragglers) for r in reports] == [[]] * 3 + [[2]] * 3
     assert [r.communication_stragglers for r in reports] == [(), (), (), (Confirmed(2, 1000, 4),), (), ()]
     (event,) = reports[3].straggler_events
-    assert (event.kind.value, event.reason, event.rank, event.step) == (
+    assert (event.kind.value, straggler_reason(event).value, event.rank, event.step) == (
         "communication", "communication-slow", 2, 4,
     )  # fmt: skip
     assert event.performance_ratio == pytest.approx((60.3 + 5) / (0.42 + 5))

@@ -540,3 +540,45 @@ def test_REC_3_READY_1_the_recipes_a_check_is_part_of_the_schedule_contract() ->
     assert one.describe() != three.describe()
     with pytest.raises(ValueError, match="expert_recipes_per_check must be an int >= 1, got 0"):
         Intervals(expert_recipes_per_check=0)
+
+
+@settings(max_examples=100, deadline=None)
+@given(layers=st.integers(1, 9), lanes_=st.integers(1, 9), interval=st.integers(1, 5), origin=st.integers(0, 60),
+       start=st.integers(1, 30))
+def test_REC_3_REC_4_BUDGET_2_BUDGET_5_a_schedule_counts_from_its_origin_and_hidden_lanes_shorten_its_cycle(
+    layers: int, lanes_: int, interval: int, origin: int, start: int
+) -> None:
+    """A cadence that starts at a cycle boundary (BUDGET-5) counts its steps from there: its
+    step ``o + s`` is due what the same schedule from step 0 is due at ``s``, and any window of
+    its cycle -- ``interval x ceil(L / m)`` with ``m`` hidden lanes (BUDGET-2) -- covers every
+    recipe; no step at or before the origin is asked of it."""
+    checks = math.ceil(layers / lanes_)
+    intervals = Intervals(interval * checks, interval, interval * checks, interval * checks,
+                          hidden_recipes_per_check=lanes_)
+    catalog = Catalog(layers)
+    shifted, plain = Schedule(catalog, intervals, origin), Schedule(catalog, intervals)
+    assert shifted.cycle_length_steps() == plain.cycle_length_steps() == interval * checks
+    seen = set()
+    for step in range(start, start + shifted.cycle_length_steps()):
+        due = shifted.due(origin + step)
+        assert [(d.recipe, d.check_index) for d in due] == [(d.recipe, d.check_index) for d in plain.due(step)]
+        assert all(d.step == origin + step for d in due)
+        hidden = [d for d in due if d.recipe.recipe_class is RecipeClass.HIDDEN]
+        assert len(hidden) in (0, min(lanes_, layers)) and len({d.recipe for d in hidden}) == len(hidden)
+        seen.update(d.recipe for d in due)
+    assert seen == set(catalog.recipes())
+    if origin:
+        with pytest.raises(ValueError, match=f"step {origin} is not after this schedule's origin, step {origin}"):
+            shifted.due(origin)
+
+
+def test_REC_3_READY_1_BUDGET_5_the_origin_and_the_hidden_lanes_are_part_of_the_schedule_contract() -> None:
+    catalog = Catalog(4)
+    plain = Schedule(catalog, Intervals(8, 2, 8, 8))
+    assert plain.describe() == Schedule(catalog, Intervals(8, 2, 8, 8), 0).describe()  # unchanged without them
+    assert Schedule(catalog, Intervals(8, 2, 8, 8), 16).describe() != plain.describe()
+    assert Schedule(catalog, Intervals(4, 2, 4, 4, hidden_recipes_per_check=2)).describe() != plain.describe()
+    with pytest.raises(ValueError, match="hidden_recipes_per_check must be an int >= 1, got 0"):
+        Intervals(hidden_recipes_per_check=0)
+    with pytest.raises(ValueError, match="origin_step must be an int >= 0, got -1"):
+        Schedule(catalog, origin_step=-1)

@@ -182,64 +182,114 @@ def test_STRAG_20_STRAG_21_a_localized_host_becomes_a_report() -> None:
     assert localization_record_arguments(healthy, StragglerKind.DEVICE, 100) is None
 
 
-def test_FAULT_5_FAULT_6_slow_ops_compute_longer_and_slow_loops_wait() -> None:
+class FakeTime:
+    """The clocks of scout/replay/faults.py, moved only by the code under test, so that what a
+    fault adds is asserted exactly and no figure depends on this machine's load: every read of
+    the thread's CPU clock advances it (and the wall clock) by ``tick_s``, as a real clock moves
+    while code runs; a sleep moves the wall clock alone; ``run_queue_s`` is the time the host
+    kept the thread off a CPU (Linux's schedstat), moved by the test."""
+
+    def __init__(self, tick_s: float = 10e-6) -> None:
+        self.tick_s = tick_s
+        self.cpu_s = self.wall_s = self.run_queue_s = 0.0
+        self.slept: list[float] = []
+
+    def thread_time(self) -> float:
+        self.cpu_s += self.tick_s
+        self.wall_s += self.tick_s
+        return self.cpu_s
+
+    def perf_counter(self) -> float:
+        return self.wall_s
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.wall_s += seconds
+
+    def own_ns(self) -> int:  # STRAG-1's own clock: the wall clock less the run-queue delay
+        return round((self.wall_s - self.run_queue_s) * 1e9)
+
+    def run_queue_delay(self) -> float:
+        return self.run_queue_s
+
+
+def _slowed(factor: float, monkeypatch: pytest.MonkeyPatch, *, waits: bool) -> tuple[faults.SlowOps, FakeTime]:
+    """200 matrix products under ``SlowOps(factor)`` on fake clocks."""
     import torch
 
-    a = torch.randn(96, 96)
-
-    def work() -> float:
-        started = time.thread_time()
+    fake = FakeTime()
+    monkeypatch.setattr(faults, "time", fake)
+    a = torch.randn(8, 8)
+    slow = faults.SlowOps(factor, waits=waits)
+    slow._own_ns = fake.own_ns  # type: ignore[assignment]
+    with slow:
         for _ in range(200):
             torch.mm(a, a)
-        return time.thread_time() - started
+    return slow, fake
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # CPU time of this thread is then all of the work
-    try:
-        with faults.SlowOps(1.0) as same:  # the mode's own cost, as on a healthy rank
-            work()
-            plain = min(work() for _ in range(3))
-        with faults.SlowOps(2.0) as slow:
-            slowed = min(work() for _ in range(3))
-    finally:
-        torch.set_num_threads(threads)
-    assert same.operations >= 800 and slow.operations >= 600
-    assert 1.6 * plain <= slowed <= 2.6 * plain, (plain, slowed)
+
+def test_FAULT_5_slow_ops_compute_factor_times_as_long(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After each operation the thread computes ``factor - 1`` times the CPU time the operation
+    and the Python before it used (the mechanism, on fake clocks; what a slowed rank looks like
+    on this host is bench/stragglers.py's)."""
+    asked: list[float] = []
+
+    def compute_for(cpu_s: float) -> None:
+        asked.append(cpu_s)
+        faults.time.cpu_s += cpu_s  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(faults, "compute_for", compute_for)
+    same, plain = _slowed(1.0, monkeypatch, waits=False)
+    assert asked == [] and same.operations == 200
+    slow, slowed = _slowed(2.0, monkeypatch, waits=False)
+    doubled, asked[:] = asked[:], []
+    slower, _slowest = _slowed(3.0, monkeypatch, waits=False)
+    assert slow.operations == slower.operations == len(doubled) == len(asked) == 200
+    # One clock read's tick inside the operation, one between two operations (the first has none).
+    tick_s = plain.tick_s
+    assert doubled == pytest.approx([tick_s] + [2 * tick_s] * 199)
+    assert asked == pytest.approx([2 * d for d in doubled])
+    assert slowed.cpu_s == pytest.approx(plain.cpu_s + sum(doubled))
+    assert plain.slept == slowed.slept == [] and slow.waited_s == 0.0  # it computes; it never sleeps
+
+
+def test_FAULT_5_slow_ops_that_wait_cost_wall_time_and_no_cpu_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``waits=True``: the extra time is slept, in sleeps of at least ``wait_quantum_s``, and not
+    computed: the thread's CPU time is the plain run's, the time slept grows as ``factor - 1``,
+    and ``waited_s`` is what the own clock saw slept (the mechanism, not a timing of this host)."""
+    monkeypatch.setattr(faults, "compute_for", lambda cpu_s: pytest.fail(f"a waiting fault computed {cpu_s} s"))
+    same, plain = _slowed(1.0, monkeypatch, waits=True)
+    slow, slowed = _slowed(2.0, monkeypatch, waits=True)
+    slower, slowest = _slowed(3.0, monkeypatch, waits=True)
+    assert same.operations == slow.operations == slower.operations == 200
+    assert plain.slept == [] and same.waited_s == 0.0
+    assert slowed.cpu_s == pytest.approx(plain.cpu_s) and slowest.cpu_s == pytest.approx(plain.cpu_s)
+    assert slowed.slept and all(s >= slow.wait_quantum_s for s in slowed.slept + slowest.slept)
+    assert slow.waited_s == pytest.approx(sum(slowed.slept)) and slower.waited_s == pytest.approx(sum(slowest.slept))
+    assert slowed.wall_s == pytest.approx(plain.wall_s + slow.waited_s)
+    # Owed and not yet slept stays below one quantum; the time owed is (factor - 1) x the same spent.
+    owed_2, owed_3 = slow._local.owed, slower._local.owed
+    assert 0 <= owed_2 < slow.wait_quantum_s and 0 <= owed_3 < slower.wait_quantum_s
+    assert slower.waited_s + owed_3 == pytest.approx(2 * (slow.waited_s + owed_2))
+    with pytest.raises(ValueError, match="wait_quantum_s must be a finite number > 0, got 0"):
+        faults.SlowOps(2.0, waits=True, wait_quantum_s=0)
+
+
+def test_FAULT_6_a_slow_loop_waits_factor_minus_one_times_its_own_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wait is ``factor - 1`` times the block's wall time less the time the host kept the
+    thread off a CPU meanwhile (LOOP-1's own time): on fake clocks, exactly."""
+    fake = FakeTime()
+    monkeypatch.setattr(faults, "time", fake)
     loop = faults.SlowLoop(1.5)
+    loop._run_queue_delay = fake.run_queue_delay  # type: ignore[assignment]
     with loop:
+        began = fake.wall_s
         faults.compute_for(0.02)
-    assert 0.009 <= loop.waited_s <= 0.05
+        own_s = fake.wall_s - began
+        fake.wall_s += 0.5  # descheduled half a second: contention, not the loop's own time
+        fake.run_queue_s += 0.5
+    assert fake.slept == [pytest.approx(0.5 * own_s)] and loop.waited_s == pytest.approx(0.5 * own_s)
     with pytest.raises(ValueError, match="factor must be finite and >= 1"):
         faults.SlowOps(0.5)
     with pytest.raises(TypeError, match="factor must be a number"):
         faults.SlowLoop("2")  # type: ignore[arg-type]
-
-
-def test_FAULT_5_slow_ops_that_wait_cost_wall_time_and_no_cpu_time() -> None:
-    import torch
-
-    a = torch.randn(96, 96)
-
-    def work() -> tuple[float, float]:
-        wall, cpu = time.perf_counter(), time.thread_time()
-        for _ in range(200):
-            torch.mm(a, a)
-        return time.perf_counter() - wall, time.thread_time() - cpu
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with faults.SlowOps(1.0, waits=True) as same:
-            work()
-            plain = min(work())
-        with faults.SlowOps(2.0, waits=True) as slow:
-            waited = [work() for _ in range(3)]
-    finally:
-        torch.set_num_threads(threads)
-    assert same.waited_s == 0.0 and slow.operations >= 600
-    wall_s, cpu_s = min(w for w, _ in waited), min(c for _, c in waited)
-    # The extra time is slept: wall time about doubles, CPU time hardly moves.
-    assert wall_s >= 1.6 * plain and cpu_s <= 1.4 * plain, (plain, waited)
-    assert slow.waited_s >= 0.8 * sum(c for _, c in waited), (slow.waited_s, waited)
-    with pytest.raises(ValueError, match="wait_quantum_s must be a finite number > 0, got 0"):
-        faults.SlowOps(2.0, waits=True, wait_quantum_s=0)

@@ -24,6 +24,7 @@ SECTION_KEYS = {
     "recovery": {"table", "cases", "threshold_s"},
     "false_alarms": {"simulated", "real", "units", "real_jobs"},
     "campaign": {"per_seed", "totals", "seeds"},
+    "budget": {"models", "overhead_budget", "rounds"},
 }
 
 
@@ -67,7 +68,7 @@ def test_quick_evaluation_writes_every_section_and_its_document(tmp_path: Path) 
     assert text == _doc_module().render(document, "plots")
     for heading in ("## 1. Overhead", "## 2. Where the overhead goes", "### The goal against the batch",
                     "## 3. Detection latency", "## 4. Recovery",
-                    "## 5. False alarms", "## 6. The fault campaign"):
+                    "## 5. False alarms", "## 6. The fault campaign", "## 7. The overhead budget"):
         assert heading in text
     for png in sorted(plots.glob("*.png")):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -96,7 +97,7 @@ def test_quick_evaluation_of_one_section(tmp_path: Path) -> None:
     text = doc.read_text()
     assert text == _doc_module().render(document, "plots")
     assert "## 6. The fault campaign" in text and "## 1. Overhead" not in text
-    assert "**Not in this run**: overhead, parts, batch, latency, recovery, false_alarms." in text
+    assert "**Not in this run**: overhead, parts, batch, latency, recovery, false_alarms, budget." in text
 
 
 def _arm(overhead: float, **shares: float) -> dict:  # type: ignore[type-arg]
@@ -171,3 +172,31 @@ def test_committed_document_is_generated_from_the_committed_results() -> None:
     for line in expected.splitlines():
         if line.startswith("![") and "](" in line:
             assert (DOC.parent / line.split("](", 1)[1].rstrip(")")).is_file(), line
+
+
+def test_BUDGET_1_the_budget_section_gives_a_goal_per_model_within_the_budget_plus_the_noise_and_a_table() -> None:
+    """Each model of the budget section is a goal: its overhead at the defaults within the budget
+    plus the pairs' noise (the A/A pair's widest difference); the table says the cadence each run
+    chose, the SDC bound and the checkpoint interval it gives."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import evaluate
+    finally:
+        sys.path.remove(str(BENCH))
+    spread = lambda median, low, high: {"n": 5, "median": median, "min": low, "max": high}  # noqa: E731
+    entry = {"size": "tiny3", "batch": 8, "nproc": 4, "sequence": 32, "parameters": 0.2e6, "layers": 3,
+             "steps": 400, "warmup": 8, "off_step_s": spread(0.035, 0.033, 0.040),
+             "overhead": spread(0.013, 0.004, 0.021), "noise": spread(0.001, -0.006, 0.004),
+             "cadence": [{"replay_interval_steps": k, "lanes": 1, "cycle_steps": 3 * k} for k in (120, 140, 133)],
+             "cycle_steps": spread(399, 360, 420)}
+    document = {"quick": False, "host": {}, "sections": {"budget": {
+        "overhead_budget": 0.01, "checkpoint_every_cycles": 5, "rounds": 5, "models": {"tiny GPT": entry},
+        "load_before": [0, 0, 0], "load_after": [0, 0, 0]}}}
+    (goal,) = evaluate.goals(document)
+    assert goal.name == "overhead within the budget at the defaults (tiny GPT, 4 ranks)"
+    assert goal.met and abs(goal.measured - 1.3) < 1e-9 and abs(goal.target - 1.6) < 1e-9  # 1 % + 0.6 % of noise
+    document["goals"] = [goal.to_json()]
+    text = _doc_module().render(document, "plots")
+    assert "## 7. The overhead budget: every model within it" in text
+    assert ("| tiny GPT | 0.2M | 4 | 8 x 32 | 0.035 s (0.033 to 0.040) | **+1.30 % (+0.40 % to +2.10 %)** | "
+            "+0.10 % (-0.60 % to +0.40 %) | 1 % | 120, 133, 140 | 399 (360 to 420) | 399 | 1995 |") in text

@@ -1,0 +1,104 @@
+"""The overhead budget on real ranks (spec/budget.md): tests/job/budget_job.py -- the example GPT,
+DDP, DCP checkpoints -- under ``torchrun`` with 4 gloo ranks, the cadence left to
+``overhead_budget``. One job (module-scoped) is calibrated, runs two cycles at the cadence it
+chose, then every rank's step grows by a quarter of a second (a new phase of training) and the
+budget follows at a cycle boundary. What every rank saw of its cadence, what rank 0 reported and
+what the gate certified are checked.
+
+The budget is 50 % (its largest value) so that the cycles stay short enough for a test on a
+loaded 2-core box; the decision rule itself is tests/unit/test_budget.py's."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scout import reports
+
+pytestmark = pytest.mark.torchdist
+
+REPO = Path(__file__).resolve().parents[2]
+JOB = REPO / "tests" / "job" / "budget_job.py"
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+RANKS = 4
+LAYERS = 4  # the example GPT's
+CALIBRATION_CYCLE = 2 * LAYERS  # BUDGET-5: one layer every 2 steps
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    work = tmp_path_factory.mktemp("budget")
+    run_dir, checkpoint_dir = work / "run", work / "ckpt"
+    env = {key: value for key, value in os.environ.items() if key != "SCOUT_REPLAY_INTERVAL_STEPS"}  # BUDGET-8 off
+    env.update({"OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
+    command = [str(TORCHRUN), "--nproc-per-node", str(RANKS), "--standalone", str(JOB), str(run_dir),
+               str(checkpoint_dir), "--budget", "0.5", "--cycles-after", "3", "--slow-after-cycles", "2",
+               "--slow-s", "0.25", "--steps-max", "400"]
+    run = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-4000:]
+    return {"run": run, "records": reports.read_records(run_dir / reports.REPORTS_FILE),
+            "ranks": [json.loads((run_dir / f"rank{r}.json").read_text()) for r in range(RANKS)]}
+
+
+def test_BUDGET_5_every_rank_switches_to_the_same_cadence_at_the_same_step(job: dict[str, Any]) -> None:
+    ranks = job["ranks"]
+    assert all(r["changes"] == ranks[0]["changes"] for r in ranks), [r["changes"] for r in ranks]
+    assert all(r["decisions"] == ranks[0]["decisions"] for r in ranks)
+    calibrating, calibrated, *later = ranks[0]["changes"]
+    # The calibration window: one layer every 2 steps from the start, one cycle of 2 x layers steps.
+    assert (calibrating["interval_steps"], calibrating["lanes"], calibrating["origin_step"],
+            calibrating["cycle_steps"]) == (2, 1, 0, CALIBRATION_CYCLE)
+    # Decided at its end, in effect from there: the schedule counts from that boundary.
+    assert calibrated["step"] == calibrated["origin_step"] == CALIBRATION_CYCLE
+    first = ranks[0]["decisions"][0]
+    assert (calibrated["interval_steps"], calibrated["lanes"], calibrated["cycle_steps"]) == (
+        first["interval_steps"], first["lanes"], first["cycle_steps"])
+    assert calibrated["digest"] != calibrating["digest"] or calibrated["cycle_steps"] == CALIBRATION_CYCLE
+
+
+def test_BUDGET_6_a_longer_step_moves_the_cadence_at_a_cycle_boundary(job: dict[str, Any]) -> None:
+    changes, slow_from = job["ranks"][0]["changes"], job["ranks"][0]["slow_from"]
+    calibrated, recalibrated = changes[1], changes[2]
+    assert slow_from is not None and len(job["ranks"][0]["decisions"]) == 2
+    # At a boundary of the cadence before it, after the slow phase began; a cycle at most half as long.
+    assert recalibrated["step"] > slow_from and recalibrated["step"] == recalibrated["origin_step"]
+    assert (recalibrated["step"] - calibrated["origin_step"]) % calibrated["cycle_steps"] == 0
+    assert 2 * recalibrated["cycle_steps"] <= calibrated["cycle_steps"], changes
+
+
+def test_BUDGET_7_rank_0_reports_each_cadence_and_what_it_buys(job: dict[str, Any]) -> None:
+    cadence = [r for r in job["records"] if r["kind"] == "cadence"]
+    assert [r["reason"] for r in cadence] == ["calibrated", "recalibrated"], cadence
+    changes = job["ranks"][0]["changes"]
+    for record, change in zip(cadence, changes[1:], strict=True):
+        evidence = record["evidence"]
+        assert record["step"] == change["step"] and record["reporter_rank"] == 0 and record["ranks"] == []
+        assert (evidence["interval_steps"], evidence["lanes"], evidence["cycle_steps"]) == (
+            change["interval_steps"], change["lanes"], change["cycle_steps"])
+        assert evidence["sdc_detection_steps"] == evidence["cycle_steps"] == evidence["verified_after_steps"]
+        assert evidence["checkpoint_every_steps"] == evidence["cycle_steps"]  # checkpoint_every_cycles=1
+        assert evidence["status"] == "within" and evidence["share"] <= evidence["overhead_budget"] == 0.5
+        assert len(evidence["measured"]) == RANKS and all(m is not None for m in evidence["measured"])
+        assert evidence["set_by"] == "overhead_budget" and evidence["replay_rows"] == 1
+    assert cadence[1]["evidence"]["previous"]["cycle_steps"] == changes[1]["cycle_steps"]
+    said = [line for line in job["run"].stderr.splitlines() if line.startswith("scout: replay cadence")]
+    assert len(said) == 2 and "(set by overhead_budget)" in said[0] and "[calibrated at step 8" in said[0], said
+
+
+def test_BUDGET_5_GATE_1_the_gate_certifies_checkpoints_taken_at_the_chosen_cadence(job: dict[str, Any]) -> None:
+    records, changes = job["records"], job["ranks"][0]["changes"]
+    assert not [r for r in records if r["kind"] in ("unchecked", "sdc")], records
+    verified = [int(r["evidence"]["checkpoint"].split("/s")[1]) for r in records
+                if r["kind"] == "checkpoint" and r["reason"] == "recovery-verified"]
+    calibrated, recalibrated = changes[1], changes[2]
+    # A checkpoint captured at a boundary of each chosen cadence became recovery-verified.
+    for change, until in ((calibrated, recalibrated["step"]), (recalibrated, job["ranks"][0]["last_step"])):
+        at_its_boundaries = [s for s in verified if change["origin_step"] < s <= until
+                             and (s - change["origin_step"]) % change["cycle_steps"] == 0]
+        assert at_its_boundaries, (verified, changes)

@@ -1,0 +1,148 @@
+"""scout/job/calibration.py in one process (spec/budget.md BUDGET-5, BUDGET-7..BUDGET-9): a real
+replayer (the small model of tests/replay/test_replay_local.py, four scripted peers that agree),
+the real pipeline and checks, a clock the test moves and an exchange the test answers. What the
+calibration does at an attempt's start and at cycle ends is checked: the schedules, the
+pipeline's cycle, what rank 0 reports, and that an explicit cadence exchanges nothing.
+tests/job/test_budget_torchrun.py runs the same on real ranks."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pytest
+
+from scout.core.budget import CALIBRATION, Cadence
+from scout.job.calibration import Calibration
+from scout.job.checks import ReplayCheck
+from scout.job.config import load_config
+from scout.job.gate_driver import Reporter
+from scout.job.pipeline import Layout, Pipeline, run_step
+from tests.replay.test_replay_local import ScriptedPeers, _setup, _train_step
+
+LAYERS = 2  # the small model's hidden layers
+
+
+class ListSink:
+    def __init__(self) -> None:
+        self.records: list[Mapping[str, Any]] = []
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        self.records.append(record)
+
+    def exclude_hosts(self, hosts: Sequence[str]) -> None:
+        pass
+
+    def timing(self, record: Mapping[str, Any]) -> None:
+        pass
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now_s = 0.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+class Job:
+    """The parts of a job the calibration drives, stepped by the test: each step trains, runs the
+    pipeline (no exchange: one group), then tells the calibration how long the step took."""
+
+    def __init__(self, gathered: Any = None, **settings: Any) -> None:
+        self.model, self.optimizer, replayer = _setup(ScriptedPeers())
+        layout = Layout.of([(0, 1, 2, 3)], ("dp",), 0)
+        self.check = ReplayCheck("replay", replayer, layout, ("host",) * 4)
+        self.sink = ListSink()
+        reporter = Reporter(self.sink, job_id="calibration-test", generation=0, hosts=("host",) * 4, rank=0)
+        self.pipeline = Pipeline([self.check], rank=0, world_size=4, hosts=("host",) * 4, groups=[(0, 1, 2, 3)],
+                                 on_sdc="report", cycle_steps=2 * LAYERS, checkpoint_every_cycles=1,
+                                 reporter=reporter, gate=None, timeout_s=10.0)
+        self.config = load_config(None, settings, environ={})
+        self.gathers: list[Any] = []
+        self.gathered = gathered
+        self.clock = Clock()
+        self.calibration = Calibration([self.check], self.pipeline, config=self.config, all_gather=self.gather,
+                                       reporter=reporter, rank=0, checkpoints=True, clock=self.clock)
+        self.step = 0
+
+    def gather(self, value: Any) -> list[Any]:
+        self.gathers.append(value)
+        return [value] * 4 if self.gathered is None else list(self.gathered)
+
+    def begin(self, step: int) -> None:
+        self.check.resume_at(step)
+        self.calibration.begin(step)
+        self.step = step
+
+    def run(self, steps: int, free_s: float = 0.040, due_s: float = 0.090, scout_s: float = 0.0002) -> None:
+        """``steps`` steps: those without a replay due take ``free_s``, those with one ``due_s``."""
+        for _ in range(steps):
+            self.step += 1
+            _train_step(self.model, self.optimizer, self.step)
+            due = bool(self.check.runner.schedule.due(self.step))
+            program = run_step(self.pipeline, self.step)
+            with pytest.raises(StopIteration):
+                next(program)  # one group: the step yields no exchange
+            self.clock.now_s += due_s if due else free_s
+            self.calibration.step_ended(self.step, scout_s)
+
+
+def test_BUDGET_9_an_attempt_starts_at_the_calibration_cadence_counted_from_its_restored_step() -> None:
+    job = Job()
+    job.begin(40)
+    schedule = job.check.runner.schedule
+    assert job.calibration.cadence == CALIBRATION and schedule.origin_step == 40
+    assert (job.pipeline.cycle_steps, job.pipeline.origin_step, job.pipeline.checkpoint_every_steps) == (4, 40, 4)
+    assert [str(d.recipe) for d in schedule.due(42)] == ["hidden.0"]  # its first check: the 2nd step after 40
+    explicit = Job(replay_interval_steps=3)
+    explicit.begin(40)
+    assert explicit.calibration.cadence == Cadence(3) and explicit.pipeline.cycle_steps == 6
+    assert explicit.check.runner.schedule.origin_step == 40
+
+
+def test_BUDGET_5_BUDGET_7_the_decision_at_the_calibration_windows_end_is_applied_and_said() -> None:
+    job = Job(overhead_budget=0.05)
+    job.begin(0)
+    job.run(4)  # the calibration window: steps 1-4, replay at 2 and 4
+    # Step 1 is the attempt's first (not measured). A free step's 40 ms hold 0.2 ms of scout's work:
+    # T = 39.8 ms, F = 0.2 ms, C = 2 x (90 - 39.8 - 0.2) ms.
+    (mine,) = set(job.gathers)
+    assert mine == pytest.approx((0.0398, 0.0002, 0.100))
+    # N >= 0.100 / (0.05 x 0.0398 - 0.0002) = 55.9: one layer every 28 steps, a cycle of 56.
+    assert job.calibration.cadence == Cadence(28, 1)
+    assert (job.pipeline.cycle_steps, job.pipeline.origin_step) == (56, 4)
+    assert job.check.runner.schedule.origin_step == 4 and not job.check.runner.schedule.due(5)
+    (report,) = job.sink.records
+    assert (report["kind"], report["reason"], report["step"]) == ("cadence", "calibrated", 4)
+    evidence = report["evidence"]
+    assert (evidence["interval_steps"], evidence["cycle_steps"], evidence["checkpoint_every_steps"]) == (28, 56, 56)
+    assert evidence["previous"] == {"interval_steps": 2, "lanes": 1, "cycle_steps": 4}
+    # A cycle of the new cadence with the same step time: no change (BUDGET-6), no report.
+    job.run(56)
+    assert len(job.gathers) == 2 and job.calibration.cadence == Cadence(28, 1) and len(job.sink.records) == 1
+
+
+def test_BUDGET_4_BUDGET_5_no_rank_measured_keeps_calibrating() -> None:
+    job = Job(gathered=[None] * 4)
+    job.begin(0)
+    job.run(8)
+    assert len(job.gathers) == 2 and job.calibration.cadence == CALIBRATION and not job.sink.records
+    assert job.calibration.decisions == []
+
+
+def test_BUDGET_8_an_explicit_cadence_exchanges_nothing_and_rank_0_says_what_it_costs() -> None:
+    job = Job(replay_interval_steps=2, overhead_budget=0.01)
+    job.begin(0)
+    job.run(12)
+    assert job.gathers == [] and job.calibration.cadence == Cadence(2)
+    (report,) = job.sink.records
+    evidence = report["evidence"]
+    assert (report["kind"], report["reason"], report["step"]) == ("cadence", "explicit", 4)
+    assert evidence["set_by"] == "replay_interval_steps" and evidence["status"] == "over-budget"
+    assert evidence["share"] == pytest.approx((0.0002 + 0.100 / 4) / 0.0398)
+    every_step = Job(replay_interval_steps=1)
+    every_step.begin(0)
+    every_step.run(2)
+    (report,) = every_step.sink.records
+    assert report["evidence"]["status"] == "unmeasured" and "every step replays" in report["evidence"]["reason"]
