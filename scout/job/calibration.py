@@ -80,10 +80,10 @@ class Calibration:
         self.checkpoints = checkpoints
         self.clock = clock
         self.explicit = config.replay_interval_steps
-        # LAYOUT-2: the deepest stage's layer count, alike on every rank (collective at attach), so
-        # every stage's schedule and the budget's decision (BUDGET-4) are the job's one.
+        # LAYOUT-2: the deepest stage's layer count, alike on every rank (build_checks exchanged it),
+        # so every stage's schedule and the budget's decision (BUDGET-4) are the job's one.
         own = 0 if self.dense is None else self.dense.runner.catalog.hidden_layer_count
-        self.hidden_layers = max(int(count) for count in all_gather(own))
+        self.hidden_layers = max(own, 0 if self.dense is None else self.dense.job_hidden_layers)
         self.cadence = CALIBRATION if self.explicit is None else Cadence(self.explicit)
         self.origin_step = 0
         #: The decisions of the current attempt (BUDGET-5: the first one is ``calibrated``).

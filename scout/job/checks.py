@@ -78,6 +78,9 @@ class ReplayCheck(_NoOps):
         self.layout = layout
         self.hosts = tuple(hosts)
         self.notes = tuple(notes)
+        #: LAYOUT-2: the deepest stage's hidden layer count (the job's cycle is built on it), when
+        #: the stages' counts were exchanged; 0: this rank's own is the job's.
+        self.job_hidden_layers = 0
         #: LAYOUT-2: each group's catalog (recipe ids), when the groups' catalogs were exchanged
         #: (a pipeline stage may hold no embedding or no head); None: every group has this rank's.
         self.group_catalogs: tuple[tuple[str, ...], ...] | None = None
@@ -415,6 +418,7 @@ def build_checks(
     # Loop stragglers: arrival at the step's collectives, timed by the instrumentation and DDP's
     # bucket hook, checked every loop_check_steps.
     checks: list[Any] = [ReplayCheck("replay", replayer, dense, hosts)]
+    checks[0].job_hidden_layers = layers
     if loop_check and "loop_timer" not in bench_switches.parts_off():  # a benchmark's private switch
         loop = LoopTimer(peers, LoopConfig(check_every_steps=config.loop_check_steps))
         add_collective_listener(loop_listener(loop.collective_started))  # LOOP-5: from enqueue to completion

@@ -23,9 +23,12 @@ def test_CAP_9_hidden_layers_with_running_statistics_are_named_and_syncbatchnorm
 
 def test_REC_8_the_cycle_line_says_the_cycle_what_sets_it_and_the_checkpoint_interval() -> None:
     cycle = Cycle(16, "16 expert recipe(s), one every 1 step(s)", note="the dense recipes' cycle is 8 steps")
-    config = Config(checkpoint_every_cycles=3)
+    config = Config(checkpoint_every_cycles=3, replay_interval_steps=1)  # BUDGET-8: an explicit cadence
     assert _cycle_line(cycle, config, checkpoints=True) == (
         "scout: replay cycle 16 steps (set by 16 expert recipe(s), one every 1 step(s); the dense recipes' cycle is "
         "8 steps); a checkpoint every 48 steps (checkpoint_every_cycles=3), verified one cycle later")
     assert _cycle_line(Cycle(6, "3 hidden recipe(s), one every 2 step(s)"), config, checkpoints=False) == (
         "scout: replay cycle 6 steps (set by 3 hidden recipe(s), one every 2 step(s))")
+    # BUDGET-5: without an explicit interval the first cycle calibrates, and the line says so.
+    calibrating = _cycle_line(cycle, Config(checkpoint_every_cycles=3), checkpoints=True)
+    assert "calibrating" in calibrating and "overhead_budget=1 %" in calibrating
