@@ -49,7 +49,8 @@ def main(rank: int, world: int, *, steps: int = 6, fail_at: int | None = None, o
         return run(program)
 
     control.run = recording_run  # type: ignore[method-assign]
-    job.restore()
+    job.restore()  # a rank program on the control group too (scout/job/restore.py): one call
+    seen["calls_in_restore"] = len(inside)
     seen["after_restore"] = _policies(scout_loops)
     failed = None
     for step in range(1, steps + 1):

@@ -63,7 +63,9 @@ def test_IDENTITY_under_mpiexec_the_job_id_is_what_the_docs_say(tmp_path: Path) 
         done = subprocess.run([mpiexec, "-n", "2", *options, sys.executable, "-c", WORKER], env=env, cwd=tmp_path,
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr[-2000:]
-        lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+        # Hydra forwards both ranks' output on one stream; two lines can arrive joined, so read
+        # every JSON object in it, not every line.
+        lines = [json.loads(found) for found in re.findall(r"\{[^{}]*\}", done.stdout)]
         assert sorted(line["rank"] for line in lines) == [0, 1], done.stdout
         return {line["launcher"] for line in lines} | {line["record"] for line in lines}
 

@@ -1,7 +1,7 @@
 """Bounded mutation runs with mutmut (``./dev mutate [TARGET ...]``; targets: targets.toml).
 
 For each target this makes a working copy of the tree under ``.mutation/<target>/`` (scout/,
-tests/, spec/, pyproject.toml with a ``[tool.mutmut]`` table for that target appended), runs
+tests/, spec/, examples/, pyproject.toml with a ``[tool.mutmut]`` table for that target appended), runs
 ``mutmut run`` there, and writes ``.mutation/<target>/summary.json``: every mutant with its
 status (killed, survived, timeout, no tests, ...) and the score. The working copy keeps mutmut's
 cache, so a rerun only tests mutants whose function changed. The repository itself is never
@@ -51,7 +51,8 @@ EXPLAINED_FILE = Path(__file__).with_name("explained.toml")
 README = REPO / "README.md"
 SUMMARY_BLOCK = "mutation"
 WORK = REPO / ".mutation"
-COPIED = ("scout", "tests", "spec", "pyproject.toml", "README.md")
+# examples/: the self-check's and the ops tests run the example scripts.
+COPIED = ("scout", "tests", "spec", "examples", "pyproject.toml", "README.md")
 IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".hypothesis", "*.so")
 
 # mutmut's exit-code statuses, grouped as its own summary groups them.
@@ -85,7 +86,7 @@ def mutmut_table(defaults: dict[str, Any], target: dict[str, Any], debug: bool =
             f"timeout_constant = {float(target.get('timeout_constant_s', defaults.get('timeout_constant_s', 2.0)))}",
             "use_git_change_detection = false",
             # Tests read the spec tables and examples next to the package (spec/).
-            'also_copy = ["spec"]',
+            'also_copy = ["spec", "examples"]',
             f"debug = {'true' if debug else 'false'}",
             "",
         ]
