@@ -153,6 +153,19 @@ def _verification_impossible(peers: TorchPeerGroup, config: Config, checks: Sequ
     return problems
 
 
+def _never_replayed(checks: Sequence[Any]) -> str | None:
+    """spec/replay.md CAP-7: the recipes FSDP2 shards over tensor-parallel blocks are never ready;
+    the line rank 0 says at attach about them, or None."""
+    never = sorted({str(r) for check in checks if isinstance(check, ReplayCheck)
+                    for r in getattr(check.runner.executor, "never_ready_recipes", ())})
+    if not never:
+        return None
+    return (f"scout: NOT COVERED: recipes {never} are sharded by FSDP2 and by tensor parallel, so their parameters "
+            "are still sharded at every call and they are never replayed (not_ready): an SDC in them is not found, "
+            "and no checkpoint can become recovery-verified; replay does not cover FSDP2 over tensor-parallel "
+            "blocks yet (docs/layouts.md)")
+
+
 def _cycle_line(cycle: Cycle, config: Config, checkpoints: bool) -> str:
     """spec/replay.md REC-8: what rank 0 says at attach about the cycle and the checkpoints."""
     line = f"scout: replay cycle {cycle.steps} steps (set by {cycle.set_by}{'; ' + cycle.note if cycle.note else ''})"
@@ -251,6 +264,10 @@ def _assemble(model: nn.Module, optimizer: torch.optim.Optimizer | None, *, run_
                         if len(group) == 2)
             gate = GateDriver(GateWriter.open(sink.gate_path, gate_config), reporter, two_replica_groups=two)
             started.append(gate.close)
+        never = _never_replayed(checks)
+        if never is not None and rank == 0:  # CAP-7: said once (info: the print is the console's)
+            logger.info("%s", never)
+            print(never, file=sys.stderr, flush=True)
         if ckpt is not None:
             for problem in _verification_impossible(peers, config, checks):
                 logger.warning("scout: no checkpoint can ever become recovery-verified: %s", problem)

@@ -182,9 +182,9 @@ class Calibration:
         if decision.status is BudgetStatus.OVER_BUDGET:
             line += (f"; OVER BUDGET: {decision.reason} -- a larger overhead_budget, or fewer ranks per host, "
                      "would let replay run more often")
-            logger.warning("%s", line)
-        else:
-            logger.info("%s", line)
+        # Logged at info: a warning would reach the console a second time through logging's
+        # last-resort handler where the job configured no logging; the print is the console's.
+        logger.info("%s", line)
         print(line, file=sys.stderr, flush=True)
         self.reporter.record(ReportKind.CADENCE, reason, step=step, evidence=self._evidence(
             decision.cadence, cycle, decision.share, decision.status.value, decision.reason, "overhead_budget",

@@ -275,6 +275,12 @@ class DenseExecutor:
         fsdp = _uses_fsdp(model)
         self.sharded_recipes = sharded if fsdp else frozenset()
         self.tensor_parallel_recipes = frozenset() if fsdp else sharded
+        # CAP-7: FSDP2 over a tensor-parallel block gathers only FSDP2's dimension; the call still
+        # sees tensor-parallel shards, so such a recipe is never ready (attach says so).
+        self.never_ready_recipes = frozenset(
+            recipe for recipe in self.sharded_recipes
+            if any(_sharded_dimensions(p) > 1 for p in by_recipe[recipe].parameters())
+        )
         self.capture = ModuleCapture(by_recipe, config.max_capture_bytes, with_parameters=self.sharded_recipes,
                                      rows=config.replay_rows, self_check=config.self_check,
                                      not_self_checked={recipe: TP_NOT_SELF_CHECKED
@@ -527,6 +533,12 @@ class Replayer(ReplayRunner):
     def self_check_before(self, optimizer: torch.optim.Optimizer) -> None:
         """SELF-9's check point for an optimizer scout does not replay (:meth:`DenseExecutor.self_check_before`)."""
         self.dense.self_check_before(optimizer)
+
+
+def _sharded_dimensions(parameter: torch.Tensor) -> int:
+    """How many mesh dimensions a DTensor parameter is sharded along (0 for a plain tensor)."""
+    placements = getattr(parameter, "placements", ()) if is_sharded(parameter) else ()
+    return sum(1 for placement in placements if placement.is_shard())
 
 
 def _uses_fsdp(model: nn.Module) -> bool:

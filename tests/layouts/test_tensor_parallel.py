@@ -114,3 +114,84 @@ def test_LAYOUT_6_each_pipeline_stage_saves_and_restores_its_own_module(four_ran
     assert [loaded[r]["namespaced"] for r in range(4)] == [1.0, 2.0, 1.0, 2.0]
     # Why the namespace: DCP keeps one copy of entries that share a key, as it does for replicas.
     assert [loaded[r]["plain"] for r in range(4)] == [1.0, 1.0, 1.0, 1.0]
+
+
+class _Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(8, 16), torch.nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.relu(self.up(x)))
+
+
+class _Layers(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList([_Block(), _Block()])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def _executor(dims: tuple[str, str], *, tensor_parallel: bool, fsdp: bool) -> Any:
+    """A DenseExecutor over a two-block model on a 1 x 1 mesh of this one process: block 0
+    tensor parallel on the second dimension when asked, both blocks and the root under FSDP2 on
+    the first (or, for HSDP's names, the whole mesh)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    from scout.replay.replay import DenseExecutor, RecipeModules, ReplayConfig
+
+    mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=dims)
+    model = _Layers()
+    if tensor_parallel:
+        parallelize_module(model.layers[0], mesh[dims[1]], {"up": ColwiseParallel(), "down": RowwiseParallel()})
+    if fsdp:
+        fsdp_mesh = mesh if dims == ("replicate", "shard") else mesh[dims[0]]
+        for block in model.layers:
+            fully_shard(block, mesh=fsdp_mesh)
+        fully_shard(model, mesh=fsdp_mesh)
+    return DenseExecutor(model, None, RecipeModules.discover(model), ReplayConfig())
+
+
+def test_CAP_7_fsdp2_over_a_tensor_parallel_block_is_never_ready_and_attach_says_so_once(tmp_path: Path) -> None:
+    """CAP-7: FSDP2 gathers only its own dimension, so a block it shards over tensor-parallel
+    DTensors (parameters sharded along two mesh dimensions) is still sharded at every call:
+    never ready. Attach names exactly those recipes; FSDP2 alone, HSDP and tensor parallel alone
+    say nothing."""
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    from scout.job.assemble import _never_replayed
+    from scout.job.checks import ReplayCheck
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        both = _executor(("dp", "tp"), tensor_parallel=True, fsdp=True)
+        assert {str(r) for r in both.sharded_recipes} == {"hidden.0", "hidden.1"}
+        assert {str(r) for r in both.never_ready_recipes} == {"hidden.0"}
+        check = ReplayCheck("replay", SimpleNamespace(executor=both), SimpleNamespace(names=("dp",)), ("h",))  # type: ignore[arg-type]
+        said = _never_replayed([check])
+        assert said is not None and said.startswith("scout: NOT COVERED: recipes ['hidden.0'] are sharded by FSDP2 "
+                                                    "and by tensor parallel"), said
+        assert "no checkpoint can become recovery-verified" in said and "docs/layouts.md" in said
+        for executor in (_executor(("dp", "tp"), tensor_parallel=False, fsdp=True),
+                         _executor(("replicate", "shard"), tensor_parallel=False, fsdp=True),
+                         _executor(("dp", "tp"), tensor_parallel=True, fsdp=False)):
+            assert executor.never_ready_recipes == frozenset()
+            check = ReplayCheck("replay", SimpleNamespace(executor=executor), SimpleNamespace(names=("dp",)), ("h",))  # type: ignore[arg-type]
+            assert _never_replayed([check]) is None
+        # Tensor parallel alone is replayed on its local shards (TP-1), not as FSDP2's.
+        alone = _executor(("dp", "tp"), tensor_parallel=True, fsdp=False)
+        assert {str(r) for r in alone.tensor_parallel_recipes} == {"hidden.0"} and not alone.sharded_recipes
+    finally:
+        dist.destroy_process_group()
