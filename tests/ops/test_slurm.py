@@ -153,7 +153,13 @@ def test_OPS_10_requeue_refuses_what_it_cannot_use_before_touching_the_job(tmp_p
         exclude.unlink()
         done = _requeue(cluster, job_id, str(run_dir), "--allow-no-exclude-file")
         assert done.returncode == 0 and "no host added" in done.stdout, done
-        requeued = _wait_state(cluster, job_id, {"RUNNING"}, JOB_TIMEOUT_S)
+        requeued = _wait_state(cluster, job_id, {"RUNNING", "FAILED"}, JOB_TIMEOUT_S)
         assert requeued["Restarts"] == "1", requeued
+        if requeued["JobState"] == "FAILED":
+            # Released and launched again -- but this one-host cluster's slurmd can still hold the
+            # job id it killed for the requeue a moment before, and refuses the launch (seen once
+            # in CI, slurm-wlm 22.05). Any other failure is a failure.
+            logs = cluster.log_tail(1_000_000)
+            assert "already killed, do not launch batch job" in logs, logs
     finally:
         context.__exit__(None, None, None)
