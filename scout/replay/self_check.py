@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from typing import Any, Final
@@ -138,23 +137,20 @@ def _isolated(value: Any) -> Any:
 #: One parameter or buffer of a module: its dotted name, the dict that holds it (a submodule's
 #: ``_parameters`` or ``_buffers``) and its key there.
 _Slot = tuple[str, dict[str, Any], str]
-_SLOTS: weakref.WeakKeyDictionary[nn.Module, tuple[tuple[_Slot, ...], tuple[_Slot, ...]]] = (
-    weakref.WeakKeyDictionary())
 
 
 def _slots(module: nn.Module) -> tuple[tuple[_Slot, ...], tuple[_Slot, ...]]:
-    """Where ``module``'s parameters and buffers live, read once per module: the structure (its
-    submodules) is the model's and does not change inside a step; a parameter replaced in its slot
-    is seen (SELF-9) without walking the module again."""
-    found = _SLOTS.get(module)
-    if found is None:
-        slots: tuple[list[_Slot], list[_Slot]] = ([], [])
-        for prefix, sub in module.named_modules():
-            for kind, owner in enumerate((sub._parameters, sub._buffers)):
-                slots[kind].extend((f"{prefix}.{key}" if prefix else key, owner, key)
-                                   for key, value in owner.items() if value is not None)
-        found = _SLOTS[module] = (tuple(slots[0]), tuple(slots[1]))
-    return found
+    """Where ``module``'s parameters and buffers live at this call, read at every call (a walk of
+    the module's submodules, small beside signing the output): a submodule replaced since an
+    earlier call (an adapter swapped in, a layer rebuilt) must not leave the check on the old one's
+    buffers and parameters (SELF-5: a healthy call would be DIFFER); a parameter replaced in its
+    slot after the call is seen at the check (SELF-9)."""
+    slots: tuple[list[_Slot], list[_Slot]] = ([], [])
+    for prefix, sub in module.named_modules():
+        for kind, owner in enumerate((sub._parameters, sub._buffers)):
+            slots[kind].extend((f"{prefix}.{key}" if prefix else key, owner, key)
+                               for key, value in owner.items() if value is not None)
+    return tuple(slots[0]), tuple(slots[1])
 
 
 class _StateChanged(Exception):
