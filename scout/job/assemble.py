@@ -46,6 +46,7 @@ from scout.observer.startup import start_job_observer
 from scout.ops.launch import NodeOps, observer_rounds_path
 from scout.ops.slurm import host_name
 from scout.replay.collectives import TorchPeerGroup
+from scout.replay.mesh import check_not_sharded_over_replicas
 from scout.transport import gloo_groups
 
 __all__ = ["Assembly", "assemble"]
@@ -206,6 +207,8 @@ def _assemble(model: nn.Module, optimizer: torch.optim.Optimizer | None, *, run_
     # LAYOUT-1: the replicas (and from them the replay groups, their names, the observer's
     # peers) follow from the layout when one is given, else from the peers as before.
     job_layout = resolve_layout(layout, None if peers is None else peers.partition, rank=rank, world_size=world_size)
+    if job_layout.layout is not None:  # LAYOUT-1: replicas hold equal state, never FSDP2's shards
+        check_not_sharded_over_replicas(model, job_layout.layout.replicate)
     sink = RunDir(run_dir)
     _warn_about_the_launcher(rank)
     control = ControlGroup(config.collective_timeout_s)

@@ -29,7 +29,8 @@ import attrs
 from scout.core.guards import whole_number
 from scout.core.layouts import ParallelLayout
 
-__all__ = ["MeshLayout", "layout_of_mesh", "mesh_layout", "peer_ranks", "replica_groups"]
+__all__ = ["MeshLayout", "check_not_sharded_over_replicas", "layout_of_mesh", "mesh_layout", "peer_ranks",
+           "replica_groups"]
 
 
 @attrs.frozen
@@ -157,3 +158,22 @@ def layout_of_mesh(mesh: Any, *, replicate: str | Sequence[str] | None = None, p
     read = mesh_layout(mesh)
     return ParallelLayout.from_names(read.shape, read.dim_names, read.ranks, replicate=replicate,
                                      pipeline=pipeline, tensor=tensor)
+
+
+def check_not_sharded_over_replicas(model: Any, replicate: Sequence[str]) -> None:
+    """spec/replay.md LAYOUT-1: raise ValueError when FSDP2 shards one of ``model``'s parameters
+    over a dimension the layout calls a replicate one -- those ranks hold different shards, so
+    their signatures differ by construction and two equal shards could outvote a third."""
+    for name, parameter in model.named_parameters():
+        mesh, placements = getattr(parameter, "device_mesh", None), getattr(parameter, "placements", None)
+        if mesh is None or placements is None:
+            continue  # a plain tensor (DDP, or a module FSDP2 does not manage)
+        dims = tuple(mesh.mesh_dim_names or ())
+        for dim, placement in zip(dims, placements, strict=False):
+            if dim in replicate and placement.is_shard():
+                raise ValueError(
+                    f"scout.attach: the layout's replicate dimension {dim!r} is one the model's parameters are "
+                    f"sharded over (parameter {name!r}, placements {tuple(placements)} on mesh dimensions {dims}): "
+                    f"ranks along {dim!r} hold different shards, not replicas. Name FSDP2's shard dimension apart "
+                    "(e.g. 'dp_shard') and give the replicas their own dimension (HSDP's 'replicate'), or pass "
+                    "peers= naming the ranks that hold equal state (docs/layouts.md)")

@@ -195,3 +195,34 @@ def test_CAP_7_fsdp2_over_a_tensor_parallel_block_is_never_ready_and_attach_says
         assert {str(r) for r in alone.tensor_parallel_recipes} == {"hidden.0"} and not alone.sharded_recipes
     finally:
         dist.destroy_process_group()
+
+
+def test_LAYOUT_1_a_replicate_dimension_fsdp2_shards_over_is_refused_naming_it(tmp_path: Path) -> None:
+    """LAYOUT-1: ranks along a dimension FSDP2 shards over hold different shards; calling it the
+    layout's replicate dimension is refused with the dimension, a parameter and the fix. HSDP's
+    replicate dimension, tensor parallel alone and plain tensors pass."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from scout.replay.mesh import check_not_sharded_over_replicas
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp", "tp"))
+        sharded = _Layers()
+        fully_shard(sharded, mesh=mesh["dp"])
+        with pytest.raises(ValueError, match=r"replicate dimension 'dp' .*parameter 'layers\.0\.up\.weight'.*'dp_shard'"):
+            check_not_sharded_over_replicas(sharded, ("dp",))
+        check_not_sharded_over_replicas(sharded, ("replicate",))  # 'dp' is not called a replicate one
+        hsdp_mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("replicate", "shard"))
+        hsdp = _Layers()
+        fully_shard(hsdp, mesh=hsdp_mesh)
+        check_not_sharded_over_replicas(hsdp, ("replicate",))
+        with pytest.raises(ValueError, match="'shard'"):
+            check_not_sharded_over_replicas(hsdp, ("replicate", "shard"))
+        check_not_sharded_over_replicas(_executor(("dp", "tp"), tensor_parallel=True, fsdp=False).modules.hidden[0],
+                                        ("dp",))
+        check_not_sharded_over_replicas(_Layers(), ("dp",))
+    finally:
+        dist.destroy_process_group()
