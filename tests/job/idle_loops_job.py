@@ -75,6 +75,9 @@ def main(rank: int, world: int, *, steps: int = 6, fail_at: int | None = None, o
         dist.all_reduce(user)
         seen["user_sum_while_scout_pending"] = user.tolist()
         seen["scout_pending_then"] = pending is not None and not pending.is_completed()
+        # Rank 1 joins scout's collective only after rank 0 looked (a job collective between them):
+        # otherwise a rank 0 descheduled after the all-reduce could find it completed.
+        dist.barrier()
         if pending is None:
             dist.all_reduce(torch.ones(2), group=control.group)
         else:

@@ -10,6 +10,7 @@ loaded 2-core box; the decision rule itself is tests/unit/test_budget.py's."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -64,17 +65,23 @@ def test_BUDGET_5_every_rank_switches_to_the_same_cadence_at_the_same_step(job: 
 
 def test_BUDGET_6_a_longer_step_moves_the_cadence_at_a_cycle_boundary(job: dict[str, Any]) -> None:
     changes, slow_from = job["ranks"][0]["changes"], job["ranks"][0]["slow_from"]
-    calibrated, recalibrated = changes[1], changes[2]
-    assert slow_from is not None and len(job["ranks"][0]["decisions"]) == 2
-    # At a boundary of the cadence before it, after the slow phase began; a cycle at most half as long.
-    assert recalibrated["step"] > slow_from and recalibrated["step"] == recalibrated["origin_step"]
-    assert (recalibrated["step"] - calibrated["origin_step"]) % calibrated["cycle_steps"] == 0
-    assert 2 * recalibrated["cycle_steps"] <= calibrated["cycle_steps"], changes
+    assert slow_from is not None and len(job["ranks"][0]["decisions"]) == len(changes) - 1 >= 2, changes
+    # Every change at a boundary of the cadence before it, and only when the cycle at least halves
+    # or doubles (BUDGET-6). A loaded box may move it again after the slow phase's first change.
+    for before, after in itertools.pairwise(changes[1:]):
+        assert after["step"] == after["origin_step"], changes
+        assert (after["step"] - before["origin_step"]) % before["cycle_steps"] == 0, changes
+        assert (2 * after["cycle_steps"] <= before["cycle_steps"]
+                or after["cycle_steps"] >= 2 * before["cycle_steps"]), changes
+    # The slow phase moved it: a cycle at most half as long as the calibrated one, after it began.
+    first_slow = next(change for change in changes[2:] if change["step"] > slow_from)
+    assert 2 * first_slow["cycle_steps"] <= changes[1]["cycle_steps"], changes
 
 
 def test_BUDGET_7_rank_0_reports_each_cadence_and_what_it_buys(job: dict[str, Any]) -> None:
     cadence = [r for r in job["records"] if r["kind"] == "cadence"]
-    assert [r["reason"] for r in cadence] == ["calibrated", "recalibrated"], cadence
+    assert [r["reason"] for r in cadence] == ["calibrated"] + ["recalibrated"] * (len(cadence) - 1), cadence
+    assert len(cadence) >= 2, cadence  # the slow phase's change at least (BUDGET-6)
     changes = job["ranks"][0]["changes"]
     for record, change in zip(cadence, changes[1:], strict=True):
         evidence = record["evidence"]
@@ -88,7 +95,7 @@ def test_BUDGET_7_rank_0_reports_each_cadence_and_what_it_buys(job: dict[str, An
         assert evidence["set_by"] == "overhead_budget" and evidence["replay_rows"] == 1
     assert cadence[1]["evidence"]["previous"]["cycle_steps"] == changes[1]["cycle_steps"]
     said = [line for line in job["run"].stderr.splitlines() if line.startswith("scout: replay cadence")]
-    assert len(said) == 2 and "(set by overhead_budget)" in said[0] and "[calibrated at step 8" in said[0], said
+    assert len(said) == len(cadence) and "(set by overhead_budget)" in said[0] and "[calibrated at step 8" in said[0], said
 
 
 def test_BUDGET_5_GATE_1_the_gate_certifies_checkpoints_taken_at_the_chosen_cadence(job: dict[str, Any]) -> None:
