@@ -612,7 +612,7 @@ class CompletionTracking:
             try:
                 ranks = tuple(int(r) for r in dist.get_process_group_ranks(group))
                 backend = str(dist.get_backend(group)).lower()
-            except (RuntimeError, ValueError):  # not a member, or torch does not know it (yet)
+            except (RuntimeError, ValueError, KeyError):  # not a member (KeyError: NON_GROUP_MEMBER), or unknown (yet)
                 return None
             from scout.transport.nccl.groups import group_name
 

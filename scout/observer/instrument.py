@@ -289,7 +289,11 @@ class _Instrumentation:
         if tracking is None or op not in GROUP_ARGUMENT:
             return False
         index, name = GROUP_ARGUMENT[op]
-        return tracking.tracks(_arg(args, kwargs, index, name))
+        try:
+            return tracking.tracks(_arg(args, kwargs, index, name))
+        except Exception:  # INSTR-6, spec/guard.md GUARD-3: never into the trainer
+            self.failures += 1
+            return False
 
     def tracker_of(self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> CompletionTracker | None:
         """The markers tracker that counts this call: its group's collectives (INSTR-11), or this

@@ -361,3 +361,20 @@ def test_INSTR_17_functional_collectives_are_counted_and_pending_until_waited(
     inst.uninstrument()
     assert not getattr(funcol.all_reduce, "__scout_instrumented__", False)
     assert not getattr(funcol.wait_tensor, "__scout_instrumented__", False)
+
+
+def test_INSTR_6_GUARD_3_a_collective_on_a_group_this_rank_is_not_in_behaves_as_without_scout(
+    world_of_one: None, published: tuple[ProgressPublisher, ProgressReader]
+) -> None:
+    """torch.distributed answers a collective on a group this rank is not a member of with a
+    warning and None; instrumented, it did the same only until completion tracking looked the group
+    up (KeyError into the training loop). Now it is not tracked and the call is torch's own."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert dist.all_reduce(torch.ones(2), group=dist.GroupMember.NON_GROUP_MEMBER) is None
+    tracking = inst._ACTIVE.tracking  # type: ignore[union-attr]
+    assert tracking is not None and tracking.register(dist.GroupMember.NON_GROUP_MEMBER) is None
+    dist.all_reduce(torch.ones(2))  # the world's collectives still tracked
+    assert tracking.tracker is not None and tracking.tracker.coordinate()[:2] == (1, 1)
