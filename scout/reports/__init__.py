@@ -24,7 +24,7 @@ import re
 import stat
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 import attrs
 
@@ -187,6 +187,23 @@ def fresh_line_prefix(fd: int, path: str | os.PathLike[str]) -> bytes:
     return b"" if last in (b"\n", b"") else b"\n"
 
 
+def _write_synced(fd: int, data: bytes) -> None:
+    """One write of ``data`` at the end of ``fd``, then fsync; a short write is an OSError
+    (ENOSPC when part was written -- a full disk -- else EIO)."""
+    written = os.write(fd, data)
+    if written != len(data):
+        raise OSError(errno.ENOSPC if written else errno.EIO, f"short write: {written} of {len(data)} bytes")
+    os.fsync(fd)
+
+
+def _raise_named(error: OSError, target: Path, doing: str) -> NoReturn:
+    """OPS-13: re-raise ``error`` as the OSError that names ``target`` and what was being done."""
+    named = name_write_error(error, target, doing)
+    if named is error:
+        raise error
+    raise named from error
+
+
 def append_record(path: str | os.PathLike[str], record: Mapping[str, Any]) -> None:
     """Append one report line durably: one write under an exclusive lock, then fsync. It starts
     on a fresh line (OPS-11). A failure raises an OSError that names the file (OPS-13)."""
@@ -199,19 +216,11 @@ def append_record(path: str | os.PathLike[str], record: Mapping[str, Any]) -> No
         fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             with _locked(fd):
-                data = fresh_line_prefix(fd, target) + line
-                written = os.write(fd, data)
-                if written != len(data):
-                    raise OSError(errno.ENOSPC if written else errno.EIO,
-                                  f"short write: {written} of {len(data)} bytes")
-                os.fsync(fd)
+                _write_synced(fd, fresh_line_prefix(fd, target) + line)
         finally:
             os.close(fd)
     except OSError as error:
-        named = name_write_error(error, target, "appending a report")  # OPS-13
-        if named is error:
-            raise
-        raise named from error
+        _raise_named(error, target, "appending a report")
     audit = os.environ.get("SCOUT_REPORT_AUDIT_FILE")
     if audit:  # tests: every report any process writes is validated against the schema at the end
         fd = os.open(audit, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -318,14 +327,8 @@ def append_hosts(path: str | os.PathLike[str], hosts: list[str]) -> None:
                 known = set(os.pread(fd, 1 << 20, 0).decode("utf-8", "replace").split())
                 new = [host for host in dict.fromkeys(hosts) if host and host not in known]
                 if new:
-                    data = fresh_line_prefix(fd, target) + "".join(f"{host}\n" for host in new).encode()
-                    if os.write(fd, data) != len(data):
-                        raise OSError(errno.ENOSPC, f"short write of {len(data)} bytes")
-                    os.fsync(fd)
+                    _write_synced(fd, fresh_line_prefix(fd, target) + "".join(f"{host}\n" for host in new).encode())
         finally:
             os.close(fd)
     except OSError as error:
-        named = name_write_error(error, target, "adding hosts")  # OPS-13
-        if named is error:
-            raise
-        raise named from error
+        _raise_named(error, target, "adding hosts")
