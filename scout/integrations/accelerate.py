@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import scout
+from scout.integrations._optimizer_steps import OptimizerSteps
 from scout.job import framework
 from scout.job.attach import Job
 
@@ -44,30 +45,17 @@ logger = logging.getLogger("scout")
 OWN_DIR = "scout-checkpoints"
 
 
-class ScoutAccelerate:
+class ScoutAccelerate(OptimizerSteps):
     """The glue between one ``Accelerator`` and its scout job (module docstring)."""
 
     def __init__(self, accelerator: Any, job: Job, start: int) -> None:
-        self.accelerator, self.job = accelerator, job
-        self._close_job = job.close
-        self.step = start
+        self.accelerator = accelerator
         self.recorded: set[int] = set()
-        self.save_due: int | None = None
         self._save_state = accelerator.save_state
         accelerator.save_state = self.save_state
         optimizer = job.optimizer
         assert optimizer is not None, "attach() requires the optimizer"
-        self._handles = [optimizer.register_step_pre_hook(self._before_optimizer_step),
-                         optimizer.register_step_post_hook(self._after_optimizer_step)]
-
-    def _before_optimizer_step(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
-        self._save_if_due()  # the loop saved nothing at the step before: scout asks (FRAME-11)
-
-    def _after_optimizer_step(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
-        self.step += 1
-        self.job.step()
-        if self.job.checkpoint_due:
-            self.save_due = self.step
+        super().__init__(job, optimizer, start)
 
     def _save_if_due(self) -> None:
         due, self.save_due = self.save_due, None
@@ -93,9 +81,7 @@ class ScoutAccelerate:
         return location
 
     def close(self) -> None:
-        self._save_if_due()
-        for handle in self._handles:
-            handle.remove()
+        self._close_hooks()
         self.accelerator.save_state = self._save_state
         self._close_job()
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import scout
+from scout.integrations._optimizer_steps import OptimizerSteps
 from scout.job import framework
 from scout.job.attach import Job
 from scout.job.inputs import checked_state, unwrap_optimizer
@@ -64,26 +65,13 @@ def _core_model(model: Any) -> Any:
     return inner
 
 
-class ScoutMegatron:
+class ScoutMegatron(OptimizerSteps):
     """The glue between a Megatron-Core model, its optimizer and the scout job."""
 
     def __init__(self, job: Job, model: Any, optimizer: Any, state: dict[str, Any], checkpoint_dir: Path,
                  start: int) -> None:
-        self.job, self.model, self.optimizer, self.state = job, model, optimizer, state
-        self.checkpoint_dir, self.step = checkpoint_dir, start
-        self._close_job = job.close
-        self.save_due: int | None = None
-        self._handles = [optimizer.register_step_pre_hook(self._before_optimizer_step),
-                         optimizer.register_step_post_hook(self._after_optimizer_step)]
-
-    def _before_optimizer_step(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
-        self._save_if_due()
-
-    def _after_optimizer_step(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
-        self.step += 1
-        self.job.step()
-        if self.job.checkpoint_due:
-            self.save_due = self.step
+        self.model, self.optimizer, self.state, self.checkpoint_dir = model, optimizer, state, checkpoint_dir
+        super().__init__(job, optimizer, start)
 
     def _save_if_due(self) -> None:
         due, self.save_due = self.save_due, None
@@ -95,9 +83,7 @@ class ScoutMegatron:
         framework.record_save(self.job, str(path.resolve()), due, "megatron")
 
     def close(self) -> None:
-        self._save_if_due()
-        for handle in self._handles:
-            handle.remove()
+        self._close_hooks()
         self._close_job()
 
 
