@@ -16,10 +16,11 @@ from typing import Any, TypeVar
 
 import torch.distributed as dist
 
+from scout.core.drive import Handler, drive
 from scout.transport import gloo_groups
 from scout.transport.program import AllGather, Barrier, Broadcast
 
-__all__ = ["ControlGroup"]
+__all__ = ["ControlGroup", "ControlOp"]
 
 T = TypeVar("T")
 
@@ -47,19 +48,33 @@ class ControlGroup:
         dist.barrier(group=self.group)
 
     def run(self, program: Generator[Any, Any, T]) -> T:
-        """Drive a rank program to its end, answering its ops on this group."""
-        answer: Any = None
-        while True:
-            try:
-                op = program.send(answer)
-            except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
-            if isinstance(op, AllGather) and op.group is None:
-                answer = self.all_gather(op.payload)
-            elif isinstance(op, Broadcast) and op.group is None:
-                answer = self.broadcast(op.payload, op.root)
-            elif isinstance(op, Barrier) and op.group is None:
-                self.barrier()
-                answer = None
-            else:
-                raise TypeError(f"scout's control group runs job-wide AllGather, Broadcast and Barrier ops, not {op!r}")
+        """Drive a rank program to its end, answering its ops (``ControlOp``) on this group."""
+        return drive(program, control_answers(self), who="scout's control group")
+
+
+#: The ops :meth:`ControlGroup.run` answers, each job-wide (``group`` None).
+ControlOp = AllGather | Broadcast | Barrier
+
+
+def _job_wide(op: ControlOp) -> None:
+    if op.group is not None:
+        raise TypeError(f"scout's control group runs job-wide AllGather, Broadcast and Barrier ops (group None), "
+                        f"not {op!r}: run an op on a sub-group on that group's own transport")
+
+
+def control_answers(control: ControlGroup) -> dict[type, Handler]:
+    """Each control op answered on the group, after refusing one on a sub-group."""
+
+    def all_gather(op: AllGather) -> list[Any]:
+        _job_wide(op)
+        return control.all_gather(op.payload)
+
+    def broadcast(op: Broadcast) -> Any:
+        _job_wide(op)
+        return control.broadcast(op.payload, op.root)
+
+    def barrier(op: Barrier) -> None:
+        _job_wide(op)
+        control.barrier()
+
+    return {AllGather: all_gather, Broadcast: broadcast, Barrier: barrier}

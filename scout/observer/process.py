@@ -37,18 +37,17 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Generator
 from pathlib import Path
 from typing import Any, Final
 
 import attrs
 
 from scout import reports
-from scout.core.compat import assert_never
+from scout.core.drive import Handler, drive
 from scout.core.observer import ObserverConfig, Progress, StallReport
 from scout.observer import driver, wire
 from scout.observer.channel import UdpChannel
-from scout.observer.driver import DriverOp, ObserverRun, Pause, Receive, Transmit
+from scout.observer.driver import ObserverRun, Pause, Receive, Transmit
 from scout.observer.progress import ProgressError, ProgressReader, RecordNotFound, process_alive
 from scout.observer.rendezvous import RendezvousFailed, peers_from_records
 from scout.reports.kinds import EXHAUSTED, ReportKind, at_fault_in_every_attempt
@@ -407,25 +406,13 @@ class _Waker:
         os.close(self.signals_write)
 
 
-def _execute(ops: Generator[DriverOp, Any, ObserverRun], channel: UdpChannel, waker: _Waker) -> ObserverRun:
-    """Answer the driver's ops with the UDP channel and the real clock."""
-    answer: Any = None
-    while True:
-        try:
-            op = ops.send(answer)
-        except StopIteration as stop:
-            run: ObserverRun = stop.value
-            return run
-        if isinstance(op, Receive):
-            answer = waker.receive(op.timeout_s)
-        elif isinstance(op, Transmit):
-            channel.send(op.to, op.body)
-            answer = None
-        elif isinstance(op, Pause):
-            time.sleep(op.timeout_s)
-            answer = None
-        else:
-            assert_never(op)
+def _answers(channel: UdpChannel, waker: _Waker) -> dict[type, Handler]:
+    """The driver's ops (``DriverOp``) answered with the UDP channel and the real clock."""
+    return {
+        Receive: lambda op: waker.receive(op.timeout_s),
+        Transmit: lambda op: channel.send(op.to, op.body),
+        Pause: lambda op: time.sleep(op.timeout_s),
+    }
 
 
 class _RoundLog:
@@ -495,8 +482,9 @@ def main() -> int:
                       config.data_stall_threshold_s, config.checkpoint_stall_threshold_s)
         rounds_path = spec.get("rounds_path")
         on_round = _RoundLog(rounds_path, world.rank).closed if rounds_path else None
-        run = _execute(driver.drive(config, world, poll_interval_s=poll_s, watch_interval_s=watch_s,
-                                    on_round_closed=on_round), channel, waker)
+        run = drive(driver.drive(config, world, poll_interval_s=poll_s, watch_interval_s=watch_s,
+                                 on_round_closed=on_round),
+                    _answers(channel, waker), who="the observer process")
         run.rank = world.rank
         code = EXIT_FAILED if run.failed else 0
     except Exception as error:  # the observer must never die silently

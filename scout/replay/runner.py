@@ -37,7 +37,7 @@ import attrs
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from scout.core.compat import assert_never
+from scout.core.drive import Handler, drive
 from scout.core.guards import whole_number
 from scout.core.recipes import (
     Catalog,
@@ -487,24 +487,12 @@ class ReplayRunner:
         return Prepared(due, status, digest)
 
     def _drive(self, round_: Generator[Any, Any, RoundOutcome]) -> RoundOutcome:
-        """Answer the round's ops on this peer group (torch collectives) and the executor."""
-        answer: Any = None
-        while True:
-            try:
-                op = round_.send(answer)
-            except StopIteration as done:
-                outcome: RoundOutcome = done.value
-                return outcome
-            if isinstance(op, GatherReadiness):
-                answer = self.peers.all_gather_int64(list(op.row))
-            elif isinstance(op, Execute):
-                answer = self._execute(op.due)
-            elif isinstance(op, GatherEvidence):
-                timer = getattr(self.peers, "timer", None)  # COMM-1: the check's earlier collectives
-                calls = timer.peek().calls if timer is not None else ()
-                answer = self.peers.all_gather_int64([*op.row, *communication_slot(calls)])
-            else:
-                assert_never(op)
+        return drive(round_, _round_answers(self), who=f"{self.label}'s replay runner")
+
+    def _gather_evidence(self, op: GatherEvidence) -> list[list[int]]:
+        timer = getattr(self.peers, "timer", None)  # COMM-1: the check's earlier collectives
+        calls = timer.peek().calls if timer is not None else ()
+        return self.peers.all_gather_int64([*op.row, *communication_slot(calls)])
 
     def _execute(self, due: DueRecipe) -> Executed:
         """Sign local evidence, take part in the source's broadcast, replay (timed). The
@@ -537,3 +525,13 @@ class ReplayRunner:
         except Exception as exc:  # REPLAY-7
             logger.warning("scout: %s replay failed: %r", due.recipe, exc)
             local.status = ReplayStatus.REPLAY_FAILED
+
+
+def _round_answers(runner: ReplayRunner) -> dict[type, Handler]:
+    """The round's ops (``RoundOp``) answered on the runner's peer group (torch collectives) and
+    its executor."""
+    return {
+        GatherReadiness: lambda op: runner.peers.all_gather_int64(list(op.row)),
+        Execute: lambda op: runner._execute(op.due),
+        GatherEvidence: lambda op: runner._gather_evidence(op),
+    }

@@ -23,11 +23,11 @@ from typing import Any, Final
 
 import attrs
 
-from scout.core.compat import assert_never
+from scout.core.drive import SimHandler, drive_sim
 from scout.core.fingerprint import CollectiveCall, TensorMeta, fingerprint
 from scout.core.observer import ObserverConfig, Progress, Stage, StallReport
 from scout.observer import driver, wire
-from scout.observer.driver import DriverOp, ObserverRun, Pause, Receive, Transmit
+from scout.observer.driver import ObserverRun, Pause, Receive, Transmit
 from scout.reports import record_line
 from scout.scenarios.exchange import replica_groups
 from scout.scenarios.registry import Check, ScenarioOutcome, ScenarioParams, scenario
@@ -169,27 +169,21 @@ class _SimWorld:
         self.job.failures.append((self.ctx.rank, reason))
 
 
-def _execute(ops: Generator[DriverOp, Any, ObserverRun], group: tuple[int, ...]) -> Generator[Any, Any, ObserverRun]:
-    """Answer the driver's ops with the simulator's: the sim's executor of the one driver."""
-    answer: Any = None
-    while True:
-        try:
-            op = ops.send(answer)
-        except StopIteration as stop:
-            run: ObserverRun = stop.value
-            return run
-        if isinstance(op, Receive):
-            delivered = yield sim_ops.Receive(op.timeout_s)
-            answer = [] if delivered is None or delivered.src not in group else [
-                (group.index(delivered.src), delivered.payload)]
-        elif isinstance(op, Transmit):
-            yield sim_ops.Send(group[op.to], op.body)
-            answer = None
-        elif isinstance(op, Pause):
-            yield Sleep(op.timeout_s)
-            answer = None
-        else:
-            assert_never(op)
+def _answers(group: tuple[int, ...]) -> dict[type, SimHandler]:
+    """The driver's ops (``DriverOp``) answered with the simulator's: the sim's executor of the
+    one driver."""
+
+    def receive(op: Receive) -> Generator[Any, Any, list[tuple[int, bytes]]]:
+        delivered = yield sim_ops.Receive(op.timeout_s)
+        return [] if delivered is None or delivered.src not in group else [(group.index(delivered.src), delivered.payload)]
+
+    def transmit(op: Transmit) -> Generator[Any, Any, None]:
+        yield sim_ops.Send(group[op.to], op.body)
+
+    def pause(op: Pause) -> Generator[Any, Any, None]:
+        yield Sleep(op.timeout_s)
+
+    return {Receive: receive, Transmit: transmit, Pause: pause}
 
 
 def _observer(job: SimJob, config_fields: dict[str, Any]) -> Callable[[SimContext], Generator[Any, Any, ObserverRun]]:
@@ -201,9 +195,9 @@ def _observer(job: SimJob, config_fields: dict[str, Any]) -> Callable[[SimContex
         world = _SimWorld(job, ctx, group)
         # The production driver, looked up at run time (a test replaces it to prove it runs here).
         watch_s = min(WATCH_INTERVAL_S, config.stall_threshold_s)
-        run = yield from _execute(driver.drive(config, world, poll_interval_s=POLL_INTERVAL_S,
-                                               watch_interval_s=watch_s, machine=machine),
-                                  group)
+        run: ObserverRun = yield from drive_sim(driver.drive(config, world, poll_interval_s=POLL_INTERVAL_S,
+                                                             watch_interval_s=watch_s, machine=machine),
+                                                _answers(group), who="the simulated observer")
         run.rank = ctx.rank
         return run
 

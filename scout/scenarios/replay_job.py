@@ -37,7 +37,7 @@ from typing import Any, Final
 
 import attrs
 
-from scout.core.compat import assert_never
+from scout.core.drive import SimHandler, drive_sim
 from scout.core.guards import whole_number
 from scout.core.recipes import (
     Catalog,
@@ -187,21 +187,7 @@ class SimReplayCheck:
                              self.stragglers.performance_ratios(), self.hosts)
 
     def _drive(self, round_: Generator[Any, Any, RoundOutcome]) -> Generator[Any, Any, RoundOutcome]:
-        answer: Any = None
-        while True:
-            try:
-                op = round_.send(answer)
-            except StopIteration as done:
-                outcome: RoundOutcome = done.value
-                return outcome
-            if isinstance(op, GatherReadiness):
-                answer = yield AllGather(op.row, timeout_s=TIMEOUT_S, group=self.group)
-            elif isinstance(op, Execute):
-                answer = yield from self.executor.execute(self.ctx, op.due)
-            elif isinstance(op, GatherEvidence):  # no communication timing on the simulator
-                answer = yield AllGather((*op.row, *communication_slot(())), timeout_s=TIMEOUT_S, group=self.group)
-            else:
-                assert_never(op)
+        return (yield from drive_sim(round_, _round_answers(self), who="the simulated replay check"))
 
     def resume_at(self, step: int) -> None:
         pass
@@ -211,6 +197,22 @@ class SimReplayCheck:
 
     def close(self) -> None:
         pass
+
+
+def _round_answers(check: SimReplayCheck) -> dict[type, SimHandler]:
+    """The round's ops (``RoundOp``) answered with simulated collectives on the check's group and
+    its :class:`SimExecutor` (no communication timing on the simulator)."""
+
+    def gather_readiness(op: GatherReadiness) -> Generator[Any, Any, Any]:
+        return (yield AllGather(op.row, timeout_s=TIMEOUT_S, group=check.group))
+
+    def execute(op: Execute) -> Generator[Any, Any, Executed]:
+        return (yield from check.executor.execute(check.ctx, op.due))
+
+    def gather_evidence(op: GatherEvidence) -> Generator[Any, Any, Any]:
+        return (yield AllGather((*op.row, *communication_slot(())), timeout_s=TIMEOUT_S, group=check.group))
+
+    return {GatherReadiness: gather_readiness, Execute: execute, GatherEvidence: gather_evidence}
 
 
 class _Reports:

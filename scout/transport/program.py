@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 import attrs
 
+from scout.core.drive import Handler, drive
 from scout.transport.base import DEFAULT_MAX_PAYLOAD_BYTES, Group, Transport
 
 __all__ = [
@@ -100,47 +101,32 @@ class RankContext:
 RankProgram = Callable[[RankContext], Generator[Any, Any, T]]
 
 
-def execute_op(transport: Transport, op: Any) -> Any:
-    """Run one op against a blocking transport and return its result."""
-    if isinstance(op, Exchange):
-        return transport.exchange(
-            op.payload, round_id=op.round_id, timeout_s=op.timeout_s, group=op.group
-        )
-    if isinstance(op, AllGather):
-        return transport.all_gather(op.payload, timeout_s=op.timeout_s, group=op.group)
-    if isinstance(op, Broadcast):
-        return transport.broadcast(
-            op.payload, root=op.root, timeout_s=op.timeout_s, group=op.group
-        )
-    if isinstance(op, Barrier):
-        return transport.barrier(timeout_s=op.timeout_s, group=op.group)
-    if isinstance(op, Sleep):
-        if op.duration_s < 0:
-            raise ValueError(f"Sleep.duration_s must be >= 0, got {op.duration_s!r}")
-        time.sleep(op.duration_s)
-        return None
-    if isinstance(op, Now):
-        return time.monotonic()
-    raise TypeError(f"a rank program yielded {op!r}, which is not a transport op")
+def _sleep(op: Sleep) -> None:
+    if op.duration_s < 0:
+        raise ValueError(f"Sleep.duration_s must be >= 0, got {op.duration_s!r}")
+    time.sleep(op.duration_s)
+
+
+def transport_answers(transport: Transport) -> dict[type, Handler]:
+    """Each :data:`Op` answered by the matching blocking call of ``transport``."""
+    return {
+        Exchange: lambda op: transport.exchange(op.payload, round_id=op.round_id, timeout_s=op.timeout_s,
+                                                group=op.group),
+        AllGather: lambda op: transport.all_gather(op.payload, timeout_s=op.timeout_s, group=op.group),
+        Broadcast: lambda op: transport.broadcast(op.payload, root=op.root, timeout_s=op.timeout_s, group=op.group),
+        Barrier: lambda op: transport.barrier(timeout_s=op.timeout_s, group=op.group),
+        Sleep: _sleep,
+        Now: lambda op: time.monotonic(),
+    }
 
 
 def run_blocking(program: RankProgram[T], transport: Transport) -> T:
-    """Drive ``program`` to completion on a real (blocking) transport."""
+    """Drive ``program`` to completion on a real (blocking) transport. An op that fails -- or one
+    that is not a transport op -- raises inside the program, as on the simulator."""
     ctx = RankContext(
         rank=transport.rank,
         size=transport.size,
         world=transport.world,
         max_payload_bytes=transport.max_payload_bytes,
     )
-    gen = program(ctx)
-    try:
-        op = next(gen)
-        while True:
-            try:
-                result = execute_op(transport, op)
-            except Exception as exc:  # delivered into the program, as on the simulator
-                op = gen.throw(exc)
-            else:
-                op = gen.send(result)
-    except StopIteration as stop:
-        return stop.value  # type: ignore[no-any-return]
+    return drive(program(ctx), transport_answers(transport), who="run_blocking", throw=True)
