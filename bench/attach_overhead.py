@@ -69,6 +69,8 @@ from typing import Any
 
 import attrs
 
+from scout.scenarios import launcher
+
 REPO = Path(__file__).resolve().parents[1]
 GOAL_CPU = 0.010  # TARGETS.md: <= 1.0 % on this 2-core box
 GOAL_GPU = 0.005  # TARGETS.md: <= 0.5 % on a GPU
@@ -402,11 +404,9 @@ def worker(args: argparse.Namespace) -> None:
 def _command(arm: Arm, *, size: str, steps: int, batch: int, nproc: int, device: str, work: Path,
              out: Path, baton: Path | None = None, side: int = 0, sequence: int = SEQUENCE,
              warmup: int = WARMUP_STEPS) -> list[str]:
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--standalone",
-               __file__, "--worker", "--arm", json.dumps(arm.to_json()), "--size", size, "--steps", str(steps),
-               "--batch", str(batch), "--sequence", str(sequence), "--warmup", str(warmup), "--device", device,
-               "--out", str(out),
-               "--run-dir", str(work / f"run-{out.stem}")]
+    command = launcher.torchrun_command(__file__, nproc, [
+        "--worker", "--arm", json.dumps(arm.to_json()), "--size", size, "--steps", steps, "--batch", batch,
+        "--sequence", sequence, "--warmup", warmup, "--device", device, "--out", out, "--run-dir", work / f"run-{out.stem}"])
     if baton is not None:
         command += ["--baton", str(baton), "--side", str(side)]
     return command
@@ -419,10 +419,9 @@ def check_allocator(allocator: str) -> str:
 
 
 def _environment(arm: Arm, allocator: str = DEFAULT_ALLOCATOR) -> dict[str, str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-    env.pop("SCOUT_BENCH_OFF", None)
-    for variable in {name for settings in ALLOCATORS.values() for name in settings}:
-        env.pop(variable, None)  # the allocator is the run's choice, not the shell's
+    # The allocator is the run's choice, not the shell's; so is the bench's own switch.
+    dropped = {"SCOUT_BENCH_OFF", *(name for settings in ALLOCATORS.values() for name in settings)}
+    env = launcher.torchrun_env(base={key: value for key, value in os.environ.items() if key not in dropped})
     env.update(ALLOCATORS[check_allocator(allocator)])
     private = [part for part in arm.off if part not in SETTING_PARTS]
     if private:
@@ -442,16 +441,13 @@ def one_run(arm: Arm, *, size: str, steps: int, batch: int, nproc: int, device: 
             allocator: str = DEFAULT_ALLOCATOR, sequence: int = SEQUENCE, warmup: int = WARMUP_STEPS) -> dict[str, Any]:
     """One torchrun job of ``arm`` on its own; rank 0's measurements."""
     out = work / f"{arm.name}-{time.monotonic_ns()}.json"
-    process = subprocess.Popen(_command(arm, size=size, steps=steps, batch=batch, nproc=nproc, device=device,
-                                        work=work, out=out, sequence=sequence, warmup=warmup),
-                               env=_environment(arm, allocator),
-                               stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True)
-    try:
-        process.wait(timeout=RUN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        process.kill()
-    return _outcome(arm, process, out)
+    job = launcher.launch(_command(arm, size=size, steps=steps, batch=batch, nproc=nproc, device=device, work=work,
+                                   out=out, sequence=sequence, warmup=warmup),
+                          _environment(arm, allocator), timeout_s=RUN_TIMEOUT_S)  # killed whole at the timeout
+    if job.returncode != 0 or not out.exists():
+        raise RuntimeError(f"the {arm.name} run failed (exit {job.returncode}): {job.stderr[-3000:]}")
+    loaded: dict[str, Any] = json.loads(out.read_text())
+    return loaded
 
 
 def _process_tree(root: int) -> list[int]:

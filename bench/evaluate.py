@@ -54,9 +54,7 @@ import platform
 import random
 import re
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -73,6 +71,7 @@ import attach_overhead  # noqa: E402
 from _goals import Goal, at_most, load_average  # noqa: E402
 
 from scout.job.config import Config  # noqa: E402
+from scout.scenarios import launcher  # noqa: E402
 
 RESULTS = BENCH / "results" / "evaluation.json"
 DOC = REPO / "docs" / "evaluation.md"
@@ -167,35 +166,24 @@ def train_gpt(work: Path, name: str, *, steps: int, fault: str = "", settings: d
     directory = work / name
     run_dir, checkpoint_dir = directory / "run", directory / "ckpt"
     directory.mkdir(parents=True)
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD), "--standalone",
-               "--max-restarts", str(max_restarts), str(TRAIN_GPT), "--steps", str(steps), "--run-dir", str(run_dir),
-               "--device", "cpu"]
+    arguments: list[object] = ["--steps", steps, "--run-dir", run_dir, "--device", "cpu"]
     if checkpoint:
-        command += ["--checkpoint-dir", str(checkpoint_dir)]
+        arguments += ["--checkpoint-dir", checkpoint_dir]
     if fault:
-        command += ["--fault", fault]
+        arguments += ["--fault", fault]
     # The job gets only the settings given here (the report audit of a test session passes on).
-    env = {key: value for key, value in os.environ.items()
-           if not key.startswith(("SCOUT_", "EXAMPLE_FAULT")) or key == "SCOUT_REPORT_AUDIT_FILE"}
-    env.update({"OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
-                "SCOUT_JOB_ID": f"evaluate-{name}-{os.getpid()}",
-                # Latency, recovery and false alarms are measured at a known cadence, set as a user
-                # sets it (spec/budget.md BUDGET-8): one layer every 2 steps. The overhead budget's
-                # cadence for this tiny model is a cycle of a thousand steps or more (the overhead
-                # sections measure it, with the SDC bound it gives).
-                "SCOUT_REPLAY_INTERVAL_STEPS": str(LATENCY_INTERVAL_STEPS)})
-    env.update({f"SCOUT_{key.upper()}": str(value) for key, value in (settings or {}).items()})
+    # Latency, recovery and false alarms are measured at a known cadence, set as a user sets it
+    # (spec/budget.md BUDGET-8): one layer every 2 steps. The overhead budget's cadence for this
+    # tiny model is a cycle of a thousand steps or more (the overhead sections measure it, with
+    # the SDC bound it gives).
+    env = launcher.torchrun_env({"job_id": f"evaluate-{name}-{os.getpid()}", "replay_interval_steps": LATENCY_INTERVAL_STEPS,
+                                 **(settings or {})},
+                                drop_prefixes=("SCOUT_", "EXAMPLE_FAULT"), keep={"SCOUT_REPORT_AUDIT_FILE"})
     started = time.time()
     log = directory / "job.log"
-    with log.open("w", encoding="utf-8") as sink:
-        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=directory,
-                                   start_new_session=True)
-        try:
-            code = process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            code = process.wait(timeout=60)
+    job = launcher.launch(launcher.torchrun_command(TRAIN_GPT, WORLD, arguments, max_restarts=max_restarts), env,
+                          cwd=directory, timeout_s=timeout_s, log_path=log)  # killed whole past timeout_s
+    code = job.returncode
     text = log.read_text(encoding="utf-8", errors="replace")
     faults = [{"kind": m[1], "rank": int(m[2]), "step": int(m[3]), "time_s": float(m[4])}
               for m in EXAMPLE_FAULT.finditer(text)]

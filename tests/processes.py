@@ -30,6 +30,8 @@ from typing import Any
 
 import attrs
 
+from scout.scenarios import launcher
+
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 #: How long a test's children may take to exit after the test body ended (reaped, flushed).
@@ -199,34 +201,7 @@ def run(command: Sequence[str], *, timeout: float, input: Any = None, check: boo
         capture_output: bool = False, **kwargs: Any) -> subprocess.CompletedProcess[Any]:
     """``subprocess.run`` with the command in a session of its own, killed whole: at the timeout
     (then ``TimeoutExpired``, as ``subprocess.run`` raises), on any exception, and at the
-    command's exit (anything it left running in its group goes with it)."""
-    if capture_output:
-        kwargs["stdout"] = subprocess.PIPE
-        kwargs["stderr"] = subprocess.PIPE
-    if input is not None:
-        kwargs["stdin"] = subprocess.PIPE
-    deadline = time.monotonic() + timeout
-    with subprocess.Popen(list(command), start_new_session=True, **kwargs) as process:
-        try:
-            while True:
-                try:
-                    stdout, stderr = process.communicate(input, timeout=min(POLL_S * 4, max(0.0, deadline - time.monotonic())))
-                    break
-                except subprocess.TimeoutExpired:
-                    input = None  # communicate sent it already
-                    if process.poll() is not None:
-                        # The command exited but something it started holds its pipes open.
-                        kill_group(process.pid)
-                    elif time.monotonic() >= deadline:
-                        kill_group(process.pid)
-                        stdout, stderr = process.communicate(timeout=KILL_WAIT_S)
-                        raise subprocess.TimeoutExpired(process.args, timeout, stdout, stderr) from None
-        except BaseException:
-            kill_group(process.pid)
-            raise
-        finally:
-            kill_group(process.pid)
-    completed = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
-    if check:
-        completed.check_returncode()
-    return completed
+    command's exit (anything it left running in its group goes with it). The product's launcher
+    (scout/scenarios/launcher.py) does it, for the tests as for the campaigns and benches."""
+    return launcher.run_in_session(command, timeout_s=timeout, input=input, check=check,
+                                   capture_output=capture_output, **kwargs)

@@ -35,10 +35,7 @@ slow, and nobody else is named (its recovery afterwards is part of the case). Ev
 from __future__ import annotations
 
 import json
-import os
 import random
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -50,6 +47,7 @@ import attrs
 
 from scout.reports.kinds import ReportKind, Source, StragglerReason
 from scout.scenarios.campaign import CaseResult, Outcome, classify
+from scout.scenarios.launcher import launch, torchrun_command, torchrun_env
 
 __all__ = ["DEVICE_KINDS", "DeviceCase", "device_cases", "run_device_part"]
 
@@ -116,34 +114,22 @@ def _steps(cases: Sequence[DeviceCase]) -> int:
 
 
 def _command(cases: Sequence[DeviceCase], run_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD), "--standalone",
-            "-m", "scout.scenarios.device_job", "--run-dir", str(run_dir), "--steps", str(_steps(cases)),
-            "--plan", ",".join(case.spec for case in cases), "--hold-s", str(HOLD_S),
-            "--loop-slow-steps", str(LOOP_SLOW_STEPS), "--loop-slow-s", str(LOOP_SLOW_S)]
+    return torchrun_command("scout.scenarios.device_job", WORLD, [
+        "--run-dir", run_dir, "--steps", _steps(cases), "--plan", ",".join(case.spec for case in cases),
+        "--hold-s", HOLD_S, "--loop-slow-steps", LOOP_SLOW_STEPS, "--loop-slow-s", LOOP_SLOW_S], module=True)
 
 
 def _environment() -> dict[str, str]:
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-    env.update(OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
-               SCOUT_STALL_THRESHOLD_S=str(STALL_THRESHOLD_S), SCOUT_RECHECK_INTERVAL_S="1",
-               SCOUT_ROUND_DEADLINE_S="0.5", SCOUT_LOOP_CHECK_STEPS=str(LOOP_CHECK_STEPS))
-    return env
+    return torchrun_env({"stall_threshold_s": STALL_THRESHOLD_S, "recheck_interval_s": 1, "round_deadline_s": 0.5,
+                         "loop_check_steps": LOOP_CHECK_STEPS}, pythonpath=[Path(__file__).resolve().parents[2]])
 
 
 def _run_job(cases: Sequence[DeviceCase], directory: Path, timeout_s: float) -> tuple[int | None, str]:
     """Run the job in its own session; killed whole at ``timeout_s``. Returns (exit code or None
     when killed, the output's tail)."""
-    process = subprocess.Popen(_command(cases, directory / "run"), cwd=directory, env=_environment(),
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        output, _ = process.communicate(timeout=timeout_s)
-        return process.returncode, output[-4000:]
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        output, _ = process.communicate(timeout=30)
-        return None, output[-4000:]
+    job = launch(_command(cases, directory / "run"), _environment(), cwd=directory, timeout_s=timeout_s,
+                 merge_stderr=True)
+    return job.returncode, job.stdout[-4000:]
 
 
 def _reports(run_dir: Path) -> list[dict[str, Any]]:

@@ -33,12 +33,8 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 import random
 import re
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -49,6 +45,7 @@ import attrs
 
 from scout.reports.kinds import ObserverReason, ReportKind
 from scout.scenarios.campaign import CaseResult, Outcome, classify
+from scout.scenarios.launcher import launch, torchrun_command, torchrun_env
 
 __all__ = ["LAYOUT_KINDS", "LayoutCase", "classify_case", "example_path", "layout_cases", "run_layout_part"]
 
@@ -206,20 +203,11 @@ def classify_case(case: LayoutCase, records: Sequence[dict[str, Any]], output: s
 
 def _run_job(case: LayoutCase, example: Path, directory: Path) -> tuple[int | None, str, list[dict[str, Any]]]:
     run_dir = directory / "run"
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(case.spec.world),
-               "--standalone", str(example), *case.spec.flags, "--steps", str(case.steps), "--run-dir",
-               str(run_dir), "--fault", case.fault]
-    env = dict(os.environ, OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
-               SCOUT_STALL_THRESHOLD_S=str(STALL_THRESHOLD_S), SCOUT_RECHECK_INTERVAL_S="2")
-    process = subprocess.Popen(command, cwd=directory, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, start_new_session=True)
-    try:
-        output, _ = process.communicate(timeout=JOB_TIMEOUT_S)
-        code: int | None = process.returncode
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)  # the job's own session: its ranks and observers
-        output, _ = process.communicate(timeout=30)
-        code = None
+    command = torchrun_command(example, case.spec.world, [*case.spec.flags, "--steps", case.steps, "--run-dir", run_dir,
+                                                          "--fault", case.fault])
+    env = torchrun_env({"stall_threshold_s": STALL_THRESHOLD_S, "recheck_interval_s": 2})
+    job = launch(command, env, cwd=directory, timeout_s=JOB_TIMEOUT_S, merge_stderr=True)  # killed whole at the timeout
+    code, output = job.returncode, job.stdout
     path = run_dir / "reports.jsonl"
     records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()] \
         if path.exists() else []

@@ -12,9 +12,6 @@ with the LR and the data position; in that attempt a rank asleep for 12 s is nam
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,25 +19,22 @@ import pytest
 
 from scout import reports
 from scout.cli import main as scout_main
+from scout.scenarios.launcher import launch, torchrun_command, torchrun_env
 
 pytestmark = pytest.mark.torchdist
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = Path(__file__).resolve().parent / "accelerate_train_job.py"
-TORCHRUN = Path(sys.executable).with_name("torchrun")
 ONSET, HANG_AT, STEPS, SAVE_EVERY = 7, 12, 14, 3
 Story = tuple[list[dict[str, Any]], Path]
+SETTINGS = {"stall_threshold_s": 5, "replay_interval_steps": 1, "checkpoint_every_cycles": 1, "on_sdc": "restart"}
 
 
 def run_job(out: Path, steps: int, faults: str) -> list[dict[str, Any]]:
-    env = {key: value for key, value in os.environ.items() if not key.startswith(("SCOUT_", "PL_", "ACC_"))}
-    env.update({"OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "SCOUT_STALL_THRESHOLD_S": "5",
-                "SCOUT_REPLAY_INTERVAL_STEPS": "1", "SCOUT_CHECKPOINT_EVERY_CYCLES": "1", "SCOUT_ON_SDC": "restart",
-                "ACC_SAVE_STEPS": str(SAVE_EVERY), "PL_FAULT": faults, "PL_HANG_S": "12",
-                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))})
-    run = subprocess.run([str(TORCHRUN), "--nproc-per-node", "4", "--standalone", "--max-restarts", "1", str(JOB),
-                          str(out), str(out / "run"), str(steps)], cwd=out, env=env, capture_output=True, text=True,
-                         timeout=600)
+    env = torchrun_env(SETTINGS, drop_prefixes=("SCOUT_", "PL_", "ACC_"),
+                       extra={"ACC_SAVE_STEPS": str(SAVE_EVERY), "PL_FAULT": faults, "PL_HANG_S": "12"},
+                       pythonpath=[REPO])
+    run = launch(torchrun_command(JOB, 4, [out, out / "run", steps], max_restarts=1), env, cwd=out, timeout_s=600)
     assert run.returncode == 0, run.stderr[-4000:]
     return reports.read_records(out / "run" / reports.REPORTS_FILE)
 

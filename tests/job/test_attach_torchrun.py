@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,6 +17,7 @@ import pytest
 from scout import reports
 from scout.cli import main as scout_main
 from scout.reports.timing import TIMING_FILE, read_timing
+from scout.scenarios.launcher import Finished, launch, torchrun_command, torchrun_env
 
 pytestmark = pytest.mark.torchdist
 
@@ -31,18 +30,13 @@ THRESHOLD_S = 3.0
 
 
 def torchrun(tmp_path: Path, *, steps: int, fault: str = "", restarts: int = 0, timeout_s: float = 240.0,
-             **settings: Any) -> tuple[subprocess.CompletedProcess[str], list[dict[str, Any]], Path]:
+             **settings: Any) -> tuple[Finished, list[dict[str, Any]], Path]:
     """One job of the example under torchrun; returns the run, its reports and its run_dir."""
     run_dir, checkpoint_dir = tmp_path / "run", tmp_path / "ckpt"
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           # torch 2.13's torchrun shares its rendezvous store with the workers, and a restarted
-           # attempt then reads the previous attempt's addresses (pytorch issue 135712).
-           "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
-           **{f"SCOUT_{key.upper()}": str(value) for key, value in settings.items()}}
-    command = [str(TORCHRUN), "--nproc-per-node", "4", "--standalone", "--max-restarts", str(restarts),
-               str(EXAMPLE), "--steps", str(steps), "--run-dir", str(run_dir), "--checkpoint-dir",
-               str(checkpoint_dir), "--fault", fault, "--step-log", str(tmp_path / "steps.jsonl")]
-    run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout_s)
+    command = torchrun_command(EXAMPLE, 4, ["--steps", steps, "--run-dir", run_dir, "--checkpoint-dir", checkpoint_dir,
+                                            "--fault", fault, "--step-log", tmp_path / "steps.jsonl"],
+                               max_restarts=restarts)
+    run = launch(command, torchrun_env(settings), cwd=tmp_path, timeout_s=timeout_s)
     return run, reports.read_records(run_dir / reports.REPORTS_FILE), run_dir
 
 
@@ -50,7 +44,7 @@ def _faults(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in records if r["kind"] in FAULT_KINDS]
 
 
-def _struck_at(run: subprocess.CompletedProcess[str]) -> float:
+def _struck_at(run: Finished) -> float:
     (found,) = re.findall(r"EXAMPLE-FAULT \S+ rank \d+ step \d+ at ([0-9.]+)", run.stderr)
     return float(found)
 

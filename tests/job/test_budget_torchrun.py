@@ -12,21 +12,18 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from scout import reports
+from scout.scenarios.launcher import launch, torchrun_command, torchrun_env
 
 pytestmark = pytest.mark.torchdist
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = REPO / "tests" / "job" / "budget_job.py"
-TORCHRUN = Path(sys.executable).with_name("torchrun")
 RANKS = 4
 LAYERS = 4  # the example GPT's
 CALIBRATION_CYCLE = 2 * LAYERS  # BUDGET-5: one layer every 2 steps
@@ -36,12 +33,11 @@ CALIBRATION_CYCLE = 2 * LAYERS  # BUDGET-5: one layer every 2 steps
 def job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     work = tmp_path_factory.mktemp("budget")
     run_dir, checkpoint_dir = work / "run", work / "ckpt"
-    env = {key: value for key, value in os.environ.items() if key != "SCOUT_REPLAY_INTERVAL_STEPS"}  # BUDGET-8 off
-    env.update({"OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
-    command = [str(TORCHRUN), "--nproc-per-node", str(RANKS), "--standalone", str(JOB), str(run_dir),
-               str(checkpoint_dir), "--budget", "0.5", "--cycles-after", "3", "--slow-after-cycles", "2",
-               "--slow-s", "0.25", "--steps-max", "400"]
-    run = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=600)
+    env = torchrun_env()
+    env.pop("SCOUT_REPLAY_INTERVAL_STEPS", None)  # BUDGET-8 off
+    command = torchrun_command(JOB, RANKS, [run_dir, checkpoint_dir, "--budget", "0.5", "--cycles-after", "3",
+                                            "--slow-after-cycles", "2", "--slow-s", "0.25", "--steps-max", "400"])
+    run = launch(command, env, cwd=work, timeout_s=600)
     assert run.returncode == 0, run.stderr[-4000:]
     return {"run": run, "records": reports.read_records(run_dir / reports.REPORTS_FILE),
             "ranks": [json.loads((run_dir / f"rank{r}.json").read_text()) for r in range(RANKS)]}

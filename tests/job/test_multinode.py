@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from scout import reports
-from tests.job.test_attach_torchrun import EXAMPLE, TORCHRUN
+from scout.scenarios.launcher import Rendezvous, torchrun_command, torchrun_env
+from tests.job.test_attach_torchrun import EXAMPLE
 
 pytestmark = pytest.mark.torchdist
 THRESHOLD_S = 3.0
@@ -36,13 +37,10 @@ def two_nodes(tmp_path: Path, fault: str, *, share_store: bool, timeout_s: float
     for node in (0, 1):
         home = tmp_path / f"node{node}"
         (home / "tmp").mkdir(parents=True)
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(home / "tmp"),
-               "SCOUT_STALL_THRESHOLD_S": str(THRESHOLD_S), "SCOUT_RECHECK_INTERVAL_S": "2"}
-        if not share_store:
-            env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-        command = [str(TORCHRUN), "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
-                   "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"scout-test-{port}",
-                   str(EXAMPLE), "--steps", "24", "--run-dir", str(home / "run"), "--fault", fault]
+        env = torchrun_env({"stall_threshold_s": THRESHOLD_S, "recheck_interval_s": 2},
+                           extra={"TMPDIR": str(home / "tmp")}, share_store=share_store)
+        command = torchrun_command(EXAMPLE, 2, ["--steps", "24", "--run-dir", home / "run", "--fault", fault],
+                                   rendezvous=Rendezvous(f"127.0.0.1:{port}", f"scout-test-{port}", 2))
         nodes.append(subprocess.Popen(command, cwd=home, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True, start_new_session=True))
     outputs = []

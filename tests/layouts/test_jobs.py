@@ -9,9 +9,7 @@ job, and the 8-rank one, are in the slow tier."""
 from __future__ import annotations
 
 import datetime
-import os
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +17,12 @@ import attrs
 import pytest
 
 from scout import reports
-from tests import processes
+from scout.scenarios.launcher import launch, torchrun_command, torchrun_env
 
 pytestmark = pytest.mark.torchdist
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "train_3d.py"
-TORCHRUN = Path(sys.executable).with_name("torchrun")
 FAULT_KINDS = {"hang", "data_stall", "checkpoint_stall", "desync", "group_stall", "unresponsive", "inconclusive",
                "observer_failure", "sdc", "straggler"}
 THRESHOLD_S = 3.0
@@ -33,7 +30,7 @@ THRESHOLD_S = 3.0
 
 @attrs.frozen
 class Run:
-    returncode: int
+    returncode: int | None  # None: killed at its timeout
     stdout: str
     stderr: str
     records: list[dict[str, Any]]
@@ -59,11 +56,9 @@ def torchrun(work: Path, ranks: int, *arguments: str, fault: str = "", timeout_s
              **settings: Any) -> Run:
     run_dir, checkpoint_dir = work / "run", work / "ckpt"
     work.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
-           **{f"SCOUT_{key.upper()}": str(value) for key, value in settings.items()}}
-    command = [str(TORCHRUN), "--nproc-per-node", str(ranks), "--standalone", str(EXAMPLE), *arguments,
-               "--run-dir", str(run_dir), "--checkpoint-dir", str(checkpoint_dir), "--fault", fault]
-    done = processes.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=timeout_s)
+    command = torchrun_command(EXAMPLE, ranks, [*arguments, "--run-dir", run_dir, "--checkpoint-dir", checkpoint_dir,
+                                                "--fault", fault])
+    done = launch(command, torchrun_env(settings), cwd=work, timeout_s=timeout_s)
     return Run(done.returncode, done.stdout, done.stderr, reports.read_records(run_dir / reports.REPORTS_FILE),
                run_dir)
 
