@@ -60,7 +60,9 @@ def _hangs(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize(("rank", "share_store", "fault"),
-                         [(3, True, "hang-before-backward"), (1, False, "hang-before-forward")])
+                         [(3, True, "hang-before-backward"),
+                          # rank 0 on the other node, own store: test_CLUSTER_rank_0_frozen_with_sigstop
+                          pytest.param(1, False, "hang-before-forward", marks=pytest.mark.slow)])
 def test_CLUSTER_COMPLETION_3_a_hang_on_either_node_is_named(tmp_path: Path, rank: int, share_store: bool,
                                                              fault: str) -> None:
     """Before backward: the peers wait in the bucket all-reduces. Before the forward: DDP's

@@ -22,7 +22,9 @@ from tests.transport.scenarios import SCENARIOS
 
 pytestmark = pytest.mark.mpi
 
-SIZES = (4, 3, 5)
+#: 4 ranks in every suite; the odd sizes (a strict majority without a tie) in the slow tier, to
+#: keep CI's pytest time (issue 40) -- the simulated and torch bindings run every case at 3 and 5.
+SIZES = (4, pytest.param(3, marks=pytest.mark.slow), pytest.param(5, marks=pytest.mark.slow))
 RUN_TIMEOUT_S = 120.0
 
 
@@ -31,7 +33,7 @@ def _mpiexec() -> str | None:
     return str(beside_python) if beside_python.exists() else shutil.which("mpiexec")
 
 
-@pytest.fixture(scope="module", params=SIZES, ids=lambda size: f"n{size}")
+@pytest.fixture(scope="module", params=SIZES, ids=["n4", "n3", "n5"])
 def mpi_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> RankRun:
     pytest.importorskip("mpi4py", reason="the MPI binding needs mpi4py: pip install mpi4py mpich")
     mpiexec = _mpiexec()

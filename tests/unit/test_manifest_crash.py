@@ -177,12 +177,13 @@ def test_GATE_M1_sigkill_after_every_write_step(tmp_path: Path, payloads_file: P
     assert kill_at_every_stage(tmp_path, payloads_file, marks) == len(marks) * len(WRITE_STAGES)
 
 
-def test_GATE_M1_sigkill_at_200_random_points(tmp_path: Path, payloads_file: Path) -> None:
+def test_GATE_M1_sigkill_at_80_random_points(tmp_path: Path, payloads_file: Path) -> None:
+    """80 kills in every suite (one writer process each); the 1,000-kill run is in the slow tier."""
     seed = int(os.environ.get("SCOUT_CRASH_SEED", "20260511"))
-    figures = kill_at_random_points(tmp_path, payloads_file, 200, seed)
+    figures = kill_at_random_points(tmp_path, payloads_file, 80, seed)
     print(f"random kills (seed {seed}): {figures}")
     # The writer got far enough for the kills to land at many different generations.
-    assert figures["generations"] > 20, figures
+    assert figures["generations"] > 8, figures
 
 
 @pytest.mark.slow
