@@ -580,7 +580,8 @@ def test_OPS_15_the_page_keeps_the_newest_reports_and_says_what_its_answer_cover
     assert (state["since"], state["next"], state["total"], state["kept_from"]) == (5, 8, 8, 5)
     state = page.state(7)
     assert [r["step"] for r in state["reports"]] == [7] and (state["since"], state["next"]) == (7, 8)
-    assert page.state(8)["reports"] == [] and page.state(8)["next"] == 8 and page.state(100)["reports"] == []
+    assert page.state(8)["reports"] == [] and page.state(8)["next"] == 8
+    assert (page.state(100)["since"], page.state(100)["next"]) == (5, 8), "a cursor past the end: from kept_from"
     monkeypatch.setattr(web, "RECORDS_PER_ANSWER", 2)
     state = page.state(0)
     assert [r["step"] for r in state["reports"]] == [5, 6] and (state["since"], state["next"]) == (5, 7)
