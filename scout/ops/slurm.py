@@ -45,7 +45,7 @@ EXCLUDE_FILE_BYTES_MAX: Final = 1 << 20
 EXCLUDE_LIST_BYTES_MAX: Final = 100_000
 #: How much of a failed command line an error quotes.
 COMMAND_CHARS_SHOWN: Final = 300
-_JOB_ID: Final = re.compile(r"^[0-9]+(_[0-9]+)?$")
+_JOB_ID: Final = re.compile(r"^[0-9]+(_[0-9]+)?\Z")  # \Z, not $: "$" also matches before a final newline
 _FIELD: Final = re.compile(r"(\w+)=(\S*)")
 
 

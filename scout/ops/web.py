@@ -5,9 +5,10 @@ an air-gapped cluster; the Content-Security-Policy header forbids loading anythi
 elsewhere), and one read-only JSON endpoint it polls once a second:
 
 - ``GET /``: the page (``scout/ops/page.html``);
-- ``GET /api/state?since=N``: the reports from the N-th on (at most ``RECORDS_PER_ANSWER``), every
-  checkpoint with its trust and, once verified, its coverage certificate, the nodes' progress
-  (``run_dir/ops/node-*.json``, written by the sidecars while the job runs), the hosts to exclude.
+- ``GET /api/state?since=N``: the reports from the N-th on (at most ``RECORDS_PER_ANSWER``; an N
+  past the newest is answered from the oldest held, OPS-15), every checkpoint with its trust and,
+  once verified, its coverage certificate, the nodes' progress (``run_dir/ops/node-*.json``,
+  written by the sidecars while the job runs), the hosts to exclude.
 
 The server only reads: it answers GET and HEAD and nothing else (405), binds loopback unless
 told otherwise, and answers only requests whose ``Host`` names it (OPS-14: a page elsewhere whose
@@ -106,10 +107,14 @@ class RunPage:
                     dropped = len(self.records) - self.records_kept
                     del self.records[:dropped]
                     self.first_index += dropped
-            start = max(since, self.first_index) - self.first_index
+            total = self.first_index + len(self.records)
+            # OPS-15: ``next`` is never past ``total``. A cursor past it was not given by this
+            # page (its total never shrinks): it comes from a scout serve that ran before, on this
+            # run or another, so it is answered from the oldest report held, and the answer's
+            # ``since``, below the cursor sent, tells the client its numbering is gone.
+            start = (max(since, self.first_index) if since <= total else self.first_index) - self.first_index
             chosen = self.records[start:start + RECORDS_PER_ANSWER]
             end = self.first_index + start + len(chosen)
-            total = self.first_index + len(self.records)
             kept_from, skipped = self.first_index, self.tail.skipped
             checkpoints, problem = self._read_gate()
         # OPS-15: what the counts cover -- reports kept_from..total-1; the ones before were not
