@@ -192,11 +192,6 @@ def kill(processes: Sequence[ProcessInfo]) -> None:
         time.sleep(POLL_S)
 
 
-def kill_group(pgid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
-
-
 def run(command: Sequence[str], *, timeout: float, input: Any = None, check: bool = False,
         capture_output: bool = False, **kwargs: Any) -> subprocess.CompletedProcess[Any]:
     """``subprocess.run`` with the command in a session of its own, killed whole: at the timeout

@@ -44,6 +44,7 @@ from scout.ops.slurm import (
 from scout.ops.state import NodeState, RankProgress, RankStats, RoundHistogram
 from scout.ops.tail import ReportTail
 from scout.reports.kinds import ReportKind
+from tests.ops.test_ops_processes import _gate_with_a_verified_checkpoint
 
 # -- the exclude file (OPS-10) ----------------------------------------------------------------
 
@@ -979,28 +980,10 @@ def test_OPS_5_the_exposition_is_every_family_with_its_help_labels_and_values() 
 # -- the gate's checkpoints as the sidecar and the page read them (OPS-5, OPS-6) --------------------
 
 
-def _gate(run_dir: Path) -> None:
-    """Checkpoints at steps 8 and 16 after clean cycles: t0/s8 recovery-verified, t0/s16 candidate."""
-    from scout.core.recipes import RecipeId, RecipeResult
-    from scout.core.verdict import Status
-    from scout.gate.model import CheckpointCaptured, CycleBoundary, GateConfig
-    from scout.gate.recorder import GateWriter
-    from scout.gate.results import recipe_verdicts
-
-    config = GateConfig("run", ("hidden.0",), ("dp",))
-    agree = RecipeResult(RecipeId.parse("hidden.0"), 0, Status.AGREE)
-    with GateWriter.open(run_dir / "gate", config) as writer:
-        writer.apply(CycleBoundary(0))
-        for boundary in (8, 16):
-            writer.apply(recipe_verdicts(config, "hidden.0", writer.state.context.cycle, boundary, {"dp": agree}))
-            writer.apply(CycleBoundary(boundary))
-            writer.apply(CheckpointCaptured(boundary))
-
-
 def test_OPS_6_the_page_reads_the_gates_checkpoints_once_per_change_and_names_a_damaged_one(tmp_path: Path) -> None:
     page = web.RunPage(tmp_path)
     assert page._read_gate() == ([], None)  # noqa: SLF001 (no gate yet)
-    _gate(tmp_path)
+    _gate_with_a_verified_checkpoint(tmp_path)
     checkpoints, problem = page._read_gate()  # noqa: SLF001
     assert problem is None
     assert [{k: v for k, v in c.items() if k != "certificate"} for c in checkpoints] == [
@@ -1036,7 +1019,7 @@ def test_OPS_5_a_sidecar_serves_its_metrics_and_reads_the_gate_at_its_interval(t
     car.serve_metrics()
     try:
         assert car.metrics_address is not None and car.metrics_address[0] == "127.0.0.1"
-        _gate(tmp_path)
+        _gate_with_a_verified_checkpoint(tmp_path)
         car._read_gate(100.0)  # noqa: SLF001
         assert car.state.checkpoints == ((0, 8, "RECOVERY_VERIFIED"), (0, 16, "CANDIDATE"))
         car.state.checkpoints = ()
@@ -1377,7 +1360,7 @@ def test_OPS_1_the_sidecar_reads_progress_without_the_observers_slot_and_a_stuck
         assert capsys.readouterr().err == \
             f"scout: ops sidecar on h: could not write its node file: [Errno 17] File exists: '{tmp_path / 'ops'}'\n"
         (tmp_path / "ops").unlink()
-        _gate(tmp_path)
+        _gate_with_a_verified_checkpoint(tmp_path)
         fresh = sidecar.Sidecar({"run_dir": str(tmp_path), "host": "fresh", "ranks": [entry], "job_id": "j",
                                  "generation": 0})
         fresh._read_gate(0.0)  # noqa: SLF001 (the first look and the first write are at once, whatever the clock)
