@@ -22,7 +22,8 @@ from scout import reports
 from scout.ops import paths, web
 from scout.ops.slurm import EXCLUDE_FILE_BYTES_MAX, SlurmError, read_exclude_file
 from scout.ops.state import ROUND_BUCKETS_S, RoundHistogram
-from tests.ops.test_ops_rules import _ask, _gate, _line
+from tests.ops.test_ops_processes import _gate_with_a_verified_checkpoint as _gate
+from tests.ops.test_ops_rules import _ask, _line
 
 WAIT_S = 5.0  # every wait of this file is bounded by it
 
