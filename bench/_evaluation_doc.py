@@ -275,9 +275,26 @@ def _batch(section: dict[str, Any], _plots_dir: str) -> list[str]:
     return out
 
 
+def _bench_module(name: str) -> Any:
+    """``bench/NAME.py``, imported from beside this file whatever ``sys.path`` holds (a caller that
+    imported this module by path need not keep bench/ on it)."""
+    import importlib
+    import sys
+
+    here = str(Path(__file__).resolve().parent)
+    added = here not in sys.path
+    if added:
+        sys.path.insert(0, here)
+    try:
+        return importlib.import_module(name)
+    finally:
+        if added:
+            sys.path.remove(here)
+
+
 def _allocator_text(allocator: str) -> str:
     """A malloc setup in words, its variables read from bench/attach_overhead.py ALLOCATORS."""
-    from attach_overhead import ALLOCATORS
+    ALLOCATORS = _bench_module("attach_overhead").ALLOCATORS  # noqa: N806 (the module's constant)
 
     if allocator == "stock":
         return ("glibc's stock malloc: every tensor over its mmap threshold is mapped afresh and page-faulted in at "
