@@ -12,6 +12,7 @@ raises naming the op. The ops' ``timeout_s`` is the group's own (``collective_ti
 from __future__ import annotations
 
 from collections.abc import Generator
+from functools import cached_property
 from typing import Any, TypeVar
 
 import torch.distributed as dist
@@ -47,9 +48,14 @@ class ControlGroup:
     def barrier(self) -> None:
         dist.barrier(group=self.group)
 
+    @cached_property
+    def answers(self) -> dict[type, Handler]:
+        """The handler table, built once: :meth:`run` drives ``job.step()``'s program every step."""
+        return control_answers(self)
+
     def run(self, program: Generator[Any, Any, T]) -> T:
         """Drive a rank program to its end, answering its ops (``ControlOp``) on this group."""
-        return drive(program, control_answers(self), who="scout's control group")
+        return drive(program, self.answers, who="scout's control group")
 
 
 #: The ops :meth:`ControlGroup.run` answers, each job-wide (``group`` None).
