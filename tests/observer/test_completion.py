@@ -25,8 +25,8 @@ def unique_job() -> str:
 
 
 class FakeWork:
-    def __init__(self) -> None:
-        self.done = False
+    def __init__(self, done: bool = False) -> None:
+        self.done = done
 
     def is_completed(self) -> bool:
         return self.done

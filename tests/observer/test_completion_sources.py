@@ -25,6 +25,8 @@ from scout.observer import completion as comp
 from scout.transport.nccl.timing import CudaEventTimer
 from tests.fake_cuda import FakeCuda
 from tests.observer import flight_recorder_dumps as dumps
+from tests.observer.test_completion import FakeClock as StreamClock
+from tests.observer.test_completion import FakeWork
 
 F, G = 0xF00D, 0x600D
 RANK = 3
@@ -34,25 +36,6 @@ MARKERS_LINE = ("markers: collectives called through torch.distributed, DDP's bu
                 "thread; collectives issued only from C++ are not seen (set TORCH_FR_BUFFER_SIZE to see them)")
 
 
-class FakeWork:
-    def __init__(self, done: bool = False) -> None:
-        self.done = done
-
-    def is_completed(self) -> bool:
-        return self.done
-
-
-class StreamClock:
-    def __init__(self) -> None:
-        self.recorded = 0
-        self.reached = 0
-
-    def record(self) -> int:
-        self.recorded += 1
-        return self.recorded
-
-    def completed(self, mark: Any) -> bool:
-        return int(mark) <= self.reached
 
 
 class Emulated:
