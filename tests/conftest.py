@@ -4,6 +4,7 @@ are killed."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Iterator
 
@@ -93,6 +94,45 @@ def _audit_reports(session: pytest.Session) -> None:
             for problem in problems[:20]:
                 reporter.write_line(f"  invalid report: {problem}", red=True)
         session.exitstatus = 1
+
+
+# Tests that start processes carry a mark. `processes` (torchdist and mpi imply it): jobs of real
+# ranks, sidecars, observers, anything with a deadline or a timing -- `./dev test` runs these one at
+# a time, after the others: a job of 4 ranks on 2 cores already uses the box, and its deadlines and
+# straggler checks were written for a box it does not share. `spawns`: short helpers (a CLI, a
+# compiler, crosshair) that may run beside another test, with the in-process tests on both cores.
+_PROCESS_MARKS = ("processes", "torchdist", "mpi")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if any(item.get_closest_marker(name) for name in _PROCESS_MARKS[1:]):
+            item.add_marker(pytest.mark.processes)
+
+
+def _fail_unmarked_starts(item: pytest.Item) -> contextlib.AbstractContextManager[None]:
+    """A test without the `processes` mark that starts a process (in its setup -- a module's job
+    fixture -- or its body) fails, naming the mark: under `./dev test` it would run beside another
+    test, and a job beside a job is not the box its timings were written for."""
+    if item.get_closest_marker("processes") is not None or item.get_closest_marker("spawns") is not None:
+        return contextlib.nullcontext()
+    return processes.fail_on_start(
+        f"{item.nodeid} started a process but is marked neither `processes` (a job, or anything whose "
+        "timing matters: ./dev test runs these one at a time) nor `spawns` (short helpers -- a CLI, a "
+        "compiler, crosshair -- that may run beside another test): mark the test or its module")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    with _fail_unmarked_starts(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    with _fail_unmarked_starts(item):
+        return (yield)
 
 
 @pytest.fixture(autouse=True)

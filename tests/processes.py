@@ -25,7 +25,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -55,6 +55,42 @@ def die_with_parent(signal_number: int = signal.SIGKILL) -> None:
     # The parent may already be gone (then we were re-parented before the call took effect).
     if os.getppid() == 1:
         os.kill(os.getpid(), signal_number)
+
+
+@contextlib.contextmanager
+def fail_on_start(message: str) -> Iterator[None]:
+    """While inside, starting a process -- ``subprocess``, ``multiprocessing`` (fork or spawn),
+    ``os.fork``, ``os.posix_spawn`` -- fails the test with ``message``, at the start itself and
+    again on the way out (in case the code under test swallowed the first)."""
+    import _posixsubprocess
+
+    import pytest
+
+    started: list[str] = []
+
+    def refusing(name: str, original: Any) -> Any:
+        def refuse(*args: Any, **kwargs: Any) -> Any:
+            # multiprocessing's resource tracker and forkserver: one per test process, not a job.
+            if any(marker in str(argument) for argument in args[:2] for marker in HELPER_MARKERS):
+                return original(*args, **kwargs)
+            started.append(name)
+            pytest.fail(f"{message} (it called {name})", pytrace=False)
+        return refuse
+
+    # subprocess holds its own reference to fork_exec (``subprocess._fork_exec``); multiprocessing's
+    # spawn calls the module's.
+    patched = [(subprocess, "_fork_exec"), (_posixsubprocess, "fork_exec"), (os, "fork"), (os, "posix_spawn"),
+               (os, "posix_spawnp")]
+    saved = [(owner, name, getattr(owner, name)) for owner, name in patched if hasattr(owner, name)]
+    for owner, name, original in saved:
+        setattr(owner, name, refusing(f"{owner.__name__}.{name}", original))
+    try:
+        yield
+    finally:
+        for owner, name, original in saved:
+            setattr(owner, name, original)
+    if started:
+        pytest.fail(f"{message} (it called {started[0]})", pytrace=False)
 
 
 def become_subreaper() -> bool:

@@ -12,7 +12,7 @@ healthy run:
 kind                injected                                                  scout must name
 ==================  ========================================================  ==============
 gpu-hang            a kernel that never ends before the gradient all-reduce   ``hang``, rank
-                    (rank 0, a middle rank, the last rank)
+                    (rank 0; full: also a middle rank and the last rank)
 launch-withheld     the all-reduce's kernel is never launched                 ``hang``, rank
 host-sleep          the training thread sleeps before it enqueues             ``hang``, rank
 thread-sleep        the communication thread (FSDP2's backward issues from    ``hang``, rank
@@ -92,11 +92,14 @@ class DeviceCase:
 
 
 def device_cases(*, quick: bool, seed: int) -> list[DeviceCase]:
-    """The GPU-side hang on rank 0, a middle rank and the last rank; every other kind once on a
-    rank drawn from the seed (quick) or on every rank (full); one fault per step, spaced so the
-    observers see healthy steps in between."""
+    """The GPU-side hang on rank 0 (quick: the rank that reports and hosts the store, the hardest
+    place for a culprit to be) or on rank 0, a middle rank and the last rank (full); every other
+    kind once on a rank drawn from the seed (quick) or on every rank (full); one fault per step,
+    spaced so the observers see healthy steps in between."""
     rng = random.Random(f"device:{seed}")
-    picks: list[tuple[str, int]] = [("gpu-hang", 0), ("gpu-hang", rng.choice((1, 2))), ("gpu-hang", WORLD - 1)]
+    middle = rng.choice((1, 2))  # drawn in both sizes, so that a seed draws the same ranks below
+    picks: list[tuple[str, int]] = [("gpu-hang", 0)] if quick else [("gpu-hang", 0), ("gpu-hang", middle),
+                                                                    ("gpu-hang", WORLD - 1)]
     for kind in ("launch-withheld", "host-sleep", "thread-sleep", "desync"):
         ranks = [rng.randrange(WORLD)] if quick else list(range(WORLD))
         picks += [(kind, rank) for rank in ranks]

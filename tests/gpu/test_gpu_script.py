@@ -22,6 +22,8 @@ import pytest
 from tests import processes
 from tests.gpu import run as gpu_run
 
+pytestmark = pytest.mark.processes
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT_TIMEOUT_S = 240.0  # the CPU mode needs ~40 s on 2 idle cores; this only bounds a broken run
 

@@ -16,12 +16,12 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import torch
 from accelerate import Accelerator
 from accelerate.utils import ProjectConfiguration
+from asleep import asleep_until_named  # beside this script
 from torch import nn
 
 from scout.integrations.accelerate import attach
@@ -63,7 +63,7 @@ def main() -> None:
                 if kind == "sdc":
                     accelerator.unwrap_model(model).blocks[1].register_forward_hook(flip)
                 elif kind == "hang":
-                    time.sleep(float(os.environ.get("PL_HANG_S", "12")))
+                    asleep_until_named(run_dir, accelerator.process_index, float(os.environ.get("PL_HANG_S", "12")))
         logits = model(ids[:, :-1])
         loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), ids[:, 1:].reshape(-1))
         if accelerator.is_main_process:

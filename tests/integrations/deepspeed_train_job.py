@@ -17,11 +17,11 @@ import itertools
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import deepspeed
 import torch
+from asleep import asleep_until_named  # beside this script
 from torch import nn
 
 from scout.integrations.deepspeed import attach
@@ -61,7 +61,7 @@ def main() -> None:
                 if kind == "sdc":
                     engine.module.blocks[1].register_forward_hook(flip)
                 elif kind == "hang":
-                    time.sleep(float(os.environ.get("PL_HANG_S", "12")))
+                    asleep_until_named(run_dir, rank, float(os.environ.get("PL_HANG_S", "12")))
         logits = engine(ids[:, :-1])
         loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), ids[:, 1:].reshape(-1))
         if rank == 0:

@@ -6,7 +6,7 @@ Trainer code; the one scout line is ``train(trainer, run_dir=...)`` instead of `
 
 Faults (environment ``HF_FAULT``, comma-separated, each ``KIND:RANK:STEP[:ATTEMPT]``, ATTEMPT
 the torchrun restart count it applies to, 0 by default): ``sdc`` -- from STEP on, RANK's second
-block computes one wrong bit of its output, replays included; ``hang`` -- RANK sleeps 20 s
+block computes one wrong bit of its output, replays included; ``hang`` -- RANK sleeps until scout names it (at most 20 s)
 before the forward of STEP. Rank 0 appends one JSON line per optimizer step to
 ``OUT_DIR/steps.jsonl``: the step, the LR, the first sample index of each of its micro-batches,
 the loss (as float.hex) and the attempt.
@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from asleep import asleep_until_named  # beside this script
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
 from scout.integrations.huggingface import train
@@ -68,7 +69,7 @@ class Faults(TrainerCallback):  # the test's fault injector, not part of the use
             if kind == "sdc":
                 self.model.transformer.h[1].register_forward_hook(flip)
             elif kind == "hang":
-                time.sleep(20)
+                asleep_until_named(sys.argv[2], self.rank, bound_s=20)  # run_dir: argv[2]
 
 
 def flip(_module: Any, _inputs: Any, output: Any) -> Any:

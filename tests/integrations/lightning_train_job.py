@@ -7,7 +7,7 @@ run_dir=...)`` instead of ``trainer.fit(model, ...)``.
 
 Faults (environment ``PL_FAULT``, comma-separated, each ``KIND:RANK:STEP[:ATTEMPT]``, ATTEMPT the
 torchrun restart count it applies to, 0 by default): ``sdc`` -- from STEP on, RANK's second block
-computes one wrong bit of its output, replays included; ``hang`` -- RANK sleeps ``PL_HANG_S``
+computes one wrong bit of its output, replays included; ``hang`` -- RANK sleeps until scout names it, at most ``PL_HANG_S``
 seconds (default 12) before the forward of STEP. ``PL_SAVE_STEPS``: the ModelCheckpoint's
 ``every_n_train_steps`` (``step=N.ckpt`` under OUT_DIR/ckpt). Rank 0 appends one JSON line per
 optimizer step to ``OUT_DIR/steps.jsonl``: the step, the LR it trains with, the sample indices
@@ -25,6 +25,7 @@ from typing import Any
 
 import pytorch_lightning as pl
 import torch
+from asleep import asleep_until_named  # beside this script
 from pytorch_lightning.callbacks import ModelCheckpoint
 from torch import nn
 
@@ -76,7 +77,7 @@ class TinyLM(pl.LightningModule):
                 if kind == "sdc":
                     self.blocks[1].register_forward_hook(flip)
                 elif kind == "hang":
-                    time.sleep(float(os.environ.get("PL_HANG_S", "12")))
+                    asleep_until_named(sys.argv[2], self.global_rank, float(os.environ.get("PL_HANG_S", "12")))
         logits = self(ids[:, :-1])
         loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), ids[:, 1:].reshape(-1))
         if self.global_rank == 0:

@@ -23,12 +23,12 @@ import itertools
 import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from asleep import asleep_until_named  # beside this script
 
 from scout.integrations.megatron import attach
 from tests.integrations.lightning_train_job import ATTEMPT, VOCAB, Tokens, faults_of
@@ -108,7 +108,7 @@ def main() -> None:
                 if kind == "sdc":
                     gpt.decoder.layers[1].register_forward_hook(flip)
                 elif kind == "hang":
-                    time.sleep(float(os.environ.get("PL_HANG_S", "12")))
+                    asleep_until_named(run_dir, rank, float(os.environ.get("PL_HANG_S", "12")))
         loss = model(ids[:, :-1], positions, mask, labels=ids[:, 1:]).mean()
         if rank == 0:
             with (out / "steps.jsonl").open("a") as log:

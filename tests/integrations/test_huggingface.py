@@ -5,7 +5,7 @@ from scratch (2 layers, width 64), the user's one line ``train(trainer, run_dir=
 One job covers the story (spec/frameworks.md FRAME-6..11): an SDC on rank 1 from step 9 is named,
 the Trainer's checkpoints written after its onset are quarantined and marked, torchrun restarts
 the job, the Trainer resumes from the newest recovery-verified ``checkpoint-N`` with its LR and
-data position, and in that second attempt a rank asleep for 20 s is named as a hang."""
+data position, and in that second attempt a rank asleep in its loop (until named, at most 20 s) is named as a hang."""
 
 from __future__ import annotations
 

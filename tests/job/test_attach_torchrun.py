@@ -44,8 +44,10 @@ def _faults(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in records if r["kind"] in FAULT_KINDS]
 
 
-def _struck_at(run: Finished) -> float:
-    (found,) = re.findall(r"EXAMPLE-FAULT \S+ rank \d+ step \d+ at ([0-9.]+)", run.stderr)
+def _struck_at(run: Finished, step: int | None = None) -> float:
+    """When the fault (at ``step``, where the job has several) struck, as its rank logged it."""
+    at = r"\d+" if step is None else str(step)
+    (found,) = re.findall(rf"EXAMPLE-FAULT \S+ rank \d+ step {at} at ([0-9.]+)", run.stderr)
     return float(found)
 
 
@@ -123,40 +125,66 @@ def test_ATTACH_sdc_on_rank_1_restarts_once_from_a_verified_checkpoint_before_it
     assert second[0]["position"] == restored["step"] + 1, "the data stream goes on after the checkpoint's batch"
 
 
+# Two sleepers in one job, 12 steps apart (each hang is judged alone; the observers recover
+# between them): COMPLETION-3's before its forward at step 20, INSTR-8's inside backward at 32.
+BEFORE_FORWARD_STEP, IN_BACKWARD_STEP = 20, 32
+
+
+@pytest.fixture(scope="module")
+def two_hangs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Finished, list[dict[str, Any]]]:
+    tmp_path = tmp_path_factory.mktemp("two_hangs")
+    faults = (f"hang-before-forward:1:{BEFORE_FORWARD_STEP}:{THRESHOLD_S + 5},"
+              f"hang-in-backward:0:{IN_BACKWARD_STEP}:{THRESHOLD_S + 5}")
+    run, records, _ = torchrun(tmp_path, steps=IN_BACKWARD_STEP + 4, fault=faults, stall_threshold_s=THRESHOLD_S,
+                               recheck_interval_s=2.0)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert sorted(r["step"] for r in _faults(records)) == [BEFORE_FORWARD_STEP, IN_BACKWARD_STEP], _faults(records)
+    return run, records
+
+
 def test_COMPLETION_3_ddp_with_a_buffer_at_default_settings_a_rank_asleep_before_its_forward_is_named(
-    tmp_path: Path,
+    two_hangs: tuple[Finished, list[dict[str, Any]]],
 ) -> None:
     """The example's causal mask is a registered buffer, so DDP (broadcast_buffers=True, its
     default) broadcasts it from C++ before every forward: the healthy ranks are let through the
     broadcast tree at different times and wait in the broadcast or in the bucket all-reduce
     after it, with different host coordinates. The sleeper never enqueued the broadcast its
     peers enqueued (INSTR-1: ``_broadcast_coalesced`` is wrapped; INSTR-11: tracked)."""
-    run, records, _ = torchrun(tmp_path, steps=24, fault=f"hang-before-forward:1:20:{THRESHOLD_S + 5}",
-                               stall_threshold_s=THRESHOLD_S, recheck_interval_s=2.0)
-    assert run.returncode == 0, run.stderr[-3000:]
-    (hang,) = _faults(records)
-    assert (hang["kind"], hang["ranks"], hang["reason"], hang["step"]) == ("hang", [1], "behind-majority", 20), hang
+    run, records = two_hangs
+    (hang,) = [r for r in _faults(records) if r["step"] == BEFORE_FORWARD_STEP]
+    assert (hang["kind"], hang["ranks"], hang["reason"]) == ("hang", [1], "behind-majority"), hang
     assert hang["evidence"]["basis"] == "completion" and hang["reporter_rank"] != 1
     sleeper = next(p for p in hang["evidence"]["peers"] if p["rank"] == 1)
     assert sleeper["completion"]["enqueued"] < hang["evidence"]["blocking_collective"]
-    latency_s = _time(hang) - _struck_at(run)
+    latency_s = _time(hang) - _struck_at(run, BEFORE_FORWARD_STEP)
     assert THRESHOLD_S - 0.1 <= latency_s <= THRESHOLD_S + 1.0, latency_s
 
 
-# Before backward is also the two-node test's case (tests/job/test_multinode.py): slow here.
-@pytest.mark.parametrize(("fault", "rank"), [pytest.param("hang-before-backward", 2, marks=pytest.mark.slow),
-                                             ("hang-in-backward", 0)])
-def test_ATTACH_a_rank_asleep_inside_a_step_is_reported_as_hang_naming_it(tmp_path: Path, fault: str, rank: int) -> None:
+def _assert_named_within_the_threshold(run: Finished, hang: dict[str, Any], rank: int, step: int) -> None:
     """INSTR-8: the peers that wait inside backward for the sleeper show the bucket all-reduce its
     communication hook published at launch; the sleeper, before backward or inside it, is behind."""
-    run, records, _ = torchrun(tmp_path, steps=24, fault=f"{fault}:{rank}:20:{THRESHOLD_S + 5}",
-                               stall_threshold_s=THRESHOLD_S, recheck_interval_s=2.0)
-    assert run.returncode == 0, run.stderr[-3000:]
-    (hang,) = _faults(records)
     assert (hang["kind"], hang["ranks"], hang["reason"]) == ("hang", [rank], "behind-majority"), hang
-    assert hang["reporter_rank"] != rank and hang["step"] == 20
-    latency_s = _time(hang) - _struck_at(run)
+    assert hang["reporter_rank"] != rank and hang["step"] == step
+    latency_s = _time(hang) - _struck_at(run, step)
     # The stall clock of each observer starts at its own trainer's last progress: a peer that
     # launched its first bucket all-reduce before the sleeper fell asleep inside backward started
     # waiting a few ms before the "struck" line (measured: 5 ms early once in 5 CI runs).
     assert THRESHOLD_S - 0.1 <= latency_s <= THRESHOLD_S + 1.0, latency_s
+
+
+def test_ATTACH_INSTR_8_a_rank_asleep_inside_backward_is_reported_as_hang_naming_it(
+    two_hangs: tuple[Finished, list[dict[str, Any]]],
+) -> None:
+    run, records = two_hangs
+    (hang,) = [r for r in _faults(records) if r["step"] == IN_BACKWARD_STEP]
+    _assert_named_within_the_threshold(run, hang, 0, IN_BACKWARD_STEP)
+
+
+# Before backward is also the two-node test's case (tests/job/test_multinode.py): slow here.
+@pytest.mark.slow
+def test_ATTACH_a_rank_asleep_before_backward_is_reported_as_hang_naming_it(tmp_path: Path) -> None:
+    run, records, _ = torchrun(tmp_path, steps=24, fault=f"hang-before-backward:2:20:{THRESHOLD_S + 5}",
+                               stall_threshold_s=THRESHOLD_S, recheck_interval_s=2.0)
+    assert run.returncode == 0, run.stderr[-3000:]
+    (hang,) = _faults(records)
+    _assert_named_within_the_threshold(run, hang, 2, 20)

@@ -9,7 +9,11 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests import processes
+
+pytestmark = pytest.mark.processes
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -17,7 +17,7 @@ from tests import processes
 
 REPO = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SCHED_IDLE is Linux's")
+pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SCHED_IDLE is Linux's"), pytest.mark.processes]
 
 
 def _run(tmp_path: Path, **kwargs: Any) -> dict[int, dict[str, Any]]:

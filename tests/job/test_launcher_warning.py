@@ -12,6 +12,8 @@ import pytest
 
 from scout.job.assemble import _rendezvous_backend
 
+pytestmark = pytest.mark.spawns
+
 
 @pytest.mark.parametrize(("arguments", "backend"), [
     (["/venv/bin/torchrun", "--nproc-per-node", "4", "--master-port", "29500", "train.py"], "static"),

@@ -12,6 +12,8 @@ from tests.model_check import gate_crosshair_contracts as gate_contracts
 from tests.model_check.crosshair_runner import REPO
 from tests.model_check.crosshair_runner import run_crosshair as _run
 
+pytestmark = pytest.mark.spawns
+
 CONTRACTS = Path(__file__).with_name("gate_crosshair_contracts.py")
 run_crosshair = partial(_run, max_uninteresting_iterations=20, per_condition_timeout_s=30)
 

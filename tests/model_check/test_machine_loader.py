@@ -13,6 +13,8 @@ from tests import processes
 from tests.model_check.toy import TOY_TABLE_PATH, write_toy_variant
 from tests.model_check.toy import actions as toy
 
+pytestmark = pytest.mark.spawns
+
 ROW_4 = 'source = "DONE"\ntrigger = "tick"\ndest = "DONE"\nwhy = "TOY-2: ticks after the report change nothing, so no second report"\n'
 
 # (test id, text in toy.toml, replacement, values the error must name)

@@ -17,6 +17,8 @@ from tests.model_check import crosshair_contracts as verdict_contracts
 from tests.model_check.crosshair_runner import REPO
 from tests.model_check.crosshair_runner import run_crosshair as _run
 
+pytestmark = pytest.mark.spawns
+
 CONTRACTS = Path(__file__).with_name("crosshair_contracts.py")
 run_crosshair = partial(_run, max_uninteresting_iterations=30, per_condition_timeout_s=20, timeout_s=240)
 

@@ -40,6 +40,8 @@ from scout.observer.rendezvous import (
     peers_from_records,
 )
 
+pytestmark = pytest.mark.processes
+
 SECRET = secrets.token_bytes(32)
 
 

@@ -19,6 +19,8 @@ from scout.core.fingerprint import (
 )
 from tests import processes
 
+pytestmark = pytest.mark.spawns
+
 REPO = Path(__file__).resolve().parents[2]
 
 BASE = CollectiveCall(

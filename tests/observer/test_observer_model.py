@@ -23,6 +23,8 @@ from tests.observer import REPO
 from tests.observer import model as m
 from tests.observer.model import OBSERVER, Behaviour, Budget, LoneObserver, ObserverGroup
 
+pytestmark = pytest.mark.spawns
+
 B = Behaviour
 GROUP_HORIZON_S = 6  # two rounds and a confirmation at the model's thresholds
 DEPTH_MAX = 500

@@ -44,6 +44,7 @@ def test_OBS_mpi_rank_2_sleeping_before_an_mpi_all_reduce_is_attributed_as_behin
     assert all(r["observer_exit"] == 0 for r in results), results
 
 
+@pytest.mark.slow  # OBS-1 on a healthy run: the gloo suite's in CI (the channel is the same UDP)
 def test_OBS_1_mpi_healthy_run_reports_nothing_and_sends_no_observer_message(tmp_path: Path) -> None:
     results, reports = mpi_job(tmp_path, "healthy")
     assert reports == []

@@ -17,6 +17,8 @@ import pytest
 
 from tests.observer import flat, runtime_ranks
 
+pytestmark = pytest.mark.processes
+
 SPAWN = multiprocessing.get_context("spawn")
 FAST = dict(stall_threshold_s=1.0, settle_idle_s=0.5, round_deadline_s=0.5, recheck_interval_s=1.0,
             join_deadline_s=30.0, attach_deadline_s=30.0)
@@ -72,6 +74,7 @@ def reports_in(path: str) -> list[dict[str, Any]]:
         return [flat(json.loads(line)) for line in file if line.strip()]
 
 
+@pytest.mark.slow  # the gloo suite runs the same scenario in CI
 def test_OBS_runtime_rank_behind_is_attributed_by_a_surviving_peer(tmp_path: Path) -> None:
     with plain_job(tmp_path, "behind") as (control, processes, opts):
         messages = gather(control, done(4))
@@ -117,6 +120,7 @@ def stats(opts: dict[str, Any], rank: int) -> dict[str, Any]:
     return loaded
 
 
+@pytest.mark.slow  # the gloo suite runs the same scenario in CI
 def test_OBS_1_runtime_healthy_run_sends_no_message_and_reports_nothing(tmp_path: Path) -> None:
     """Slow steps (0.6 s) stay under the threshold (1.5 s): no round, no message, no report."""
     config = {**FAST, "stall_threshold_s": 1.5}
@@ -144,6 +148,7 @@ def wait_for(predicate: Any, timeout_s: float) -> float:
     return time.monotonic() - start
 
 
+@pytest.mark.slow  # the gloo suite runs the same scenario in CI
 def test_OBS_8_runtime_killed_trainer_its_observer_exits_and_peers_name_it(tmp_path: Path) -> None:
     import signal
 

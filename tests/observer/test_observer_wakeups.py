@@ -16,6 +16,8 @@ from scout.observer.launch import ObserverHandle, start_observer
 from scout.observer.progress import ProgressPublisher, RecordIdentity
 from scout.observer.rendezvous import DirectoryRendezvous
 
+pytestmark = pytest.mark.processes
+
 WATCH_S = 5.0  # the default watch interval: a poll could not explain a prompt exit
 PROMPT_S = 0.5
 INSIDE_S = 1.0  # into a watch interval, when the event comes

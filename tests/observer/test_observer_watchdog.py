@@ -16,8 +16,12 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 from scout.observer.process import EXIT_DEADLINE_S
 from tests import processes
+
+pytestmark = pytest.mark.processes
 
 WAIT_S = 30.0
 

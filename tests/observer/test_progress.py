@@ -32,6 +32,8 @@ from scout.observer.progress import (
 )
 from tests.observer import helpers
 
+pytestmark = pytest.mark.processes
+
 SPAWN = multiprocessing.get_context("spawn")
 WAIT_S = 30.0
 

@@ -33,6 +33,8 @@ from scout.reports.timing import (
 )
 from tests.ops import services
 
+pytestmark = pytest.mark.processes
+
 REPO = Path(__file__).resolve().parents[2]
 #: How long a test waits for a hook, a count or a log line (each a bounded poll).
 WAIT_S = 30.0

@@ -33,6 +33,8 @@ from scout.ops import hooks, launch
 from scout.ops.hooks import OUTCOMES, OnReportRunner, OutputTail
 from scout.ops.launch import NodeOps
 
+pytestmark = pytest.mark.processes
+
 # -- NodeOps.start: the attach collective and the sidecar's spec (OPS-1) -------------------------
 
 

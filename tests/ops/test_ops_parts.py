@@ -25,6 +25,8 @@ from scout.ops.slurm import SlurmError, excluded_hosts, host_name, requeue_exclu
 from scout.ops.tail import ReportTail
 from tests import processes
 
+pytestmark = pytest.mark.processes
+
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -28,6 +28,8 @@ from scout.gate.results import recipe_verdicts
 from scout.ops import paths, web
 from scout.ops.web import CONTENT_SECURITY_POLICY, RunPage, make_server
 
+pytestmark = pytest.mark.processes
+
 pytest.importorskip("prometheus_client", reason="the metrics extra (prometheus_client) is not installed")
 
 TRAINER = textwrap.dedent("""

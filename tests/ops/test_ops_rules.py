@@ -46,6 +46,8 @@ from scout.ops.tail import ReportTail
 from scout.reports.kinds import ReportKind
 from tests.ops.test_ops_processes import _gate_with_a_verified_checkpoint
 
+pytestmark = pytest.mark.processes
+
 # -- the exclude file (OPS-10) ----------------------------------------------------------------
 
 

@@ -24,6 +24,8 @@ from scout.core.moe import (
 from scout.core.recipes import Catalog, Intervals, RecipeClass, RecipeId, Schedule
 from scout.core.verdict import MISSING, Status
 
+pytestmark = pytest.mark.spawns
+
 REPO = Path(__file__).resolve().parents[2]
 
 

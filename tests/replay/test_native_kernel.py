@@ -25,6 +25,8 @@ import pytest
 from scout.replay import _native, signature
 from scout.replay._native import KERNEL_SOURCE, PATH_NAMES, NativeKernel
 
+pytestmark = pytest.mark.spawns
+
 FLAGS = ("-O3", "-shared", "-fPIC")
 
 

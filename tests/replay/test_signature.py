@@ -30,6 +30,8 @@ from scout.replay.signature import (
 )
 from tests import processes
 
+pytestmark = pytest.mark.spawns
+
 REPO = Path(__file__).resolve().parents[2]
 
 DTYPES = [

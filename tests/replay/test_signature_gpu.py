@@ -33,6 +33,8 @@ from scout.replay.signature import (
     tensor_signature,
 )
 
+pytestmark = pytest.mark.spawns
+
 try:
     import triton  # noqa: F401
 

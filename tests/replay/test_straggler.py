@@ -60,6 +60,8 @@ from scout.core.straggler.model import (
 from scout.core.verdict import MISSING, classify_timing
 from tests import processes
 
+pytestmark = pytest.mark.spawns
+
 REPO = Path(__file__).resolve().parents[2]
 TABLE_INVARIANTS = {f"STRAG-{n}" for n in range(7, 20)}
 WITNESSES = {"STRAG-15", "STRAG-16", "STRAG-17", "STRAG-18", "STRAG-19"}

@@ -7,10 +7,14 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 from scout.scenarios.registry import ScenarioParams, run_scenario, scenario_names
 from scout.transport.sim import Freeze, SimCluster
 from tests import processes
 from tests.sim.helpers import exchange_rounds, run
+
+pytestmark = pytest.mark.spawns
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -12,6 +12,8 @@ from types import ModuleType
 
 import pytest
 
+pytestmark = pytest.mark.spawns
+
 REPO = Path(__file__).resolve().parents[2]
 RUN = REPO / "bench" / "run.py"
 

@@ -11,7 +11,11 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from tests import processes
+
+pytestmark = pytest.mark.spawns
 
 REPO = Path(__file__).resolve().parents[2]
 

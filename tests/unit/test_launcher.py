@@ -15,6 +15,8 @@ import pytest
 from scout.scenarios import launcher
 from scout.scenarios.launcher import Rendezvous, launch, torchrun_command, torchrun_env
 
+pytestmark = pytest.mark.processes
+
 RUN = [sys.executable, "-m", "torch.distributed.run"]
 
 

@@ -31,6 +31,8 @@ from tests import processes
 from tests.gate_story import CONFIG, story_payloads
 from tests.unit import manifest_writer_child
 
+pytestmark = pytest.mark.spawns
+
 REPO = Path(__file__).resolve().parents[2]
 CHILD = Path(__file__).with_name("manifest_writer_child.py")
 JOB = CONFIG.job_id

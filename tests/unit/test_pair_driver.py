@@ -18,6 +18,8 @@ from types import ModuleType
 
 import pytest
 
+pytestmark = pytest.mark.processes
+
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "bench"
 

@@ -14,7 +14,7 @@ import pytest
 
 from tests import processes
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs /proc and prctl (Linux)")
+pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs /proc and prctl (Linux)"), pytest.mark.processes]
 
 # A child that starts a grandchild in a new session (ignoring SIGTERM and stopping itself, as the
 # stray processes seen in CI did), prints its pid, and exits: the grandchild is an orphan.

@@ -15,6 +15,8 @@ import pytest
 
 from scout import reports
 
+pytestmark = pytest.mark.spawns
+
 
 def _schema() -> dict[str, Any]:
     loaded: dict[str, Any] = json.loads(resources.files("scout.reports").joinpath("report.schema.json").read_text())
