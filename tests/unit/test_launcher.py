@@ -104,8 +104,11 @@ def test_a_logged_job_writes_both_streams_to_its_log_and_reads_it_back(tmp_path:
 RANK_SCRIPT = textwrap.dedent(
     """
     import os, sys
-    print("rank", os.environ["RANK"], "of", os.environ["WORLD_SIZE"], os.environ["OMP_NUM_THREADS"],
-          os.environ["SCOUT_STALL_THRESHOLD_S"], sys.argv[1], flush=True)
+    line = " ".join(["rank", os.environ["RANK"], "of", os.environ["WORLD_SIZE"], os.environ["OMP_NUM_THREADS"],
+                     os.environ["SCOUT_STALL_THRESHOLD_S"], sys.argv[1]])
+    # One write per line: the two ranks share torchrun's stdout, and print() of several values
+    # unbuffered is several writes, which interleaved once in CI ("rankrank 1 of 2 ...").
+    os.write(1, (line + "\\n").encode())
     """
 )
 
