@@ -1,10 +1,10 @@
 """A bare Hugging Face Accelerate loop with scout: the tiny language model of
-lightning_train_job.py (embedding, two blocks of width 64, a head) on synthetic tokens, 4 ranks on
+lightning_train_job.py (embedding, two blocks of width 64, a head) on synthetic tokens, 3 ranks on
 CPU (tests/integrations/test_accelerate.py). The loop is plain Accelerate code with the usual
 resume idiom; the one scout line is ``attach(accelerator, model, optimizer, run_dir=...)`` after
 ``prepare``, whose step replaces the loop's own choice of a checkpoint to resume from.
 
-    torchrun --nproc-per-node 4 accelerate_train_job.py OUT_DIR RUN_DIR STEPS
+    torchrun --nproc-per-node 3 accelerate_train_job.py OUT_DIR RUN_DIR STEPS
 
 Faults: environment ``PL_FAULT`` as in lightning_train_job.py. ``ACC_SAVE_STEPS``: the loop's
 own ``accelerator.save_state(OUT_DIR/ckpt/step_N)`` cadence. Rank 0 appends one JSON line per

@@ -1,9 +1,9 @@
 """A DeepSpeed loop with scout: the tiny language model of lightning_train_job.py on synthetic
-tokens, 4 ranks on CPU (DS_ACCELERATOR=cpu, gloo; tests/integrations/test_deepspeed.py). The loop
+tokens, 3 ranks on CPU (DS_ACCELERATOR=cpu, gloo; tests/integrations/test_deepspeed.py). The loop
 is plain DeepSpeed code with the usual resume idiom; the one scout line is ``attach(engine,
 run_dir=...)`` after ``deepspeed.initialize``, which loads the checkpoint the gate chose.
 
-    DS_ACCELERATOR=cpu torchrun --nproc-per-node 4 deepspeed_train_job.py OUT_DIR RUN_DIR STEPS
+    DS_ACCELERATOR=cpu torchrun --nproc-per-node 3 deepspeed_train_job.py OUT_DIR RUN_DIR STEPS
 
 Faults: environment ``PL_FAULT`` as in lightning_train_job.py. ``DS_SAVE_STEPS``: the loop's own
 ``engine.save_checkpoint(OUT_DIR/ckpt, tag=f"step{N}")`` cadence; ``DS_ZERO_STAGE`` (default 0).

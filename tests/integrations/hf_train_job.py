@@ -1,8 +1,8 @@
 """A Hugging Face Trainer job with scout: GPT-2 from scratch (2 layers, width 64) on synthetic
-tokens, 4 ranks on CPU (tests/integrations/test_huggingface.py). The user's script is plain
+tokens, 3 ranks on CPU (tests/integrations/test_huggingface.py). The user's script is plain
 Trainer code; the one scout line is ``train(trainer, run_dir=...)`` instead of ``trainer.train()``.
 
-    torchrun --nproc-per-node 4 hf_train_job.py OUT_DIR RUN_DIR STEPS
+    torchrun --nproc-per-node 3 hf_train_job.py OUT_DIR RUN_DIR STEPS
 
 Faults (environment ``HF_FAULT``, comma-separated, each ``KIND:RANK:STEP[:ATTEMPT]``, ATTEMPT
 the torchrun restart count it applies to, 0 by default): ``sdc`` -- from STEP on, RANK's second

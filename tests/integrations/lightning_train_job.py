@@ -1,9 +1,9 @@
 """A PyTorch Lightning job with scout: a tiny language model (embedding, two blocks of width 64, a
-head) on synthetic tokens, 4 ranks on CPU, strategy ddp (tests/integrations/test_lightning.py).
+head) on synthetic tokens, 3 ranks on CPU, strategy ddp (tests/integrations/test_lightning.py).
 The user's script is plain Lightning code; the one scout line is ``fit(trainer, model, ...,
 run_dir=...)`` instead of ``trainer.fit(model, ...)``.
 
-    torchrun --nproc-per-node 4 lightning_train_job.py OUT_DIR RUN_DIR STEPS
+    torchrun --nproc-per-node 3 lightning_train_job.py OUT_DIR RUN_DIR STEPS
 
 Faults (environment ``PL_FAULT``, comma-separated, each ``KIND:RANK:STEP[:ATTEMPT]``, ATTEMPT the
 torchrun restart count it applies to, 0 by default): ``sdc`` -- from STEP on, RANK's second block

@@ -1,4 +1,4 @@
-"""scout in a bare Hugging Face Accelerate loop on real processes: 4 ranks under torchrun, gloo on
+"""scout in a bare Hugging Face Accelerate loop on real processes: 3 ranks under torchrun, gloo on
 CPU, the tiny language model of the Lightning test, the user's one line ``attach(accelerator,
 model, optimizer, run_dir=...)`` (tests/integrations/accelerate_train_job.py;
 docs/integrations/accelerate.md).
@@ -25,6 +25,8 @@ pytestmark = pytest.mark.torchdist
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = Path(__file__).resolve().parent / "accelerate_train_job.py"
+# Three replicas: the fewest in which one rank is outvoted by a strict majority (2 of 3).
+WORLD = 3
 ONSET, HANG_AT, STEPS, SAVE_EVERY = 7, 12, 14, 3
 Story = tuple[list[dict[str, Any]], Path]
 SETTINGS = {"stall_threshold_s": 5, "replay_interval_steps": 1, "checkpoint_every_cycles": 1, "on_sdc": "restart"}
@@ -34,7 +36,7 @@ def run_job(out: Path, steps: int, faults: str) -> list[dict[str, Any]]:
     env = torchrun_env(SETTINGS, drop_prefixes=("SCOUT_", "PL_", "ACC_"),
                        extra={"ACC_SAVE_STEPS": str(SAVE_EVERY), "PL_FAULT": faults, "PL_HANG_S": "12"},
                        pythonpath=[REPO])
-    run = launch(torchrun_command(JOB, 4, [out, out / "run", steps], max_restarts=1), env, cwd=out, timeout_s=600)
+    run = launch(torchrun_command(JOB, WORLD, [out, out / "run", steps], max_restarts=1), env, cwd=out, timeout_s=600)
     assert run.returncode == 0, run.stderr[-4000:]
     return reports.read_records(out / "run" / reports.REPORTS_FILE)
 

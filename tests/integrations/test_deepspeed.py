@@ -1,4 +1,4 @@
-"""scout in a DeepSpeed loop on real processes: 4 ranks under torchrun, DeepSpeed's CPU accelerator
+"""scout in a DeepSpeed loop on real processes: 3 ranks under torchrun, DeepSpeed's CPU accelerator
 over gloo, ZeRO stage 1, the tiny language model of the Lightning test, the user's one line
 ``attach(engine, run_dir=...)`` (tests/integrations/deepspeed_train_job.py;
 docs/integrations/deepspeed.md).
@@ -28,6 +28,8 @@ pytestmark = pytest.mark.torchdist
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = Path(__file__).resolve().parent / "deepspeed_train_job.py"
+# Three replicas: the fewest in which one rank is outvoted by a strict majority (2 of 3).
+WORLD = 3
 ONSET, HANG_AT, STEPS, SAVE_EVERY = 7, 12, 14, 3
 Story = tuple[list[dict[str, Any]], Path]
 SETTINGS = {"stall_threshold_s": 5, "replay_interval_steps": 1, "checkpoint_every_cycles": 1, "on_sdc": "restart"}
@@ -38,7 +40,7 @@ def run_job(out: Path, steps: int, faults: str) -> list[dict[str, Any]]:
                        extra={"DS_SAVE_STEPS": str(SAVE_EVERY), "DS_ZERO_STAGE": "1", "DS_ACCELERATOR": "cpu", "PL_FAULT": faults,
                               "PL_HANG_S": "12"},
                        pythonpath=[REPO])
-    run = launch(torchrun_command(JOB, 4, [out, out / "run", steps], max_restarts=1), env, cwd=out, timeout_s=600)
+    run = launch(torchrun_command(JOB, WORLD, [out, out / "run", steps], max_restarts=1), env, cwd=out, timeout_s=600)
     assert run.returncode == 0, run.stderr[-4000:]
     return reports.read_records(out / "run" / reports.REPORTS_FILE)
 

@@ -1,4 +1,4 @@
-"""scout in Hugging Face's Trainer on real processes: 4 ranks under torchrun, gloo on CPU, GPT-2
+"""scout in Hugging Face's Trainer on real processes: 3 ranks under torchrun, gloo on CPU, GPT-2
 from scratch (2 layers, width 64), the user's one line ``train(trainer, run_dir=...)``
 (tests/integrations/hf_train_job.py; docs/integrations/huggingface.md).
 
@@ -24,6 +24,8 @@ from scout.cli import main as scout_main
 pytestmark = pytest.mark.torchdist
 
 JOB = Path(__file__).resolve().parent / "hf_train_job.py"
+# Three replicas: the fewest in which one rank is outvoted by a strict majority (2 of 3).
+WORLD = 3
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 ONSET, HANG_AT, STEPS = 9, 14, 18
 
@@ -35,7 +37,7 @@ def story(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Complete
     env.update({"OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "SCOUT_STALL_THRESHOLD_S": "5",
                 "SCOUT_REPLAY_INTERVAL_STEPS": "1", "SCOUT_CHECKPOINT_EVERY_CYCLES": "1", "SCOUT_ON_SDC": "restart",
                 "HF_SAVE_STEPS": "1", "HF_FAULT": f"sdc:1:{ONSET},hang:2:{HANG_AT}:1"})
-    run = subprocess.run([str(TORCHRUN), "--nproc-per-node", "4", "--standalone", "--max-restarts", "1", str(JOB),
+    run = subprocess.run([str(TORCHRUN), "--nproc-per-node", str(WORLD), "--standalone", "--max-restarts", "1", str(JOB),
                           str(out), str(out / "run"), str(STEPS)], cwd=out, env=env, capture_output=True, text=True,
                          timeout=600)
     assert run.returncode == 0, run.stderr[-4000:]

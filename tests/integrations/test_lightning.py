@@ -1,4 +1,4 @@
-"""scout in PyTorch Lightning on real processes: 4 ranks under torchrun, strategy ddp over gloo on
+"""scout in PyTorch Lightning on real processes: 3 ranks under torchrun, strategy ddp over gloo on
 CPU, a tiny language model, the user's one line ``fit(trainer, model, run_dir=...)``
 (tests/integrations/lightning_train_job.py; docs/integrations/lightning.md).
 
@@ -26,6 +26,8 @@ from scout.scenarios.launcher import launch, torchrun_command, torchrun_env
 pytestmark = pytest.mark.torchdist
 
 JOB = Path(__file__).resolve().parent / "lightning_train_job.py"
+# Three replicas: the fewest in which one rank is outvoted by a strict majority (2 of 3).
+WORLD = 3
 ONSET, HANG_AT, STEPS, SAVE_EVERY = 7, 12, 14, 4
 Story = tuple[list[dict[str, Any]], Path]
 SETTINGS = {"stall_threshold_s": 5, "replay_interval_steps": 1, "checkpoint_every_cycles": 1, "on_sdc": "restart"}
@@ -34,7 +36,7 @@ SETTINGS = {"stall_threshold_s": 5, "replay_interval_steps": 1, "checkpoint_ever
 def run_job(out: Path, steps: int, faults: str) -> list[dict[str, Any]]:
     env = torchrun_env(SETTINGS, drop_prefixes=("SCOUT_", "PL_"),
                        extra={"PL_SAVE_STEPS": str(SAVE_EVERY), "PL_FAULT": faults, "PL_HANG_S": "12"})
-    run = launch(torchrun_command(JOB, 4, [out, out / "run", steps], max_restarts=1), env, cwd=out, timeout_s=600)
+    run = launch(torchrun_command(JOB, WORLD, [out, out / "run", steps], max_restarts=1), env, cwd=out, timeout_s=600)
     assert run.returncode == 0, run.stderr[-4000:]
     return reports.read_records(out / "run" / reports.REPORTS_FILE)
 

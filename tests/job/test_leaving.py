@@ -26,7 +26,8 @@ EXAMPLE = REPO / "examples" / "train_gpt.py"
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 FAULT_KINDS = {"hang", "data_stall", "checkpoint_stall", "desync", "group_stall", "unresponsive", "inconclusive"}
 THRESHOLD_S = 2.0
-WORLD = 4
+# Three replicas: the fewest in which one rank is outvoted by a strict majority (2 of 3).
+WORLD = 3
 
 
 def _command(run_dir: Path, steps: int, fault: str = "") -> list[str]:

@@ -22,7 +22,7 @@ def _job(tmp_path: Path, run_dir: Path, **environ: str) -> subprocess.CompletedP
     env = {key: value for key, value in os.environ.items()
            if not key.startswith("SCOUT_") or key == "SCOUT_REPLAY_INTERVAL_STEPS"}
     env.update({"OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **environ})
-    command = [str(TORCHRUN), "--nproc-per-node", "4", "--standalone", str(EXAMPLE), "--steps", "3",
+    command = [str(TORCHRUN), "--nproc-per-node", "3", "--standalone", str(EXAMPLE), "--steps", "3",
                "--run-dir", str(run_dir)]
     return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
 
