@@ -29,6 +29,9 @@ TORCHRUN = Path(sys.executable).with_name("torchrun")
 FAULT_KINDS = {"hang", "data_stall", "checkpoint_stall", "desync", "group_stall", "unresponsive", "inconclusive",
                "observer_failure", "sdc", "straggler"}
 THRESHOLD_S = 3.0
+# A sleeper sleeps a second past the latest report these tests accept (threshold + 1 s): long
+# enough to be named, and no test waits on a rank asleep after its evidence is in.
+HOLD_S = THRESHOLD_S + 2
 
 
 def torchrun(tmp_path: Path, *, steps: int, fault: str = "", restarts: int = 0, timeout_s: float = 240.0,
@@ -135,8 +138,8 @@ BEFORE_FORWARD_STEP, IN_BACKWARD_STEP = 20, 32
 @pytest.fixture(scope="module")
 def two_hangs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Finished, list[dict[str, Any]]]:
     tmp_path = tmp_path_factory.mktemp("two_hangs")
-    faults = (f"hang-before-forward:1:{BEFORE_FORWARD_STEP}:{THRESHOLD_S + 5},"
-              f"hang-in-backward:0:{IN_BACKWARD_STEP}:{THRESHOLD_S + 5}")
+    faults = (f"hang-before-forward:1:{BEFORE_FORWARD_STEP}:{HOLD_S},"
+              f"hang-in-backward:0:{IN_BACKWARD_STEP}:{HOLD_S}")
     run, records, _ = torchrun(tmp_path, steps=IN_BACKWARD_STEP + 4, fault=faults, stall_threshold_s=THRESHOLD_S,
                                recheck_interval_s=2.0)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -185,7 +188,7 @@ def test_ATTACH_INSTR_8_a_rank_asleep_inside_backward_is_reported_as_hang_naming
 # Before backward is also the two-node test's case (tests/job/test_multinode.py): slow here.
 @pytest.mark.slow
 def test_ATTACH_a_rank_asleep_before_backward_is_reported_as_hang_naming_it(tmp_path: Path) -> None:
-    run, records, _ = torchrun(tmp_path, steps=24, fault=f"hang-before-backward:2:20:{THRESHOLD_S + 5}",
+    run, records, _ = torchrun(tmp_path, steps=24, fault=f"hang-before-backward:2:20:{HOLD_S}",
                                stall_threshold_s=THRESHOLD_S, recheck_interval_s=2.0)
     assert run.returncode == 0, run.stderr[-3000:]
     (hang,) = _faults(records)

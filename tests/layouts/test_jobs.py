@@ -26,6 +26,9 @@ EXAMPLE = REPO / "examples" / "train_3d.py"
 FAULT_KINDS = {"hang", "data_stall", "checkpoint_stall", "desync", "group_stall", "unresponsive", "inconclusive",
                "observer_failure", "sdc", "straggler"}
 THRESHOLD_S = 3.0
+# A sleeper sleeps a second past the latest report these tests accept (threshold + 1 s): long
+# enough to be named, and no test waits on a rank asleep after its evidence is in.
+HOLD_S = THRESHOLD_S + 2
 
 
 @attrs.frozen
@@ -86,7 +89,7 @@ def pipeline_faults(tmp_path_factory: pytest.TempPathFactory) -> Run:
     """Rank 0 (stage 0, replica 0) computes a wrong bit in its second block from step 12 on;
     rank 4 (stage 1, replica 1) sleeps before its forward of step 16."""
     run = torchrun(tmp_path_factory.mktemp("pp"), 6, "--pp", "2", "--schedule", "1f1b", "--steps", "19",
-                   fault=f"sdc:0:{SDC_STEP},hang-before-forward:4:{HANG_STEP}:{THRESHOLD_S + 5}",
+                   fault=f"sdc:0:{SDC_STEP},hang-before-forward:4:{HANG_STEP}:{HOLD_S}",
                    stall_threshold_s=THRESHOLD_S, recheck_interval_s=2.0, checkpoint_every_cycles=1)
     assert run.returncode == 0, run.stderr[-3000:]
     return run
@@ -179,7 +182,7 @@ def test_TP_3_tensor_2_x_3_replicas_an_sdc_in_one_shard_is_named_at_its_step_and
     tmp_path: Path,
 ) -> None:
     run = torchrun(tmp_path, 6, "--tp", "2", "--steps", "34",
-                   fault=f"sdc:2:20,hang-before-forward:5:30:{THRESHOLD_S + 5}", stall_threshold_s=THRESHOLD_S,
+                   fault=f"sdc:2:20,hang-before-forward:5:30:{HOLD_S}", stall_threshold_s=THRESHOLD_S,
                    recheck_interval_s=2.0, checkpoint_every_cycles=1)
     assert run.returncode == 0, run.stderr[-3000:]
     sdc = run.faults("sdc")

@@ -277,6 +277,10 @@ def _compact_evidence(ranks: dict[int, dict[str, Any]], kind: str) -> str:
         + f" confirmed {c['confirmed'][kind]}" for c in ranks[0]["checks"] if c[kind])
 
 
+# Slow tier: the straggler's life (confirmed once, recovered once) is STRAG-13's unit test
+# (tests/replay/test_straggler.py), a whole device slow on a real job is
+# tests/job/test_stragglers_torchrun.py's, both in CI.
+@pytest.mark.slow
 def test_STRAG_4_FAULT_5_a_2x_device_straggler_is_device_slow_and_recovers_exactly_once(
     tmp_path: Path,
 ) -> None:
