@@ -101,20 +101,20 @@ def _audit_reports(session: pytest.Session) -> None:
 # a time, after the others: a job of 4 ranks on 2 cores already uses the box, and its deadlines and
 # straggler checks were written for a box it does not share. `spawns`: short helpers (a CLI, a
 # compiler, crosshair) that may run beside another test, with the in-process tests on both cores.
-_PROCESS_MARKS = ("processes", "torchdist", "mpi")
+_IMPLY_PROCESSES = ("torchdist", "mpi")
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(tryfirst=True)  # before -m selects on the marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if any(item.get_closest_marker(name) for name in _PROCESS_MARKS[1:]):
+        if any(item.get_closest_marker(name) for name in _IMPLY_PROCESSES):
             item.add_marker(pytest.mark.processes)
 
 
 def _fail_unmarked_starts(item: pytest.Item) -> contextlib.AbstractContextManager[None]:
-    """A test without the `processes` mark that starts a process (in its setup -- a module's job
-    fixture -- or its body) fails, naming the mark: under `./dev test` it would run beside another
-    test, and a job beside a job is not the box its timings were written for."""
+    """A test marked neither `processes` nor `spawns` that starts a process (in its setup -- a
+    module's job fixture -- or its body) fails, naming the marks: under `./dev test` it would run
+    beside another test, and a job beside a job is not the box its timings were written for."""
     if item.get_closest_marker("processes") is not None or item.get_closest_marker("spawns") is not None:
         return contextlib.nullcontext()
     return processes.fail_on_start(

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from scout import reports
+from scout.reports.kinds import ReportKind
 
 POLL_S = 0.25
 
@@ -35,6 +36,6 @@ def _named(path: Path, rank: int) -> bool:
             record = json.loads(line)
         except ValueError:  # a line being appended
             continue
-        if record.get("kind") == "hang" and rank in record.get("ranks", ()):
+        if record.get("kind") == ReportKind.HANG.value and rank in record.get("ranks", ()):
             return True
     return False
