@@ -46,6 +46,11 @@ __all__ = ["FAULT_KINDS", "Fault", "parse_plan"]
 
 FAULT_KINDS: Final = ("gpu-hang", "launch-withheld", "host-sleep", "thread-sleep", "desync", "loop-slow")
 VOCAB, WIDTH, LAYERS, SEQUENCE, BATCH = 64, 32, 3, 16, 8
+#: Every rank's host-side time per step (a data loader's, before the forward). Without it a step's
+#: loop time (LOOP-1) is the emulated backend's 1-3 ms, whose scheduling noise on 8 processes
+#: sharing 2 cores scattered healthy loop ratios over 0.3-2.2 and once confirmed a healthy rank
+#: loop-slow (`scout campaign --part device`, seed 0); real steps have host work of their own.
+HOST_WORK_S: Final = 0.02
 #: The comm thread's bound on one request (a wedged job still ends).
 QUEUE_WAIT_S: Final = 120.0
 
@@ -157,6 +162,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hold-s", type=float, default=6.0)
     parser.add_argument("--loop-slow-steps", type=int, default=24)
     parser.add_argument("--loop-slow-s", type=float, default=0.15)
+    parser.add_argument("--host-work-s", type=float, default=HOST_WORK_S)
     args = parser.parse_args(argv)
 
     import torch
@@ -202,6 +208,7 @@ def main(argv: list[str] | None = None) -> None:
         state.update(ready=0, flat1=None, sleep_s=args.hold_s if fault is not None and fault.kind == "thread-sleep" else 0.0)
         if fault is not None:
             _announce(fault)
+        time.sleep(args.host_work_s)  # the batch's host-side time (a data loader's), on every rank
         generator = torch.Generator().manual_seed(1_000_003 * step + rank)
         tokens = torch.randint(0, VOCAB, (BATCH, SEQUENCE + 1), generator=generator)
         logits = model(tokens[:, :-1])
