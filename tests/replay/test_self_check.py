@@ -17,6 +17,7 @@ from scout.core.self_check import LiveCheck
 from scout.core.verdict import Status
 from scout.replay.capture import ModuleCapture
 from scout.replay.self_check import LiveCall, check_live_call, not_reproducible, record_live_call
+from tests.replay.row_wise import RowWiseLinear
 from tests.replay.test_replay_local import Net, ScriptedPeers, _bitwise, _setup, _state, _train_step
 
 HIDDEN_0 = RecipeId(RecipeClass.HIDDEN, 0)
@@ -85,18 +86,18 @@ def test_SELF_1_SELF_4_a_flip_in_one_live_call_is_named_by_the_vote_with_source_
 
 def test_SELF_3_a_cut_replay_that_matches_costs_rows_over_batch_and_a_mismatch_falls_back_to_the_exact_one() -> None:
     torch.manual_seed(0)
-    linear = nn.Sequential(nn.Linear(6, 6), nn.GELU())
+    linear = nn.Sequential(RowWiseLinear(6, 6), nn.GELU())  # rows independent of the batch on every CPU
     x = torch.randn(8, 6, requires_grad=True)
     assert (_live(linear, x, rows=2).code, _live(linear, x, rows=2).path) == (LiveCheck.MATCH, "cut")
     # BatchNorm in training mode couples the rows: the cut replay differs from the live rows,
     # which is no evidence; the exact replay of the whole call reproduces them.
-    coupled = nn.Sequential(nn.Linear(6, 6), nn.BatchNorm1d(6))
+    coupled = nn.Sequential(RowWiseLinear(6, 6), nn.BatchNorm1d(6))
     assert (_live(coupled, x, rows=2).code, _live(coupled, x, rows=2).path) == (LiveCheck.MATCH, "exact")
     assert _live(coupled, x, rows=0).path == "exact"
     # A flip in the checked rows is DIFFER; a flip outside them is not seen (SELF-6).
     linear.register_forward_hook(_flip)
     assert _live(linear, x, rows=2).code is LiveCheck.DIFFER
-    late = nn.Linear(6, 6)
+    late = RowWiseLinear(6, 6)
     late.register_forward_hook(lambda _m, _a, out: torch.cat([out[:2], _flip(late, None, out[2:])]))
     assert _live(late, x, rows=2).code is LiveCheck.MATCH
     assert _live(late, x, rows=0).code is LiveCheck.DIFFER

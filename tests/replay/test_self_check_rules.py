@@ -29,6 +29,7 @@ from scout.replay.self_check import (
     not_reproducible,
     record_live_call,
 )
+from tests.replay.row_wise import RowWiseLinear
 
 HIDDEN_0 = RecipeId(RecipeClass.HIDDEN, 0)
 HIDDEN_1 = RecipeId(RecipeClass.HIDDEN, 1)
@@ -183,7 +184,7 @@ class _WithScalar(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.linear = nn.Linear(6, 6)
+        self.linear = RowWiseLinear(6, 6)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.linear(x), self.linear.weight.sum()
@@ -330,7 +331,7 @@ def test_SELF_2_keyword_arguments_are_replayed() -> None:
 class _Normed(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.linear = nn.Linear(6, 6)
+        self.linear = RowWiseLinear(6, 6)
         self.norm = nn.BatchNorm1d(6)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
