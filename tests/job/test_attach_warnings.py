@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,11 +19,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _stderr(tmp_path: Path, case: str) -> str:
     out = tmp_path / "ranks.json"
-    completed = processes.run(
-        [sys.executable, "-m", "tests.replay._launch", "tests.job.warnings_job:main", "2", json.dumps({"case": case}),
-         str(out)],
-        cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1", SCOUT_TEST_RANK_DEADLINE_S="120"),
-        capture_output=True, text=True, timeout=180)
+    completed = processes.run_forked(
+        "tests.replay._launch:main", ["tests.job.warnings_job:main", "2", json.dumps({"case": case}), str(out)],
+        cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1", SCOUT_TEST_RANK_DEADLINE_S="120"), timeout=180)
     assert completed.returncode == 0, completed.stderr[-3000:]
     report = json.loads(out.read_text())
     assert [entry["status"] for entry in report["ranks"].values()] == ["ok", "ok"], report

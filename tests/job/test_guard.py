@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +32,12 @@ TIMEOUT_S = 30.0
 def _job(directory: Path, *, steps: int, inject: str, **kwargs: Any) -> dict[str, Any]:
     """Run tests/job/guard_job.py on WORLD ranks; every rank's payload, the reports, the summary."""
     out = directory / "ranks.json"
-    completed = processes.run(
-        [sys.executable, "-m", "tests.replay._launch", "tests.job.guard_job:main", str(WORLD),
-         json.dumps({"steps": steps, "directory": str(directory), **kwargs}), str(out)],
+    completed = processes.run_forked(
+        "tests.replay._launch:main",
+        ["tests.job.guard_job:main", str(WORLD), json.dumps({"steps": steps, "directory": str(directory), **kwargs}),
+         str(out)],
         cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1", SCOUT_TEST_RANK_DEADLINE_S="240",
-                           SCOUT_TEST_INJECT=inject),
-        capture_output=True, text=True, timeout=300)
+                           SCOUT_TEST_INJECT=inject), timeout=300)
     assert completed.returncode == 0, completed.stderr[-3000:]
     result = json.loads(out.read_text())
     statuses = {rank: entry["status"] for rank, entry in result["ranks"].items()}

@@ -22,11 +22,9 @@ pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="S
 
 def _run(tmp_path: Path, **kwargs: Any) -> dict[int, dict[str, Any]]:
     out = tmp_path / "ranks.json"
-    completed = processes.run(
-        [sys.executable, "-m", "tests.replay._launch", "tests.job.idle_loops_job:main", "2", json.dumps(kwargs),
-         str(out)],
-        cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1", SCOUT_TEST_RANK_DEADLINE_S="120"),
-        capture_output=True, text=True, timeout=180)
+    completed = processes.run_forked(
+        "tests.replay._launch:main", ["tests.job.idle_loops_job:main", "2", json.dumps(kwargs), str(out)],
+        cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1", SCOUT_TEST_RANK_DEADLINE_S="120"), timeout=180)
     assert completed.returncode == 0, completed.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["late_ranks"] == [], report

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -72,9 +71,9 @@ def test_TP_5_a_tensor_parallel_call_is_not_self_checked_and_says_why() -> None:
 def _launch(tmp_path: Path, scenario: str, world: int, **kwargs: Any) -> dict[int, Any]:
     out = tmp_path / "ranks.json"
     environment = dict(os.environ, OMP_NUM_THREADS="1", SCOUT_TEST_RANK_DEADLINE_S="120")
-    done = processes.run([sys.executable, "-m", "tests.replay._launch", f"tests.layouts._scenarios:{scenario}",
-                          str(world), json.dumps(kwargs), str(out)], cwd=REPO, env=environment, capture_output=True,
-                         text=True, timeout=240)
+    done = processes.run_forked("tests.replay._launch:main", [f"tests.layouts._scenarios:{scenario}", str(world),
+                                                               json.dumps(kwargs), str(out)],
+                                cwd=REPO, env=environment, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["late_ranks"] == [], f"ranks {report['late_ranks']} missed the deadline (a replay communicated?)"

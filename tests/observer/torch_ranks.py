@@ -8,7 +8,6 @@ record exists and ("done", rank, result) at the end.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import time
 from collections.abc import Iterator
@@ -25,11 +24,9 @@ JOIN_TIMEOUT_S = 30.0
 
 
 def forkserver_context() -> Any:
-    """A forkserver context that preloads torch, so four ranks cost one torch import."""
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["torch", "torch.distributed", "scout.observer.instrument"])
-    return context
+    """The suite's forkserver (tests/processes.py): torch imported once, so four ranks cost one
+    torch import."""
+    return processes.forkserver_context()
 
 
 def blocked_rank_program(

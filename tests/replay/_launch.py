@@ -26,7 +26,6 @@ import torch.multiprocessing as mp  # noqa: E402
 
 torch.set_num_threads(1)
 
-RANK_DEADLINE_S = float(os.environ.get("SCOUT_TEST_RANK_DEADLINE_S", "240"))
 
 
 def _rank_main(scenario: str, rank: int, world: int, store: str, kwargs: dict, results) -> None:
@@ -68,7 +67,9 @@ def main() -> int:
         ]
         for process in processes:
             process.start()
-        deadline = time.monotonic() + RANK_DEADLINE_S
+        # Read here, not at import: tests.processes.run_forked runs main() in a process forked
+        # from a forkserver that imported this module once for every launch.
+        deadline = time.monotonic() + float(os.environ.get("SCOUT_TEST_RANK_DEADLINE_S", "240"))
         collected: dict[int, tuple[str, object]] = {}
         while len(collected) < world:
             remaining = deadline - time.monotonic()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -35,22 +34,8 @@ def run(
 ) -> dict[int, dict[str, Any]]:
     out = tmp_path / "ranks.json"
     environment = dict(os.environ, OMP_NUM_THREADS="1", SCOUT_TEST_RANK_DEADLINE_S=str(timeout_s))
-    completed = processes.run(
-        [
-            sys.executable,
-            "-m",
-            "tests.replay._launch",
-            scenario,
-            str(world),
-            json.dumps(kwargs),
-            str(out),
-        ],
-        cwd=REPO,
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=timeout_s + 60,
-    )
+    completed = processes.run_forked("tests.replay._launch:main", [scenario, str(world), json.dumps(kwargs), str(out)],
+                                     cwd=REPO, env=environment, timeout=timeout_s + 60)
     assert completed.returncode == 0, completed.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["late_ranks"] == [], f"ranks {report['late_ranks']} missed the deadline"

@@ -44,7 +44,9 @@ WORLD = 4
 STEPS = 12
 CYCLE_STEPS = 3
 SDC_STEP = 8
-RANK_DEADLINE_S = float(os.environ.get("SCOUT_TEST_RANK_DEADLINE_S", "240"))
+#: The default of SCOUT_TEST_RANK_DEADLINE_S, read when main() runs (tests.processes.run_forked
+#: runs it in a fork of a forkserver that imported this module once).
+RANK_DEADLINE_S = 240.0
 COLLECTIVE_TIMEOUT_S = 120
 
 
@@ -223,7 +225,7 @@ def main() -> int:
     processes = [context.Process(target=_rank_main, args=(phase, r, work, store, results)) for r in range(WORLD)]
     for process in processes:
         process.start()
-    deadline = time.monotonic() + RANK_DEADLINE_S
+    deadline = time.monotonic() + float(os.environ.get("SCOUT_TEST_RANK_DEADLINE_S", RANK_DEADLINE_S))
     collected: dict[int, tuple[str, Any]] = {}
     while len(collected) < WORLD and time.monotonic() < deadline:
         try:

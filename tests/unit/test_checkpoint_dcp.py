@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,10 +21,8 @@ LAUNCH_TIMEOUT_S = 300
 def launch(phase: str, work: Path) -> dict:
     out = work / f"{phase}.json"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    done = processes.run(
-        [sys.executable, "-m", "tests.unit.dcp_gate_job", phase, str(work), str(out)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S,
-    )
+    done = processes.run_forked("tests.unit.dcp_gate_job:main", [phase, str(work), str(out)], cwd=REPO, env=env,
+                                timeout=LAUNCH_TIMEOUT_S)
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads(out.read_text())
     assert result["late_ranks"] == [], result

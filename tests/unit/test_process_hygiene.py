@@ -94,6 +94,34 @@ def test_die_with_parent_kills_a_child_whose_parent_dies() -> None:
     assert processes.leftovers(before, grace_s=1.0) == []
 
 
+def test_run_forked_gives_the_programs_exit_code_output_environment_and_directory(tmp_path) -> None:
+    before = set(processes.descendants())
+    env = dict(os.environ, SCOUT_TEST_MARKER="here")
+    completed = processes.run_forked("tests.unit.forked_program:echo", ["a", "3"], timeout=30, env=env,
+                                     cwd=tmp_path)
+    assert completed.returncode == 3
+    assert completed.stdout == f"cwd={tmp_path} marker=here argv=['a', '3']\n" and completed.stderr == "to stderr\n"
+    failed = processes.run_forked("tests.unit.forked_program:fail", [], timeout=30)
+    assert failed.returncode == 1 and "RuntimeError: the program failed" in failed.stderr
+    assert processes.leftovers(before, grace_s=2.0) == []
+    with pytest.raises(ValueError, match="'module:function'"):
+        processes.run_forked("tests.unit.forked_program", [], timeout=30)
+    with pytest.raises(ValueError, match="bounded"):
+        processes.run_forked("tests.unit.forked_program:echo", ["0"], timeout=0)
+
+
+def test_run_forked_kills_the_whole_session_at_the_timeout_and_at_the_programs_exit() -> None:
+    before = set(processes.descendants())
+    started = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired):
+        processes.run_forked("tests.unit.forked_program:hang", [], timeout=1.0)
+    assert time.monotonic() - started < 15
+    assert processes.leftovers(before, grace_s=2.0) == []
+    completed = processes.run_forked("tests.unit.forked_program:leave_sleeper", [], timeout=30)
+    assert completed.returncode == 0 and int(completed.stdout)
+    assert processes.leftovers(before, grace_s=2.0) == []
+
+
 def test_a_rank_forked_by_the_forkserver_is_not_taken_for_the_forkserver() -> None:
     """Forked ranks carry the forkserver's command line; only the server itself is exempt."""
     import multiprocessing
