@@ -9,8 +9,9 @@ and one sync point per step where the host waits for both (as ``.item()`` or an 
 reading the gradients does on a GPU). The training thread issues no collective itself, so every
 rank's host coordinate is the same at the sync point whatever went wrong, wherever.
 
-``PLAN`` is a comma-separated list of ``KIND:RANK:STEP`` faults, each held ``--hold-s`` seconds
-and then released, so one job runs the whole matrix:
+``PLAN`` is a comma-separated list of ``KIND:RANK:STEP`` faults, each held until a report in the
+run directory names its rank at its step (:mod:`scout.scenarios.wake`), at most ``--hold-s``
+seconds, and then released, so one job runs the whole matrix:
 
 ==================  =========================================================================
 kind                injected on RANK at STEP
@@ -38,6 +39,7 @@ import sys
 import threading
 import time
 from datetime import timedelta
+from functools import partial
 from typing import Any, Final
 
 import attrs
@@ -122,7 +124,7 @@ class _CommThread:
     training thread gets each ``Work`` back through a bounded queue, in the same order."""
 
     def __init__(self) -> None:
-        self.requests: queue.Queue[tuple[Any, float, Any] | None] = queue.Queue(maxsize=4)
+        self.requests: queue.Queue[tuple[Any, Any, Any] | None] = queue.Queue(maxsize=4)
         self.works: queue.Queue[Any] = queue.Queue(maxsize=4)
         self.thread = threading.Thread(target=self._run, name="device-job-comm", daemon=True)
         self.thread.start()
@@ -134,15 +136,15 @@ class _CommThread:
             request = self.requests.get(timeout=QUEUE_WAIT_S)
             if request is None:
                 return
-            tensor, sleep_s, before = request
-            if sleep_s:
-                time.sleep(sleep_s)
+            tensor, asleep, before = request
+            if asleep is not None:
+                asleep()
             if before is not None:
                 before()
             self.works.put(dist.all_reduce(tensor, async_op=True), timeout=QUEUE_WAIT_S)
 
-    def issue(self, tensor: Any, *, sleep_s: float = 0.0, before: Any = None) -> None:
-        self.requests.put((tensor, sleep_s, before), timeout=QUEUE_WAIT_S)
+    def issue(self, tensor: Any, *, asleep: Any = None, before: Any = None) -> None:
+        self.requests.put((tensor, asleep, before), timeout=QUEUE_WAIT_S)
 
     def close(self) -> None:
         self.requests.put(None, timeout=QUEUE_WAIT_S)
@@ -170,6 +172,8 @@ def main(argv: list[str] | None = None) -> None:
     import torch.nn.functional as F
 
     import scout
+    from scout.reports.kinds import ReportKind
+    from scout.scenarios.wake import release_when_named, wait_until_named
     from scout.transport.nccl import emulated
 
     torch.set_num_threads(1)
@@ -192,20 +196,28 @@ def main(argv: list[str] | None = None) -> None:
     world = dist.get_world_size()
     # Bucket 1 (the later layers, whose gradients backward computes first) is handed to the
     # communication thread from inside backward, once its last gradient accumulated.
-    state: dict[str, Any] = {"ready": 0, "flat1": None, "sleep_s": 0.0}
+    state: dict[str, Any] = {"ready": 0, "flat1": None, "asleep": None}
+    named_kinds = (ReportKind.HANG, ReportKind.DESYNC)
+
+    def asleep(step: int) -> None:  # a held host thread, awake once named
+        wait_until_named(args.run_dir, rank, args.hold_s, kinds=named_kinds, step=step)
+
+    def held(fault: Any, step: int) -> None:  # a held stream, released once named
+        release_when_named(fault.release, args.run_dir, rank, args.hold_s, kinds=named_kinds, step=step)
 
     def accumulated(_parameter: torch.Tensor) -> None:
         state["ready"] += 1
         if state["ready"] == len(buckets[1]):
             flat = torch.cat([p.grad.reshape(-1) for p in buckets[1]]).div_(world)
             state["flat1"] = flat
-            comm.issue(flat, sleep_s=state["sleep_s"])
+            comm.issue(flat, asleep=state["asleep"])
 
     for parameter in buckets[1]:
         parameter.register_post_accumulate_grad_hook(accumulated)
     for step in range(start + 1, args.steps + 1):
         fault = faults.get(step)
-        state.update(ready=0, flat1=None, sleep_s=args.hold_s if fault is not None and fault.kind == "thread-sleep" else 0.0)
+        state.update(ready=0, flat1=None, asleep=partial(asleep, step)
+                     if fault is not None and fault.kind == "thread-sleep" else None)
         if fault is not None:
             _announce(fault)
         time.sleep(args.host_work_s)  # the batch's host-side time (a data loader's), on every rank
@@ -217,13 +229,13 @@ def main(argv: list[str] | None = None) -> None:
         flat0 = torch.cat([p.grad.reshape(-1) for p in buckets[0]]).div_(world)
         before = None
         if fault is not None and fault.kind == "gpu-hang":
-            group.stall_stream(args.hold_s)
+            held(group.stall_stream(args.hold_s), step)
         elif fault is not None and fault.kind == "launch-withheld":
-            group.withhold_launch(args.hold_s)
+            held(group.withhold_launch(args.hold_s), step)
         elif fault is not None and fault.kind == "host-sleep":
-            time.sleep(args.hold_s)
+            asleep(step)
         elif fault is not None and fault.kind == "desync":
-            before = lambda: group.withhold_completion(args.hold_s)  # noqa: E731 - right before bucket 0
+            before = partial(lambda at: held(group.withhold_completion(args.hold_s), at), step)  # right before bucket 0
         if step in slow_steps:
             time.sleep(args.loop_slow_s)
         # The same elements in another shape is another collective: another fingerprint.
