@@ -29,7 +29,7 @@ JOB = Path(__file__).resolve().parent / "accelerate_train_job.py"
 WORLD = 3
 ONSET, HANG_AT, STEPS, SAVE_EVERY = 7, 12, 14, 3
 Story = tuple[list[dict[str, Any]], Path]
-SETTINGS = {"stall_threshold_s": 5, "replay_interval_steps": 1, "checkpoint_every_cycles": 1, "on_sdc": "restart"}
+SETTINGS = {"stall_threshold_s": 3, "replay_interval_steps": 1, "checkpoint_every_cycles": 1, "on_sdc": "restart"}
 
 
 def run_job(out: Path, steps: int, faults: str) -> list[dict[str, Any]]:

@@ -34,7 +34,7 @@ ONSET, HANG_AT, STEPS = 9, 14, 18
 def story(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], list[dict[str, Any]], Path]:
     out = tmp_path_factory.mktemp("hf")
     env = {key: value for key, value in os.environ.items() if not key.startswith("SCOUT_")}
-    env.update({"OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "SCOUT_STALL_THRESHOLD_S": "5",
+    env.update({"OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "SCOUT_STALL_THRESHOLD_S": "3",
                 "SCOUT_REPLAY_INTERVAL_STEPS": "1", "SCOUT_CHECKPOINT_EVERY_CYCLES": "1", "SCOUT_ON_SDC": "restart",
                 "HF_SAVE_STEPS": "1", "HF_FAULT": f"sdc:1:{ONSET},hang:2:{HANG_AT}:1"})
     run = subprocess.run([str(TORCHRUN), "--nproc-per-node", str(WORLD), "--standalone", "--max-restarts", "1", str(JOB),
