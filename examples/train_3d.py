@@ -165,7 +165,8 @@ def main() -> None:
     if args.tp > 1:
         tensor_parallel(stage, mesh["tp"])
     optimizer = torch.optim.AdamW(stage.parameters(), lr=3e-3)
-    faults = FaultSet(args.fault, dist.get_rank(), SimpleNamespace(layers=list(stage.layers)), optimizer)  # type: ignore[arg-type]
+    faults = FaultSet(args.fault, dist.get_rank(), SimpleNamespace(layers=list(stage.layers)), optimizer,  # type: ignore[arg-type]
+                      run_dir=args.run_dir)
     schedule = None
     if args.pp > 1:
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe

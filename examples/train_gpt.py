@@ -29,6 +29,9 @@ neither a torchrun restart nor a Slurm requeue -- so a restart runs clean):
 - ``hang-in-backward:RANK:STEP:SECONDS``      RANK sleeps inside backward (a block's gradient);
 - ``freeze:RANK:STEP:SECONDS``  RANK's process is stopped (SIGSTOP) before backward, and continued
                                 SECONDS later (a frozen process: swapped out, stuck in the kernel);
+- ``...:until-named`` after any of the four hangs above: RANK wakes (or is continued) once a
+                                ``hang`` report in the run directory names it, at most SECONDS
+                                later -- so that a test does not wait past its evidence;
 - ``slow:RANK:FACTOR[:HOW]``    every torch operation of RANK takes FACTOR times as long (a slow
                                 device, throttled or degraded): it computes the extra time (HOW
                                 ``spin``, the default) or waits for it (HOW ``sleep``: a device
@@ -146,8 +149,9 @@ class Batches:
 class FaultSet:
     """Several injected faults, each told of every point of the step."""
 
-    def __init__(self, specs: str, rank: int, model: GPT, optimizer: torch.optim.Optimizer | None = None) -> None:
-        self.faults = [Faults(spec.strip(), rank, model, optimizer) for spec in specs.split(",") if spec.strip()]
+    def __init__(self, specs: str, rank: int, model: GPT, optimizer: torch.optim.Optimizer | None = None,
+                 run_dir: str | None = None) -> None:
+        self.faults = [Faults(spec.strip(), rank, model, optimizer, run_dir) for spec in specs.split(",") if spec.strip()]
 
     def before_forward(self, step: int) -> None:
         for fault in self.faults:
@@ -170,11 +174,28 @@ class FaultSet:
             fault.after_backward(step)
 
 
+#: freeze's watcher with until-named: RUN_DIR RANK SECONDS PID (a process of its own: the frozen
+#: one cannot watch).
+CONTINUE_WHEN_NAMED = ("import os, signal, sys\n"
+                       "from scout.reports.kinds import ReportKind\n"
+                       "from scout.scenarios.wake import wait_until_named\n"
+                       "wait_until_named(sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), kinds=(ReportKind.HANG,))\n"
+                       "os.kill(int(sys.argv[4]), signal.SIGCONT)\n")
+HANGS = ("hang-before-forward", "hang-before-backward", "hang-in-backward", "freeze")
+
+
 class Faults:
     """The injected fault (see the module docstring)."""
 
-    def __init__(self, spec: str, rank: int, model: GPT, optimizer: torch.optim.Optimizer | None = None) -> None:
+    def __init__(self, spec: str, rank: int, model: GPT, optimizer: torch.optim.Optimizer | None = None,
+                 run_dir: str | None = None) -> None:
         self.kind, *fields = spec.split(":") if spec else ("none",)
+        self.until_named = bool(fields) and fields[-1] == "until-named" and self.kind in HANGS
+        if self.until_named:
+            fields.pop()
+            if run_dir is None:
+                raise SystemExit(f"--fault {spec}: until-named needs the run directory scout writes to")
+        self.run_dir = run_dir
         if self.kind == "live-flip":  # words after RANK:STEP (FAULT-8)
             fields, self.options = fields[:2], fields[2:]
         self.rank = rank
@@ -293,7 +314,7 @@ class Faults:
             torch.cuda._sleep(self._cycles(self.values[1]))
         if self.mine and self.kind == "hang-before-forward" and step == int(self.values[0]):
             self.announce(step)
-            time.sleep(self.values[1])
+            self.hold(self.values[1])
         if self.mine and self.kind == "sdc" and step == int(self.values[0]):
             self.announce(step)
             self.model.layers[1].register_forward_hook(self.flip)  # for good
@@ -313,7 +334,7 @@ class Faults:
             def slow_gradient(_module: nn.Module, _inputs: object, output: torch.Tensor) -> None:
                 def sleep(gradient: torch.Tensor) -> torch.Tensor:
                     self.announce(step)
-                    time.sleep(seconds)
+                    self.hold(seconds)
                     return gradient
 
                 output.register_hook(sleep)
@@ -344,6 +365,16 @@ class Faults:
         end.synchronize()
         return int(seconds * probe / (start.elapsed_time(end) / 1e3))
 
+    def hold(self, seconds: float) -> None:
+        """A hang's sleep: ``seconds``, or until-named (at most ``seconds``)."""
+        if not self.until_named:
+            time.sleep(seconds)
+            return
+        from scout.reports.kinds import ReportKind
+        from scout.scenarios.wake import wait_until_named
+
+        wait_until_named(str(self.run_dir), self.rank, seconds, kinds=(ReportKind.HANG,))
+
     def announce(self, step: int) -> None:
         """One line on stderr when the fault strikes (the tests time detection from it)."""
         print(f"EXAMPLE-FAULT {self.kind} rank {self.rank} step {step} at {time.time():.3f}", file=sys.stderr, flush=True)
@@ -360,13 +391,17 @@ class Faults:
             raise RuntimeError(f"EXAMPLE-FAULT raise: the training loop of rank {self.rank} failed at step {step}")
         if self.mine and self.kind == "hang-before-backward" and step == int(self.values[0]):
             self.announce(step)
-            time.sleep(self.values[1])
+            self.hold(self.values[1])
         if self.mine and self.kind == "freeze" and step == int(self.values[0]):
             import signal
             import subprocess
 
             self.announce(step)
-            subprocess.Popen(["sh", "-c", f"sleep {self.values[1]}; kill -CONT {os.getpid()}"])
+            if self.until_named:  # a watcher that continues this process once it is named
+                subprocess.Popen([sys.executable, "-c", CONTINUE_WHEN_NAMED, str(self.run_dir), str(self.rank),
+                                  str(self.values[1]), str(os.getpid())])
+            else:
+                subprocess.Popen(["sh", "-c", f"sleep {self.values[1]}; kill -CONT {os.getpid()}"])
             os.kill(os.getpid(), signal.SIGSTOP)
         if self.mine and self.kind in ("hang-in-backward", "flip") and step == int(self.values[0]):
             self._handle.remove()
@@ -415,7 +450,7 @@ def main() -> None:
     # The LR decays linearly to a tenth over 1000 steps; the data stream keeps its position.
     scheduler = torch.optim.lr_scheduler.LinearLR(optimizer, 1.0, 0.1, total_iters=1000)
     batches = Batches(rank)
-    faults = FaultSet(args.fault, rank, model, optimizer)
+    faults = FaultSet(args.fault, rank, model, optimizer, run_dir=args.run_dir)
     job = scout.attach(ddp, optimizer, run_dir=args.run_dir, checkpoint_dir=args.checkpoint_dir,  # scout
                        state={"lr": scheduler, "data": batches})
     start = job.restore()  # scout

@@ -138,8 +138,8 @@ BEFORE_FORWARD_STEP, IN_BACKWARD_STEP = 20, 32
 @pytest.fixture(scope="module")
 def two_hangs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Finished, list[dict[str, Any]]]:
     tmp_path = tmp_path_factory.mktemp("two_hangs")
-    faults = (f"hang-before-forward:1:{BEFORE_FORWARD_STEP}:{HOLD_S},"
-              f"hang-in-backward:0:{IN_BACKWARD_STEP}:{HOLD_S}")
+    faults = (f"hang-before-forward:1:{BEFORE_FORWARD_STEP}:{HOLD_S}:until-named,"
+              f"hang-in-backward:0:{IN_BACKWARD_STEP}:{HOLD_S}:until-named")
     run, records, _ = torchrun(tmp_path, steps=IN_BACKWARD_STEP + 4, fault=faults, stall_threshold_s=THRESHOLD_S,
                                recheck_interval_s=2.0)
     assert run.returncode == 0, run.stderr[-3000:]

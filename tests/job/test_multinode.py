@@ -69,14 +69,14 @@ def test_CLUSTER_COMPLETION_3_a_hang_on_either_node_is_named(tmp_path: Path, ran
     default buffer broadcast (the example's causal mask is a buffer) lets the healthy ranks
     through at different times, and the sleeper never enqueued it (spec/observer.md
     COMPLETION-3) -- named across the two nodes all the same."""
-    records = two_nodes(tmp_path, f"{fault}:{rank}:20:{THRESHOLD_S + 5}", share_store=share_store)
+    records = two_nodes(tmp_path, f"{fault}:{rank}:20:{THRESHOLD_S + 5}:until-named", share_store=share_store)
     (hang,) = _hangs(records)
     assert (hang["kind"], hang["ranks"], hang["step"]) == ("hang", [rank], 20), hang
     assert hang["evidence"]["basis"] == "completion"
 
 
 def test_CLUSTER_rank_0_frozen_with_sigstop_is_named(tmp_path: Path) -> None:
-    records = two_nodes(tmp_path, f"freeze:0:20:{THRESHOLD_S + 5}", share_store=False)
+    records = two_nodes(tmp_path, f"freeze:0:20:{THRESHOLD_S + 5}:until-named", share_store=False)
     (hang,) = _hangs(records)
     assert (hang["kind"], hang["ranks"]) == ("hang", [0]) and hang["reporter_rank"] != 0, hang
 

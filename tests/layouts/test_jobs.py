@@ -89,7 +89,7 @@ def pipeline_faults(tmp_path_factory: pytest.TempPathFactory) -> Run:
     """Rank 0 (stage 0, replica 0) computes a wrong bit in its second block from step 12 on;
     rank 4 (stage 1, replica 1) sleeps before its forward of step 16."""
     run = torchrun(tmp_path_factory.mktemp("pp"), 6, "--pp", "2", "--schedule", "1f1b", "--steps", "19",
-                   fault=f"sdc:0:{SDC_STEP},hang-before-forward:4:{HANG_STEP}:{HOLD_S}",
+                   fault=f"sdc:0:{SDC_STEP},hang-before-forward:4:{HANG_STEP}:{HOLD_S}:until-named",
                    stall_threshold_s=THRESHOLD_S, recheck_interval_s=2.0, checkpoint_every_cycles=1)
     assert run.returncode == 0, run.stderr[-3000:]
     return run
