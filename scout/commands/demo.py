@@ -38,7 +38,7 @@ EXAMPLE = Path(scout.__file__).resolve().parents[1] / "examples" / "train_gpt.py
 #: scenarios replay one layer every 2 steps, set as a user sets it: on this tiny model the
 #: overhead budget's cadence (spec/budget.md) would replay once in a thousand steps or more.
 SCENARIOS: tuple[tuple[str, str, int, int, dict[str, str]], ...] = (
-    ("hang", "hang-before-backward:2:20:9", 24, 0, {"stall_threshold_s": "3", "recheck_interval_s": "2"}),
+    ("hang", "hang-before-backward:2:20:9:until-named", 24, 0, {"stall_threshold_s": "3", "recheck_interval_s": "2"}),
     ("sdc", "sdc:1:57", 100, 1, {"on_sdc": "restart", "replay_interval_steps": "2"}),
     ("straggler", "slow:3:1.5", 60, 0, {"replay_interval_steps": "2"}),
 )
