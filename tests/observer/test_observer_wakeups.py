@@ -81,3 +81,22 @@ def test_DRIVER_6_the_observer_wakes_at_once_on_a_stop_signal(group: tuple) -> N
     started = time.monotonic()
     handles[1].process.send_signal(signal.SIGTERM)
     assert _exit_after(handles[1], started) < PROMPT_S
+
+
+def test_OBS_8_DRIVER_6_a_clean_close_ends_the_observer_by_its_pipe_not_by_a_signal(group: tuple) -> None:
+    """job.close(): the record is closed, then the control pipe; the observer reads ``closed`` and
+    stops as a clean exit at once -- close() neither signals it nor waits out its bound (it did,
+    1.2 s on every rank of every job, while the pipe was closed only after that wait)."""
+    publishers, handles = group
+    time.sleep(INSIDE_S)
+    signalled: list[object] = []
+    process = handles[0].process
+    for name in ("send_signal", "terminate", "kill"):
+        original = getattr(process, name)
+        setattr(process, name, lambda *args, _name=name, _original=original: (signalled.append(_name),
+                                                                              _original(*args)))
+    started = time.monotonic()
+    publishers[0].close()
+    handles[0].close()
+    assert time.monotonic() - started < PROMPT_S
+    assert signalled == [] and process.returncode == 0, (signalled, process.returncode)
