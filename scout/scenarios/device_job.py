@@ -205,6 +205,9 @@ def main(argv: list[str] | None = None) -> None:
     def held(fault: Any, step: int) -> None:  # a held stream, released once named
         release_when_named(fault.release, args.run_dir, rank, args.hold_s, kinds=named_kinds, step=step)
 
+    def withheld_completion(step: int) -> None:  # desync: bucket 0's kernel spins until named
+        held(group.withhold_completion(args.hold_s), step)
+
     def accumulated(_parameter: torch.Tensor) -> None:
         state["ready"] += 1
         if state["ready"] == len(buckets[1]):
@@ -235,7 +238,7 @@ def main(argv: list[str] | None = None) -> None:
         elif fault is not None and fault.kind == "host-sleep":
             asleep(step)
         elif fault is not None and fault.kind == "desync":
-            before = partial(lambda at: held(group.withhold_completion(args.hold_s), at), step)  # right before bucket 0
+            before = partial(withheld_completion, step)  # right before bucket 0
         if step in slow_steps:
             time.sleep(args.loop_slow_s)
         # The same elements in another shape is another collective: another fingerprint.

@@ -11,7 +11,6 @@ another rank does not, so a wrong name is still seen by the judge.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable, Collection
@@ -26,21 +25,11 @@ POLL_S = 0.1
 
 
 def named(run_dir: str | Path, rank: int, kinds: Collection[ReportKind], step: int | None = None) -> bool:
-    """Whether a report of one of ``kinds`` in ``run_dir`` names ``rank`` (at ``step``, if given)."""
-    try:
-        lines = (Path(run_dir) / reports.REPORTS_FILE).read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        return False
+    """Whether a report of one of ``kinds`` in ``run_dir`` names ``rank`` (at ``step``, if given).
+    Read by :func:`scout.reports.read_records`, which skips a line being appended."""
     wanted = {kind.value for kind in kinds}
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:  # a line being appended
-            continue
-        if (record.get("kind") in wanted and rank in record.get("ranks", ())
-                and (step is None or record.get("step") == step)):
-            return True
-    return False
+    return any(record["kind"] in wanted and rank in record["ranks"] and (step is None or record.get("step") == step)
+               for record in reports.read_records(Path(run_dir) / reports.REPORTS_FILE))
 
 
 def wait_until_named(run_dir: str | Path, rank: int, bound_s: float, *, kinds: Collection[ReportKind],
