@@ -1,7 +1,8 @@
 """Attaching scout with the inputs a framework hands out, under torchrun (2 ranks, gloo), one
-attach after the other in the same processes (tests/job/test_attach_inputs.py). Each rank prints
-one JSON line per case: what attach did, this case's progress records left in /dev/shm, and the
-processes this trainer started that are still alive.
+attach after the other in the same processes (tests/job/test_attach_inputs.py). Each rank writes
+one JSON file per case, RUN_DIR/result-CASE-RANK.json: what attach did, this case's progress
+records left in /dev/shm, and the processes this trainer started that are still alive. (Files, not
+stdout: two ranks printing to torchrun's one pipe under PYTHONUNBUFFERED interleave their lines.)
 
     torchrun --nproc-per-node 2 --standalone attach_inputs_job.py RUN_DIR
 
@@ -101,7 +102,10 @@ def main() -> None:
     dist.init_process_group("gloo")
     for name in ("hooks-fail", "accelerate", "foreign-wrapper"):
         result = case(name, sys.argv[1])
-        print(json.dumps(result), flush=True)
+        written = Path(sys.argv[1]) / f"result-{name}-{result['rank']}.json"
+        written.parent.mkdir(parents=True, exist_ok=True)
+        written.with_suffix(".part").write_text(json.dumps(result))
+        written.with_suffix(".part").replace(written)
         if "exit" in result:
             raise SystemExit(result["exit"])
         if name != "foreign-wrapper":  # after the last case rank 1 is gone (exit status 2)

@@ -33,7 +33,7 @@ def cases(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, int], dic
     env.update({"OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
     run = subprocess.run([str(TORCHRUN), "--nproc-per-node", "2", "--standalone", str(JOB), str(tmp_path / "run")],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
-    found = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    found = [json.loads(path.read_text()) for path in sorted((tmp_path / "run").glob("result-*.json"))]
     results = {(r["case"], r["rank"]): r for r in found}
     assert len(results) == 6, (run.stdout[-2000:], run.stderr[-3000:])
     return results
