@@ -81,7 +81,8 @@ class Job:
         self.rank, self.world_size = self.parts.rank, self.parts.world_size
         self.publisher, self.observer, self.pipeline = self.parts.publisher, self.parts.observer, self.parts.pipeline
         self.pipeline.clock, self.pipeline.boundary = time.perf_counter, self.boundary
-        agreement = Agreement(self.parts.control, self.boundary, config.collective_timeout_s)
+        agreement = Agreement(self.parts.control, self.boundary, config.collective_timeout_s,
+                              config.agreement_interval_steps)
         self.guarded = GuardedJob(self.boundary, agreement, self.pipeline, rank=self.rank, ops=self.parts.ops)
         self.files = _dcp_files(self)  # the restore and save programs' disk work (None: no checkpoint_dir)
         #: Seconds this rank spent in each part of scout inside job.step() (bench/attach_overhead.py).

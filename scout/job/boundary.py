@@ -4,10 +4,11 @@ each part off does (GUARD-2, GUARD-6), its reports (GUARD-5) and the fallback wh
 group itself fails (GUARD-7). ``scout.job.attach.Job`` drives it from ``job.step()``.
 
 Theory of operation. Every guarded call site records its part's failures on the rank's
-:class:`scout.reports.guard.Boundary`. At the end of each ``job.step()`` :meth:`Agreement.launch`
-turns the parts that failed here since the last launch into flags -- one int64 per part -- and
-starts one non-blocking all-reduce (maximum) of them on the control group. At the start of the next
-``job.step()`` :meth:`Agreement.collect` waits for it (it has long completed in a job whose steps
+:class:`scout.reports.guard.Boundary`. At the end of ``job.step()`` of every step before a multiple
+of ``agreement_interval_steps`` :meth:`Agreement.launch` turns the parts that failed here since the
+last launch into flags -- one int64 per part -- and starts one non-blocking all-reduce (maximum) of
+them on the control group. At the start of the next ``job.step()`` :meth:`Agreement.collect` waits
+for it (it has long completed in a job whose steps
 meet in a collective) and returns the parts flagged by any rank: every rank gets the same list at
 the same step, and :meth:`GuardedJob.switch_off` switches them off there. Only then, at such a
 step, one all-gather brings the failures' records to rank 0, which reports them.
@@ -37,7 +38,7 @@ from scout.reports.kinds import ReportKind
 if TYPE_CHECKING:
     from scout.ops.launch import NodeOps
 
-__all__ = ["Agreement", "ControlFailed", "GuardedJob"]
+__all__ = ["Agreement", "ControlFailed", "GuardedJob", "agreement_due", "off_step"]
 
 logger = logging.getLogger("scout")
 
@@ -55,19 +56,35 @@ class ControlFailed(RuntimeError):
     """GUARD-7: scout's control group could not complete an agreement."""
 
 
-class Agreement:
-    """GUARD-4: one non-blocking all-reduce of failure flags per step over the control group."""
+def agreement_due(step: int, interval_steps: int) -> bool:
+    """GUARD-4: whether ``job.step()`` of ``step`` launches an agreement (collected at step+1, a
+    multiple of ``interval_steps``)."""
+    return (step + 1) % interval_steps == 0
 
-    def __init__(self, control: ControlGroup, boundary: Boundary, timeout_s: float) -> None:
+
+def off_step(failed_step: int, interval_steps: int) -> int:
+    """GUARD-4: the step from which a part that failed in ``failed_step`` (its training phase or its
+    ``job.step()`` before the launch) is off on every rank: the next multiple of ``interval_steps``."""
+    return (failed_step // interval_steps + 1) * interval_steps
+
+
+class Agreement:
+    """GUARD-4: one non-blocking all-reduce of failure flags over the control group, every
+    ``interval_steps`` steps."""
+
+    def __init__(self, control: ControlGroup, boundary: Boundary, timeout_s: float, interval_steps: int = 1) -> None:
         self.control = control
         self.boundary = boundary
         self.timeout_s = timeout_s
+        self.interval_steps = interval_steps
         self._pending: tuple[Any, torch.Tensor] | None = None
+        self._launched: list[Part] = []  # this rank's flags in the pending launch
         self.stopped = False  # GUARD-7: no agreement is possible any more on this rank
 
-    def launch(self) -> None:
-        """Start the agreement on the parts that failed here since the last launch."""
-        if self.stopped:
+    def launch(self, step: int) -> None:
+        """At the end of ``job.step()`` of ``step``: start the agreement on the parts that failed
+        here since the last launch, where one is due."""
+        if self.stopped or not agreement_due(step, self.interval_steps):
             return
         failed = set(self.boundary.take_new())
         flags = torch.tensor([int(part in failed) for part in FLAG_ORDER], dtype=torch.int64)
@@ -75,6 +92,7 @@ class Agreement:
         with instrument.already_published():
             work = dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.control.group, async_op=True)
         self._pending = (work, flags)
+        self._launched = sorted(failed, key=FLAG_ORDER.index)
 
     def collect(self) -> list[Part]:
         """The parts any rank flagged in the last launch (the same list on every rank); [] before
@@ -105,7 +123,14 @@ class Agreement:
         return [Failure.from_plain(plain) for plains in gathered for plain in (plains or ())]
 
     def close(self, wait_s: float = 1.0) -> None:
-        """Let the last launch complete (bounded); a rank that left early never joins it."""
+        """Let the last launch complete (bounded); a rank that left early never joins it. The
+        failures no agreement carried are logged here, on their rank (GUARD-4): those of a launch
+        never collected, and those since."""
+        unagreed = (self._launched if self._pending is not None else []) + self.boundary.take_new()
+        for failure in self.boundary.failures(unagreed):
+            logger.warning("scout: %s failed on rank %d at step %d (%s: %s) after the job's last agreement "
+                           "(spec/guard.md GUARD-4); it was stopped on this rank and is reported only here",
+                           failure.part.value, failure.rank, failure.step, failure.error_type, failure.message)
         pending, self._pending = self._pending, None
         if pending is None:
             return
@@ -164,7 +189,7 @@ class GuardedJob:
                 guard.failed(Part.OPS, error, "job.step")
         started = time.perf_counter()
         try:
-            self.agreement.launch()  # GUARD-4: what failed here since the last launch
+            self.agreement.launch(step)  # GUARD-4: what failed here since the last launch
         except Exception as error:
             self.control_failed(error, step)
         costs = self.pipeline.costs

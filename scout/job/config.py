@@ -196,6 +196,11 @@ class Config:
     #: Steps between two checks of loop stragglers (LOOP-3): each compares the ranks' time in
     #: the training loop outside collectives over the steps since the last check.
     loop_check_steps: int = attrs.field(default=10, validator=_count("loop_check_steps", 1, 1_000_000))
+    #: Steps between two of the agreements that switch a failed part of scout off on every rank
+    #: (spec/guard.md GUARD-4): one all-reduce on scout's control group per this many steps. A
+    #: part that failed is stopped on its own rank at once; the others stop it at the next one.
+    agreement_interval_steps: int = attrs.field(default=10,
+                                                validator=_count("agreement_interval_steps", 1, 1_000_000))
     #: Timed repetitions of each replay for straggler timing (STRAG-1), after the run that gives
     #: the SDC evidence; 0 times that run itself. Each repetition costs one more replay.
     straggler_repetitions: int = attrs.field(default=0, validator=_count("straggler_repetitions", 0, 16))

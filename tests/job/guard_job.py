@@ -55,7 +55,8 @@ def main(rank: int, world: int, *, steps: int, directory: str, settings: dict[st
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     job = scout.attach(model, optimizer, run_dir=f"{directory}/run", checkpoint_dir=f"{directory}/ckpt", peers=peers,
                        **{"observer": False, "replay_interval_steps": 1, "checkpoint_every_cycles": 1,
-                          "loop_check_steps": 2, "collective_timeout_s": 30.0, **(settings or {})})
+                          "loop_check_steps": 2, "collective_timeout_s": 30.0, "agreement_interval_steps": 1,
+                          **(settings or {})})
     start = job.restore()
     # GUARD-1: the user's own failing call, made through scout's collective wrapper, reaches the
     # user unchanged (every rank alike: it is refused before any byte moves).

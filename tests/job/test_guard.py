@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from scout import reports
+from scout.job.boundary import off_step
 from scout.reports.summary import load_run, summary_text
 from tests import processes
 
@@ -81,6 +82,9 @@ def _off_alike(job: dict[str, Any]) -> dict[str, int]:
 # -- six parts fail in one job ----------------------------------------------------------------
 
 STEPS = 14
+#: The six parts' job agrees every 3 steps (GUARD-4's agreement_interval_steps; the slow tier's
+#: jobs every step): each part is off from the multiple of 3 after the step it failed in.
+AGREE_EVERY = 3
 #: point, step, rank: the step each fires at (a hook fires in that step's training phase).
 INJECTED = (("completion.poll", 2, 3), ("ddp_hook.bucket", 4, 1), ("instrumentation.layer_hook", 5, 2),
             ("loop.forward_hook", 6, 3), ("gate.feed", 10, 0), ("replay.prepare", 11, 1))
@@ -89,7 +93,8 @@ INJECTED = (("completion.poll", 2, 3), ("ddp_hook.bucket", 4, 1), ("instrumentat
 @pytest.fixture(scope="module")
 def six(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return _job(tmp_path_factory.mktemp("guard"), steps=STEPS,
-                inject=",".join(f"{point}@{step}:{rank}" for point, step, rank in INJECTED))
+                inject=",".join(f"{point}@{step}:{rank}" for point, step, rank in INJECTED),
+                settings={"agreement_interval_steps": AGREE_EVERY})
 
 
 def test_GUARD_1_every_rank_trains_to_its_last_step_while_six_parts_of_scout_fail(six: dict[str, Any]) -> None:
@@ -118,8 +123,8 @@ def test_GUARD_3_GUARD_5_each_failure_is_one_internal_error_report_naming_its_pa
         assert 0 < len(evidence["frames"]) <= 5 and evidence["consequence"], record
         if part == "completion":  # the watcher's thread polls on its own clock: at the step or after
             assert record["step"] >= step and evidence["off_step"] > record["step"], record
-        else:  # recorded in the step it happened in, off on every rank from the next
-            assert (record["step"], evidence["off_step"]) == (step, step + 1), record
+        else:  # recorded in the step it happened in, off on every rank from the next agreement
+            assert (record["step"], evidence["off_step"]) == (step, off_step(step, AGREE_EVERY)), record
     where = {part: record["evidence"]["where"] for part, record in errors.items()}
     assert where == {"completion": "completion thread", "ddp_hook": "ddp comm hook", "instrumentation": "layer hook",
                      "loop": "forward hook", "gate": "job.step", "replay": "job.step"}
