@@ -12,8 +12,11 @@ import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
@@ -378,3 +381,43 @@ def test_INSTR_6_GUARD_3_a_collective_on_a_group_this_rank_is_not_in_behaves_as_
     assert tracking is not None and tracking.register(dist.GroupMember.NON_GROUP_MEMBER) is None
     dist.all_reduce(torch.ones(2))  # the world's collectives still tracked
     assert tracking.tracker is not None and tracking.tracker.coordinate()[:2] == (1, 1)
+
+
+# -- issue 38: a call's fingerprint is looked up by its arguments' key --------------------------
+
+_DTYPES = (torch.float32, torch.bfloat16, torch.int64, torch.bool)
+_tensors = st.builds(lambda dtype, shape: torch.zeros(shape, dtype=dtype), st.sampled_from(_DTYPES),
+                     st.lists(st.integers(0, 3), max_size=3).map(tuple))
+_calls = st.one_of(
+    st.tuples(st.just("all_reduce"), st.tuples(_tensors), st.fixed_dictionaries({}, optional={"op": st.sampled_from(
+        [dist.ReduceOp.SUM, dist.ReduceOp.MAX]), "async_op": st.booleans()})),
+    st.tuples(st.just("all_gather"), st.tuples(st.lists(_tensors, min_size=1, max_size=3), _tensors), st.just({})),
+    st.tuples(st.just("broadcast"), st.tuples(_tensors, st.integers(0, 3)), st.just({})),
+    st.tuples(st.just("_broadcast_coalesced"), st.tuples(st.none(), st.lists(_tensors, max_size=4),
+                                                         st.sampled_from([0, 1 << 20]), st.integers(0, 1)), st.just({})),
+    st.tuples(st.just("all_to_all_single"), st.tuples(_tensors, _tensors, st.none() | st.lists(st.integers(0, 4), max_size=2),
+                                                      st.none()), st.just({})),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(first=_calls, second=_calls)
+def test_INSTR_1_a_fingerprint_looked_up_by_its_arguments_is_the_described_one(
+    first: tuple[str, tuple[Any, ...], dict[str, Any]], second: tuple[str, tuple[Any, ...], dict[str, Any]],
+) -> None:
+    """fingerprint_of keeps the fingerprints of calls it described by a key of their arguments
+    (a tensor by dtype and shape): every answer, first or looked up, is the described one, so
+    a call that differs in anything describe_call reads never gets another call's fingerprint."""
+    instrumentation = inst._Instrumentation(publisher=None)  # type: ignore[arg-type]  # not published here
+    for op, args, kwargs in (first, second, first, second):
+        assert instrumentation.fingerprint_of(op, args, kwargs) == fingerprint(inst.describe_call(op, args, kwargs))
+    assert instrumentation.failures == 0
+    assert inst.call_key(*first) is not None and inst.call_key("batch_isend_irecv", ([],), {}) is None
+
+
+def test_INSTR_1_an_unhashable_argument_is_described_at_every_call() -> None:
+    instrumentation = inst._Instrumentation(publisher=None)  # type: ignore[arg-type]
+    args = (torch.zeros(3), {"unhashable": 1})  # a dict where the op is expected
+    expected = fingerprint(inst.describe_call("all_reduce", args, {}))
+    assert instrumentation.fingerprint_of("all_reduce", args, {}) == expected
+    assert instrumentation.fingerprint_of("all_reduce", args, {}) == expected and not instrumentation._known_calls
