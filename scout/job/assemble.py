@@ -283,6 +283,7 @@ def _assemble(model: nn.Module, optimizer: torch.optim.Optimizer | None, *, run_
                         on_sdc=config.on_sdc, cycle_steps=cycle_steps,
                         checkpoint_every_cycles=config.checkpoint_every_cycles, reporter=reporter, gate=gate,
                         timeout_s=config.collective_timeout_s)
+    pipeline.loop_check_off = job_layout.loop_check_off if checks else None  # LAYOUT-3, for scout report
     calibration = None if not checks else Calibration(checks, pipeline, config=config, all_gather=control.all_gather,
                                                       reporter=reporter, rank=rank, checkpoints=ckpt is not None)
     if observer is not None:

@@ -273,6 +273,9 @@ class Pipeline:
         #: here, once per rank and recipe as GATE-41 counts them.
         self.gate_stopped = False
         self._sdc_counts = SdcReportCounter()
+        #: LAYOUT-3: why the loop straggler check is off for this layout (None: it is on, or no
+        #: checks); the restart report carries it, so that ``scout report`` can say it.
+        self.loop_check_off: str | None = None
 
     def active_checks(self) -> list[Check]:
         """The checks that are not off (GUARD-4), in their order."""
@@ -349,6 +352,8 @@ class Pipeline:
                     "world_size": self.world_size, "hosts": list(self.hosts), "groups": [list(g) for g in self.groups]}
         if lost:
             evidence["lost"] = list(lost)
+        if self.loop_check_off is not None:
+            evidence["loop_check_off"] = self.loop_check_off
         if self.gate is not None:
             self.gate.begin(decision, evidence=evidence)
         else:

@@ -73,12 +73,13 @@ def loop_ranks(records: Sequence[Mapping[str, Any]], kind: str = "loop") -> list
 
 
 def loop_timing_json(records: Sequence[Mapping[str, Any]], skipped: int,
-                     stragglers: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
-    """The summary's ``loop_timing`` object (None without a loop record)."""
+                     stragglers: Sequence[Mapping[str, Any]], off: str | None = None) -> dict[str, Any] | None:
+    """The summary's ``loop_timing`` object (None without a loop record). ``off``: why the job's
+    layout had the loop check off (LAYOUT-3), said as ``off`` where it is given."""
     loops = _loop_records(records)
     replay = {kind.value: _replay_json(records, kind.value)
               for kind in (StragglerKind.FORWARD, StragglerKind.DEVICE, StragglerKind.COMMUNICATION)}
-    if not loops and not skipped and not any(replay.values()):
+    if not loops and not skipped and not any(replay.values()) and off is None:
         return None
     ranks = loop_ranks(loops)
     return {
@@ -92,6 +93,7 @@ def loop_timing_json(records: Sequence[Mapping[str, Any]], skipped: int,
         "ranks_not_shown": max(0, len(ranks) - TIMING_RANKS_SHOWN),
         "confirmed": [_confirmation(r) for r in stragglers if not str(r["reason"]).startswith("recovered")],
         "replay": {kind: value for kind, value in replay.items() if value is not None},
+        **({"off": off} if off is not None else {}),
     }
 
 
@@ -122,6 +124,8 @@ def loop_timing_lines(summary: Mapping[str, Any] | None) -> list[str]:
     where = f", steps {first}..{last}" if first is not None else ""
     head = (f"loop timing: {summary['checks']} check(s){where}, {summary['inconclusive']} inconclusive"
             + (f"; slow ratio {slow:.2f}" if slow is not None else ""))
+    if summary.get("off") is not None and not summary["checks"]:  # LAYOUT-3: none was ever due
+        head = f"loop timing: {summary['off']} (docs/layouts.md)"
     if summary["skipped_lines"]:
         head += f"; {summary['skipped_lines']} unreadable line(s) of timing.jsonl skipped"
     lines = [head]

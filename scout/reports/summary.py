@@ -184,7 +184,8 @@ def summary_json(view: RunView) -> dict[str, Any]:
         "skipped_lines": view.skipped,
         "exclude_hosts": _exclude_hosts(view.run_dir),
         "loop_timing": loop_timing_json(view.timing, view.timing_skipped,
-                                        [r for r in view.records if r["kind"] == ReportKind.STRAGGLER]),
+                                        [r for r in view.records if r["kind"] == ReportKind.STRAGGLER],
+                                        off=_loop_check_off(view.records)),
         "parts_off": parts_off(view.records, numbers),
         # spec/budget.md BUDGET-7, BUDGET-8: each cadence the run replayed at, and what it bought.
         "cadences": [{"generation": r["generation"], "step": r["step"], "reason": r["reason"],
@@ -192,6 +193,13 @@ def summary_json(view: RunView) -> dict[str, Any]:
                                                            "overhead_budget", "status")}}
                      for r in view.records if r["kind"] == ReportKind.CADENCE],
     }
+
+
+def _loop_check_off(records: Sequence[dict[str, Any]]) -> str | None:
+    """LAYOUT-3: why the last attempt's layout had the loop check off (its restart report), or None."""
+    starts = [r for r in records if r["kind"] == ReportKind.RESTART and isinstance(r.get("evidence"), dict)]
+    off = starts[-1]["evidence"].get("loop_check_off") if starts else None
+    return off if isinstance(off, str) else None
 
 
 def parts_off(records: Sequence[dict[str, Any]], attempts: dict[int, int]) -> list[dict[str, Any]]:

@@ -184,3 +184,16 @@ def test_LOOP_6_the_picture_of_many_ranks_draws_the_highest_peaks_above_the_slow
     assert [s.rank for s in many] == [0, *range(4, 4 + PICTURE_RANKS_MAX - 1), None]
     # No slow ratio: nothing is above it, the median alone.
     assert [s.label for s in loop_series([_line("loop", 10, ratios)])[0]] == ["median of each check"]
+
+
+def test_LAYOUT_3_LOOP_6_a_layout_with_the_loop_check_off_says_so_instead_of_zero_checks() -> None:
+    why = "the loop and forward straggler checks are off: a rank that waits ... would look slow itself"
+    replay_only = loop_timing_json([_line("device", 3, [1.0, 1.5], slow_ratio=1.1)], 0, [], off=why)
+    assert replay_only is not None and replay_only["off"] == why
+    lines = loop_timing_lines(replay_only)
+    assert lines[0] == f"loop timing: {why} (docs/layouts.md)"
+    assert lines[1].startswith("replay device timing: 1 check(s)")
+    assert loop_timing_lines(loop_timing_json([], 0, [], off=why)) == [f"loop timing: {why} (docs/layouts.md)"]
+    # Where the loop check ran (an earlier attempt's checks, say), its checks are what is said.
+    assert loop_timing_lines(loop_timing_json(_records(), 0, [], off=why))[0].startswith("loop timing: 3 check(s)")
+    assert "off" not in loop_timing_json(_records(), 0, [])  # and the object is as before without it

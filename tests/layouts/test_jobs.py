@@ -17,6 +17,7 @@ import attrs
 import pytest
 
 from scout import reports
+from scout.reports.summary import load_run, summary_text
 from scout.scenarios.launcher import launch, torchrun_command, torchrun_env
 
 pytestmark = pytest.mark.torchdist
@@ -104,6 +105,11 @@ def test_LAYOUT_2_LAYOUT_5_a_pipeline_job_runs_every_stage_s_recipes_and_says_it
     assert pipeline_faults.stderr.count("loop and forward straggler checks are off") == 1
     started = next(r for r in pipeline_faults.records if r["kind"] == "restart")
     assert started["evidence"]["groups"] == [[0, 1, 2], [3, 4, 5]]
+    # LAYOUT-3: the run directory says it too, so that scout report does, not only the console.
+    assert started["evidence"]["loop_check_off"].startswith("the loop and forward straggler checks are off")
+    summary = summary_text(load_run(pipeline_faults.run_dir))
+    assert "loop timing: the loop and forward straggler checks are off: a rank that waits for a slow" in summary
+    assert "loop timing: 0 check(s)" not in summary
     # The gate's catalog: stage 0's embedding, stage 1's head, both stages' layers (LAYOUT-2).
     assert "step 10 loss" in pipeline_faults.stdout
 
