@@ -72,7 +72,7 @@ class Agreement:
     """GUARD-4: one non-blocking all-reduce of failure flags over the control group, every
     ``interval_steps`` steps."""
 
-    def __init__(self, control: ControlGroup, boundary: Boundary, timeout_s: float, interval_steps: int = 1) -> None:
+    def __init__(self, control: ControlGroup, boundary: Boundary, timeout_s: float, interval_steps: int) -> None:
         self.control = control
         self.boundary = boundary
         self.timeout_s = timeout_s

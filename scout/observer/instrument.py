@@ -175,13 +175,12 @@ KEYED_OPS: Final = frozenset({
 KNOWN_CALL_KEYS_MAX: Final = 1024
 
 
-_PLAIN: Final = frozenset({int, float, str, bool, type(None)})
-
-
 def _key_part(value: Any) -> Any:
     kind = type(value)
-    if kind in _PLAIN:
+    if kind is int or kind is str or value is None:
         return value
+    if kind is bool or kind is float:  # True == 1.0 == 1 as keys, not for describe_call's checks
+        return kind, value
     if kind is list or kind is tuple:
         return tuple([_key_part(item) for item in value])
     shape = getattr(value, "shape", None)

@@ -415,6 +415,17 @@ def test_INSTR_1_a_fingerprint_looked_up_by_its_arguments_is_the_described_one(
     assert inst.call_key(*first) is not None and inst.call_key("batch_isend_irecv", ([],), {}) is None
 
 
+def test_INSTR_1_values_equal_as_keys_but_not_to_describe_call_are_told_apart() -> None:
+    """1, True and 1.0 are equal dictionary keys; as a broadcast's source only 1 is a rank (the
+    others are undescribed, a counted failure), whichever came first."""
+    instrumentation = inst._Instrumentation(publisher=None)  # type: ignore[arg-type]
+    tensor = torch.zeros(2)
+    rank = instrumentation.fingerprint_of("broadcast", (tensor, 1), {})
+    assert rank == fingerprint(inst.describe_call("broadcast", (tensor, 1), {})) and instrumentation.failures == 0
+    undescribed = [instrumentation.fingerprint_of("broadcast", (tensor, source), {}) for source in (True, 1.0)]
+    assert rank not in undescribed and instrumentation.failures == 2
+
+
 def test_INSTR_1_an_unhashable_argument_is_described_at_every_call() -> None:
     instrumentation = inst._Instrumentation(publisher=None)  # type: ignore[arg-type]
     args = (torch.zeros(3), {"unhashable": 1})  # a dict where the op is expected
