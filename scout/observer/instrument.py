@@ -350,14 +350,13 @@ class _Instrumentation:
         # every forward); describing one costs ~8 us warm and ~40 us in a step's cold cache, a
         # look-up of its arguments' key ~1 us. The key holds everything describe_call reads --
         # every argument, a tensor by its dtype and shape -- so a hit is the same description.
-        key = call_key(op, args, kwargs)
-        if key is not None:
-            try:
-                known = self._known_calls.get(key)
-            except TypeError:  # an unhashable argument: described at every call
-                key = known = None
-            if known is not None:
-                return known
+        try:
+            key = call_key(op, args, kwargs)
+            known = None if key is None else self._known_calls.get(key)
+        except Exception:  # an unhashable argument (or one whose shape raises): described at every call
+            key = known = None
+        if known is not None:
+            return known
         try:
             value = fingerprint(describe_call(op, args, kwargs))
         except Exception:

@@ -432,3 +432,17 @@ def test_INSTR_1_an_unhashable_argument_is_described_at_every_call() -> None:
     expected = fingerprint(inst.describe_call("all_reduce", args, {}))
     assert instrumentation.fingerprint_of("all_reduce", args, {}) == expected
     assert instrumentation.fingerprint_of("all_reduce", args, {}) == expected and not instrumentation._known_calls
+
+
+def test_INSTR_6_an_argument_whose_shape_raises_is_an_undescribed_call_not_an_exception() -> None:
+    class Odd:
+        dtype = "float32"
+
+        @property
+        def shape(self) -> tuple[int, ...]:
+            raise RuntimeError("no shape here")
+
+    instrumentation = inst._Instrumentation(publisher=None)  # type: ignore[arg-type]
+    undescribed = fingerprint(CollectiveCall("all_reduce", detail=(("undescribed", 1),)))
+    assert instrumentation.fingerprint_of("all_reduce", (Odd(),), {}) == undescribed
+    assert instrumentation.failures == 1
