@@ -34,6 +34,7 @@ from scout.observer import instrument
 from scout.reports import guard
 from scout.reports.guard import CONSEQUENCES, NEEDS_CONTROL, Boundary, Failure, Part
 from scout.reports.kinds import ReportKind
+from scout.transport.nccl.work import TimedOut, wait_work
 
 if TYPE_CHECKING:
     from scout.ops.launch import NodeOps
@@ -48,8 +49,6 @@ FLAG_ORDER: Final = tuple(Part)
 CHECK_PARTS: Final = frozenset({Part.LOOP, Part.REPLAY, Part.EXPERTS, Part.CANARY})
 #: GUARD-6: the parts whose results the gate needs to close a cycle.
 GATE_FEEDERS: Final = frozenset({Part.REPLAY, Part.EXPERTS, Part.CANARY})
-#: How often a wait for the agreement looks again (it has usually completed long before).
-POLL_S: Final = 0.0005
 
 
 class ControlFailed(RuntimeError):
@@ -101,18 +100,13 @@ class Agreement:
             return []
         work, flags = self._pending
         self._pending = None
-        deadline = time.monotonic() + self.timeout_s
-        try:
-            while not work.is_completed():
-                if time.monotonic() >= deadline:
-                    raise ControlFailed(f"the agreement did not complete within collective_timeout_s={self.timeout_s} "
-                                        "s: a rank is more than a step behind, or gone")
-                time.sleep(POLL_S)
-            work.wait()  # raises what the collective met
-        except ControlFailed:
-            raise
-        except Exception as error:
-            raise ControlFailed(f"the agreement failed: {type(error).__name__}: {error}") from error
+        # spec/transport.md WAIT-1, WAIT-7: bounded, asleep on the work's future, never an aborting wait.
+        outcome = wait_work(work, time.monotonic() + self.timeout_s)
+        if isinstance(outcome, TimedOut):
+            raise ControlFailed(f"the agreement did not complete within collective_timeout_s={self.timeout_s} "
+                                "s: a rank is more than a step behind, or gone")
+        if outcome is not None:
+            raise ControlFailed(f"the agreement failed: {type(outcome).__name__}: {outcome}") from outcome
         return [part for part, flag in zip(FLAG_ORDER, flags.tolist(), strict=True) if flag]
 
     def gather(self, parts: Sequence[Part]) -> list[Failure]:
@@ -134,9 +128,7 @@ class Agreement:
         pending, self._pending = self._pending, None
         if pending is None:
             return
-        deadline = time.monotonic() + wait_s
-        while not pending[0].is_completed() and time.monotonic() < deadline:
-            time.sleep(POLL_S)
+        wait_work(pending[0], time.monotonic() + wait_s)  # its outcome no longer matters to anyone
 
 
 class GuardedJob:

@@ -6,6 +6,7 @@ the same behaviour on real gloo ranks is ``torch_tensor_silent_peer`` in the con
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -20,6 +21,7 @@ from scout.transport.nccl.work import TIMED_OUT, completed_now, wait_work
 from tests.transport.fake_nccl import CommunicatorAborted, FakeCommunicator
 
 FAST_POLL = PollSettings(busy_poll_s=0.001, poll_interval_s=0.002, min_sleep_s=0.0001)
+SLEEPING_POLL = PollSettings(busy_poll_s=0.0, poll_interval_s=0.002, min_sleep_s=0.0001)
 
 
 def test_WAIT_2_the_fake_aborts_on_a_timed_out_wait_as_nccl_does() -> None:
@@ -216,3 +218,114 @@ def test_WAIT_1_peer_group_backend_failure_is_a_transport_error(
     with pytest.raises(TransportError, match="internal check failed") as caught:
         peers.all_gather_int64([1])
     assert not isinstance(caught.value, DeadlineExceeded)
+
+
+# -- WAIT-7: asleep on the work's future ---------------------------------------------------------
+
+
+class FutureWork:
+    """A work whose future completes ``after_s`` after it was made (None: never), with the
+    queries of ``is_completed`` and the ``get_future`` calls counted."""
+
+    def __init__(self, after_s: float | None) -> None:
+        self.future: torch.futures.Future[None] = torch.futures.Future()
+        self.polls = 0
+        self.futures_asked = 0
+        if after_s is not None:
+            threading.Timer(after_s, self.future.set_result, args=(None,)).start()
+
+    def is_completed(self) -> bool:
+        self.polls += 1
+        return self.future.done()
+
+    def get_future(self) -> torch.futures.Future[None]:
+        self.futures_asked += 1
+        return self.future
+
+    def wait(self) -> bool:
+        return True
+
+
+def test_WAIT_7_a_wait_sleeps_on_the_future_and_queries_once_it_completed() -> None:
+    work = FutureWork(after_s=0.1)
+    began_s = time.monotonic()
+    assert wait_work(work, time.monotonic() + 10.0, FAST_POLL) is None
+    assert time.monotonic() - began_s >= 0.1
+    # WAIT-1's poll would have queried every few hundred microseconds for 0.1 s.
+    assert work.polls == 1 and work.futures_asked == 1
+
+
+def test_WAIT_7_a_future_that_never_completes_ends_at_the_deadline_and_the_work_stays_in_flight() -> None:
+    work = FutureWork(after_s=None)
+    began_s = time.monotonic()
+    assert wait_work(work, time.monotonic() + 0.1, FAST_POLL) is TIMED_OUT
+    assert 0.1 <= time.monotonic() - began_s < 5.0
+    # WAIT-3's one look asks for no future: no callback piles up on a work that is only looked at.
+    assert completed_now(work) is TIMED_OUT and work.futures_asked == 1
+    work.future.set_result(None)
+    assert completed_now(work) is None and work.futures_asked == 1
+
+
+def test_WAIT_7_a_work_whose_backend_refuses_a_future_is_polled_as_before() -> None:
+    comm = FakeCommunicator()
+    work = comm.collective(completes_after_s=0.03)
+
+    def refused() -> None:
+        raise RuntimeError("getFuture is not supported by this backend")
+
+    work.get_future = refused  # type: ignore[attr-defined]
+    assert wait_work(work, time.monotonic() + 10.0, FAST_POLL) is None
+    assert work.waits == [None] and work.polls > 1
+
+
+def test_WAIT_7_on_real_gloo_a_rank_waiting_for_a_late_peer_queries_once(tmp_path: Path) -> None:
+    """Two gloo ranks of one process (threads): rank 0's all-gather waits 0.2 s for rank 1;
+    the wait wakes when rank 1 arrives, with the gathered rows, and queries the work about once
+    -- gloo completes the future a moment before the work's own flag, so a second query may be
+    needed. Without a busy phase, WAIT-1's poll alone would query >= 100 times in 0.2 s."""
+    store = dist.HashStore()
+    groups: list[Any] = [None, None]
+
+    def build(rank: int) -> None:
+        options = dist.ProcessGroupGloo._Options()
+        options._timeout = timedelta(seconds=30)
+        options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+        groups[rank] = dist.ProcessGroupGloo(store, rank, 2, options)
+
+    builders = [threading.Thread(target=build, args=(rank,)) for rank in (0, 1)]
+    for thread in builders:
+        thread.start()
+    for thread in builders:
+        thread.join(timeout=30.0)
+    assert all(group is not None for group in groups)
+
+    def gather(rank: int) -> tuple[Any, list[Any]]:
+        rows = [torch.zeros(2, dtype=torch.int64) for _ in range(2)]
+        return groups[rank].allgather([rows], [torch.tensor([rank, 10 + rank])]), rows
+
+    class Counted:
+        def __init__(self, work: Any) -> None:
+            self.work, self.polls = work, 0
+
+        def is_completed(self) -> bool:
+            self.polls += 1
+            return bool(self.work.is_completed())
+
+        def wait(self) -> bool:
+            return bool(self.work.wait())
+
+        def get_future(self) -> Any:
+            return self.work.get_future()
+
+    work, rows = gather(0)
+    counted = Counted(work)
+    late = threading.Timer(0.2, lambda: gather(1)[0].wait())
+    late.start()
+    began_s = time.monotonic()
+    try:
+        assert wait_work(counted, time.monotonic() + 30.0, SLEEPING_POLL) is None
+    finally:
+        late.join(timeout=30.0)
+    assert time.monotonic() - began_s >= 0.15
+    assert counted.polls < 20
+    assert [row.tolist() for row in rows] == [[0, 10], [1, 11]]

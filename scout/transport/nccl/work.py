@@ -11,6 +11,10 @@ backend error and, on NCCL, order the current stream after it. At the deadline i
 :data:`TIMED_OUT` and leaves the work in flight: the communicator stays usable, and a late peer
 still completes the collective.
 
+Before it polls, the wait sleeps on the work's future (WAIT-7): on gloo that future completes
+with the collective, so a rank waiting for late peers takes no CPU from them -- on a host with
+more ranks than cores, the 2 ms of yielding was CPU the late ranks needed.
+
 Every process group that scout waits on this way must have a backend timeout (the
 ``timeout=`` of ``init_process_group``/``new_group``, which NCCL's watchdog enforces) well above
 scout's deadlines, or the watchdog aborts first (WAIT-4).
@@ -18,9 +22,14 @@ scout's deadlines, or the watchdog aborts first (WAIT-4).
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 from typing import Any, Final
 
 from scout.transport._binding import PollSettings, wait_until
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["TIMED_OUT", "WORK_POLL", "TimedOut", "completed_now", "wait_work"]
 
@@ -40,10 +49,26 @@ TIMED_OUT: Final = TimedOut()
 WORK_POLL: Final = PollSettings(busy_poll_s=0.002, poll_interval_s=0.001, min_sleep_s=0.00005)
 
 
+def _completion_event(work: Any) -> threading.Event | None:
+    """WAIT-7: an event set when ``work``'s future completes (on gloo: when the collective
+    does), or None for a work without a future or whose backend refuses one."""
+    get_future = getattr(work, "get_future", None)
+    if get_future is None:
+        return None
+    event = threading.Event()
+    try:
+        get_future().add_done_callback(lambda _future: event.set())
+    except Exception:  # noqa: BLE001 - a backend without futures for this work: WAIT-1's poll alone
+        logger.debug("scout: a work without a usable future; its wait polls", exc_info=True)
+        return None
+    return event
+
+
 def wait_work(work: Any, deadline_s: float, poll: PollSettings = WORK_POLL) -> TimedOut | Exception | None:
     """WAIT-1: None once ``work`` completed without error; the backend's exception if it
     failed; :data:`TIMED_OUT` if it has not completed by ``deadline_s`` (``time.monotonic``).
-    ``work.wait`` is called without a timeout, and only after ``work.is_completed()``."""
+    ``work.wait`` is called without a timeout, and only after ``work.is_completed()``; before
+    polling, the caller sleeps on the work's future (WAIT-7)."""
     failure: list[Exception] = []
 
     def done() -> bool:
@@ -53,6 +78,12 @@ def wait_work(work: Any, deadline_s: float, poll: PollSettings = WORK_POLL) -> T
             failure.append(exc)
             return True
 
+    # WAIT-7: sleep until the future completes. Not for a deadline already past (completed_now,
+    # WAIT-3's one look): no callback is left on a work that is only looked at.
+    remaining_s = deadline_s - time.monotonic()
+    event = _completion_event(work) if remaining_s > 0 else None
+    if event is not None:
+        event.wait(remaining_s)
     if not wait_until(done, deadline_s, poll):
         return TIMED_OUT
     if failure:
