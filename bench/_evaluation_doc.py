@@ -54,11 +54,18 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     return lines + [""]
 
 
+def _cpu(host: dict[str, Any]) -> str:
+    return f"{host.get('cpu_model', '?')}, {host.get('cores', '?')} cores"
+
+
 def _load(section: dict[str, Any]) -> str:
+    """The section's load, duration and start, and the machine it ran on (sections of one
+    document may come from different machines: each keeps its own)."""
     before, after = section.get("load_before") or [], section.get("load_after") or []
+    machine = f"; on {_cpu(section['host'])}" if section.get("host") else ""
     return (f"load average (1/5/15 min) {'/'.join(f'{v:g}' for v in before)} before, "
             f"{'/'.join(f'{v:g}' for v in after)} after; {section.get('duration_s', 0):.0f} s; started "
-            f"{section.get('started', '?')}")
+            f"{section.get('started', '?')}{machine}")
 
 
 def _bound(row: dict[str, Any]) -> str:
@@ -90,10 +97,12 @@ def render(document: dict[str, Any], plots_dir: str = "evaluation") -> str:
     ]
     if document.get("quick"):
         out += ["> **Quick run**: toy sizes that exercise every path; these figures are not the goals'.", ""]
-    out += [f"Machine: {machine.get('cpu_model', '?')}, {machine.get('cores', '?')} cores "
-            f"({machine.get('machine', '?')}, {machine.get('system', '?')}); Python {machine.get('python', '?')}, "
-            f"torch {machine.get('torch', '?')} (CPU, gloo). Total duration of the sections: "
-            f"{document.get('duration_s', 0) / 60:.0f} min.", ""]
+    cpus = sorted({_cpu(section["host"]) for section in sections.values() if section.get("host")})
+    where = (f"Machine: {_cpu(machine)}" if len(cpus) <= 1 else
+             f"Machines: {' and '.join(cpus)} -- each section names its own, beside its load")
+    out += [f"{where} ({machine.get('machine', '?')}, {machine.get('system', '?')}); Python "
+            f"{machine.get('python', '?')}, torch {machine.get('torch', '?')} (CPU, gloo). Total duration of the "
+            f"sections: {document.get('duration_s', 0) / 60:.0f} min.", ""]
     out += ["## Goals", ""]
     out += _table(["goal", "measured", "target", "met"],
                   [[g["name"], f"{g['measured']:.4g} {g['unit']}".strip(), f"{g['comparison']} {g['target']:g}",
@@ -493,22 +502,44 @@ def _budget(section: dict[str, Any], _plots_dir: str) -> list[str]:
            "round's run chose (median, range): an SDC that recurs in replayed work is found within one cycle, and a "
            f"checkpoint comes every {section['checkpoint_every_cycles']} cycles, verified one cycle after it is "
            "written.", ""]
-    rows = []
+    rows, over = [], []
     for name, entry in section["models"].items():
         cadences = entry["cadence"]
-        intervals = sorted({c["replay_interval_steps"] for c in cadences if c["replay_interval_steps"]})
-        lanes = sorted({c["lanes"] for c in cadences if c["lanes"]})
-        cycle = entry["cycle_steps"]
-        every = ", ".join(str(i) for i in intervals) + ("" if lanes == [1] else f" ({'/'.join(map(str, lanes))} lanes)")
+        # BUDGET-4: a run whose last decision was over-budget runs replay at k_max, i.e. not at all.
+        off = [c for c in cadences if _over_budget(c)]
+        kept = [c for c in cadences if not _over_budget(c)]
+        intervals = sorted({c["replay_interval_steps"] for c in kept if c["replay_interval_steps"]})
+        lanes = sorted({c["lanes"] for c in kept if c["lanes"]})
+        every = ", ".join(str(i) for i in intervals) + ("" if lanes in ([1], []) else f" ({'/'.join(map(str, lanes))} lanes)")
+        if off:
+            every = (every + "; " if every else "") + f"off (over budget) in {len(off)} of {len(cadences)} runs"
+            shares = [100 * c["decisions"][-1]["share"] for c in off]
+            over.append(f"{name}: scout's own measurement of its work at every step (BUDGET-3's F / T) was "
+                        f"{min(shares):.2f} to {max(shares):.2f} % of a step, over the {100 * budget:g} % budget, so "
+                        "replay stopped (BUDGET-4: the longest cadence); the overhead measured beside it is larger "
+                        "because F leaves out the hooks inside the forward and backward, the observer process and, "
+                        "with more ranks than cores, the CPU each rank's threads take from the others.")
+        cycle = entry["cycle_steps"] if kept else {"median": None}
         median_cycle = cycle["median"]
         checkpoint = "-" if median_cycle is None else f"{median_cycle * section['checkpoint_every_cycles']:.0f}"
         rows.append([name, f"{entry['parameters'] / 1e6:.1f}M", str(entry["nproc"]), f"{entry['batch']} x "
                      f"{entry['sequence']}", _spread(entry["off_step_s"], 3, " s"),
                      f"**{_spread_pct(entry['overhead'])}**", _spread_pct(entry["noise"]), f"{100 * budget:g} %",
-                     every or "-", _spread(cycle, 0), _num(median_cycle, 0), checkpoint])
+                     every or "-", _spread(cycle, 0) if kept else "-", _num(median_cycle, 0) if kept else "none",
+                     checkpoint])
     out += _table(["model", "parameters", "ranks", "batch", "step without scout", "overhead", "noise (A/A)", "budget",
                    "replay interval (steps)", "cycle (steps)", "SDC bound (steps)", "checkpoint every (steps)"], rows)
+    out += [line for text in over for line in (text, "")]
+    missing = [name for name in section.get("planned", ()) if name not in section["models"]]
+    if missing:
+        out += [f"> **Not in this run**: {', '.join(missing)} (`./dev py bench/evaluate.py --sections budget "
+                "--budget-models KEY` adds a model and keeps the others).", ""]
     return out
+
+
+def _over_budget(cadence: dict[str, Any]) -> bool:
+    decisions = cadence.get("decisions") or []
+    return bool(decisions) and decisions[-1].get("status") == "over-budget"
 
 
 def plots(document: dict[str, Any], directory: Path) -> list[Path]:

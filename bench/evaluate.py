@@ -363,11 +363,13 @@ def run_budget(section: dict[str, Any], quick: bool, rounds: int, log: Callable[
     models by key (``--budget-models``); the others of an ``earlier`` run of the section are kept."""
     budget = Config().overhead_budget
     kept = {} if earlier is None or not only else dict(earlier.get("models", {}))
+    models = QUICK_BUDGET_MODELS if quick else BUDGET_MODELS
     section.update({"design": "paired", "rounds": rounds, "allocator": allocator, "overhead_budget": budget,
-                    "checkpoint_every_cycles": Config().checkpoint_every_cycles, "models": kept})
+                    "checkpoint_every_cycles": Config().checkpoint_every_cycles, "models": kept,
+                    "planned": [model["name"] for model in models]})
     work = Path(tempfile.mkdtemp(prefix="scout-budget-"))
     try:
-        for model in QUICK_BUDGET_MODELS if quick else BUDGET_MODELS:
+        for model in models:
             if only and model["key"] not in only:
                 continue
             size, layers = model["size"], attach_overhead.SIZES[model["size"]]["layers"]

@@ -202,3 +202,34 @@ def test_BUDGET_1_the_budget_section_gives_a_goal_per_model_within_the_budget_pl
     assert "## 7. The overhead budget: every model within it" in text
     assert ("| tiny GPT | 0.2M | 4 | 8 x 32 | 0.035 s (0.033 to 0.040) | **+1.30 % (+0.40 % to +2.10 %)** | "
             "+0.10 % (-0.60 % to +0.40 %) | 1 % | 120, 133, 140 | 399 (360 to 420) | 399 | 1995 |") in text
+
+
+def test_BUDGET_4_a_model_over_budget_is_rendered_as_replay_off_with_its_own_measurement() -> None:
+    """A run whose last cadence decision is over-budget runs replay at the longest cadence, i.e.
+    not at all: the table says "off", no cycle and no SDC bound (not k_max's 3,000,000 steps), and
+    the line below gives scout's own share beside the overhead measured; the models planned and
+    not run are named."""
+    spread = lambda median, low, high: {"n": 5, "median": median, "min": low, "max": high}  # noqa: E731
+    over = {"interval_steps": 1_000_000, "cycle_steps": 3_000_000, "share": 0.0117, "status": "over-budget",
+            "reason": "scout's work at every step alone takes 1.17 % of a step on a rank (overhead_budget 1 %)"}
+    within = {"interval_steps": 114, "cycle_steps": 342, "share": 0.00997, "status": "within", "reason": ""}
+    entry = {"size": "tiny3", "batch": 8, "nproc": 4, "sequence": 32, "parameters": 0.2e6, "layers": 3,
+             "steps": 1000, "warmup": 8, "off_step_s": spread(0.030, 0.030, 0.031),
+             "overhead": spread(0.091, 0.084, 0.105), "noise": spread(-0.005, -0.016, 0.008),
+             "cadence": [{"replay_interval_steps": 1_000_000, "lanes": 1, "cycle_steps": 3_000_000,
+                          "decisions": [within, {**over, "share": share}]} for share in (0.0102, 0.0129)],
+             "cycle_steps": spread(3_000_000, 3_000_000, 3_000_000)}
+    document = {"quick": False, "host": {"cpu_model": "B"}, "sections": {
+        "budget": {"overhead_budget": 0.01, "checkpoint_every_cycles": 5, "rounds": 5, "models": {"tiny GPT": entry},
+                   "planned": ["tiny GPT", "4.2M GPT"], "load_before": [0, 0, 0], "load_after": [0, 0, 0],
+                   "host": {"cpu_model": "B", "cores": 2}},
+        "batch": {"load_before": [0, 0, 0], "load_after": [0, 0, 0], "host": {"cpu_model": "A", "cores": 2}}}}
+    text = _doc_module()._budget(document["sections"]["budget"], "plots")
+    joined = "\n".join(text)
+    assert "| 1 % | off (over budget) in 2 of 2 runs | - | none | - |" in joined
+    assert "3000000" not in joined
+    assert "was 1.02 to 1.29 % of a step, over the 1 % budget, so replay stopped" in joined
+    assert "**Not in this run**: 4.2M GPT" in joined
+    assert "; on B, 2 cores." in joined
+    header = _doc_module().render({**document, "sections": {"budget": document["sections"]["budget"]}}, "plots")
+    assert "Machine: B" in header
