@@ -17,7 +17,7 @@ import pytest
 
 from scout.transport._binding import PollSettings
 from scout.transport.base import DeadlineExceeded, TransportError
-from scout.transport.nccl.work import TIMED_OUT, completed_now, wait_work
+from scout.transport.nccl.work import FUTURE_SLICE_S, TIMED_OUT, completed_now, wait_work
 from tests.transport.fake_nccl import CommunicatorAborted, FakeCommunicator
 
 FAST_POLL = PollSettings(busy_poll_s=0.001, poll_interval_s=0.002, min_sleep_s=0.0001)
@@ -251,8 +251,20 @@ def test_WAIT_7_a_wait_sleeps_on_the_future_and_queries_once_it_completed() -> N
     began_s = time.monotonic()
     assert wait_work(work, time.monotonic() + 10.0, FAST_POLL) is None
     assert time.monotonic() - began_s >= 0.1
-    # WAIT-1's poll would have queried every few hundred microseconds for 0.1 s.
-    assert work.polls == 1 and work.futures_asked == 1
+    # One query per slice of FUTURE_SLICE_S and one after; WAIT-1's poll alone would have queried
+    # every few hundred microseconds for 0.1 s.
+    assert work.polls <= 0.1 / FUTURE_SLICE_S + 2 and work.futures_asked == 1
+
+
+def test_WAIT_7_a_future_that_lags_its_work_costs_a_slice_not_the_deadline() -> None:
+    """A backend whose future never completes although its work does: the wait ends within a
+    slice of the work's completion, not at the deadline 10 s later."""
+    work = FutureWork(after_s=None)
+    done_at_s = time.monotonic() + 0.1
+    work.is_completed = lambda: time.monotonic() >= done_at_s  # type: ignore[method-assign]
+    began_s = time.monotonic()
+    assert wait_work(work, time.monotonic() + 10.0, FAST_POLL) is None
+    assert 0.1 <= time.monotonic() - began_s < 0.1 + FUTURE_SLICE_S + 1.0
 
 
 def test_WAIT_7_a_future_that_never_completes_ends_at_the_deadline_and_the_work_stays_in_flight() -> None:
