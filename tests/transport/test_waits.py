@@ -290,11 +290,12 @@ def test_WAIT_7_a_work_whose_backend_refuses_a_future_is_polled_as_before() -> N
     assert work.waits == [None] and work.polls > 1
 
 
-def test_WAIT_7_on_real_gloo_a_rank_waiting_for_a_late_peer_queries_once(tmp_path: Path) -> None:
+def test_WAIT_7_on_real_gloo_a_rank_waiting_for_a_late_peer_queries_once_a_slice(tmp_path: Path) -> None:
     """Two gloo ranks of one process (threads): rank 0's all-gather waits 0.2 s for rank 1;
-    the wait wakes when rank 1 arrives, with the gathered rows, and queries the work about once
-    -- gloo completes the future a moment before the work's own flag, so a second query may be
-    needed. Without a busy phase, WAIT-1's poll alone would query >= 100 times in 0.2 s."""
+    the wait wakes when rank 1 arrives, with the gathered rows, and queries the work once per
+    slice of FUTURE_SLICE_S and about once after (gloo completes the future a moment before the
+    work's own flag, so a second query may be needed): a handful of queries. Without a busy phase,
+    WAIT-1's poll alone queries >= 100 times in 0.2 s."""
     store = dist.HashStore()
     groups: list[Any] = [None, None]
 
