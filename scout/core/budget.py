@@ -78,7 +78,8 @@ CALIBRATION: Final = Cadence(INTERVAL_MIN, 1)
 @attrs.frozen
 class StepSample:
     """BUDGET-3: one step of one rank: its period (end of one ``job.step()`` to the end of the
-    next), its time inside ``job.step()`` (a checkpoint save left out), and whether a replay was due."""
+    next), scout's time in it (inside ``job.step()``, a checkpoint save left out, and in scout's
+    hooks: BUDGET-10), and whether a replay was due."""
 
     period_s: float
     scout_s: float

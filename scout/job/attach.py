@@ -52,6 +52,7 @@ from scout.observer import instrument
 from scout.observer.progress import launcher_job_id
 from scout.replay.collectives import TorchPeerGroup
 from scout.reports import guard
+from scout.reports.hook_time import HOOK_TIME
 from scout.reports.kinds import FinishedReason, ReportKind, attempt_failure
 
 __all__ = ["CheckpointSaveFailed", "FaultDetected", "Job", "attach"]
@@ -85,8 +86,7 @@ class Job:
                               config.agreement_interval_steps)
         self.guarded = GuardedJob(self.boundary, agreement, self.pipeline, rank=self.rank, ops=self.parts.ops)
         self.files = _dcp_files(self)  # the restore and save programs' disk work (None: no checkpoint_dir)
-        #: Seconds this rank spent in each part of scout inside job.step() (bench/attach_overhead.py).
-        self.costs = self.pipeline.costs
+        self.costs = self.pipeline.costs  # seconds in each part of scout inside job.step() (bench/attach_overhead.py)
         self.timeline = self._step = 0
         #: The last step asked for a checkpoint (a cycle end, every checkpoint_every_cycles): scout
         #: saves its own with checkpoint_dir; an integration asks the framework to save (FRAME-11).
@@ -183,14 +183,14 @@ class Job:
         began = time.perf_counter()
         self._step += 1
         step = self.boundary.step = self._step
-        stop = self.guarded.run_step(step, partial(self._control_work, step, began))
+        stop = self.guarded.run_step(step, partial(self._control_work, step, began, HOOK_TIME.take_s()))
         self.boundary.step = step + 1  # the next step's training phase begins
         self.pipeline.step_begins()
         if stop is not None:
             raise FaultDetected.of(stop)
 
-    def _control_work(self, step: int, began: float) -> Stop | None:
-        """The step's pipeline, then the save where a checkpoint is due (GUARD-7 around both)."""
+    def _control_work(self, step: int, began: float, hooks_s: float = 0.0) -> Stop | None:
+        """The step's pipeline, then the save where one is due (GUARD-7); ``hooks_s``: BUDGET-10."""
         outcome = self.parts.control.run(run_step(self.pipeline, step))
         self.checkpoint_due, checkpoint_s = outcome.checkpoint_due, 0.0
         if outcome.checkpoint_due and self.files is not None:  # its time is also costs["cycle_end_s"]
@@ -199,8 +199,9 @@ class Job:
                                             on_checkpoint_error=self.config.on_checkpoint_error,
                                             timeout_s=self.config.collective_timeout_s))
             checkpoint_s = time.perf_counter() - started
+        HOOK_TIME.take_s()  # BUDGET-10: what passed through the hooks during job.step() is in its time
         if self.parts.calibration is not None:  # spec/budget.md BUDGET-3: what scout cost this step
-            self.parts.calibration.step_ended(step, time.perf_counter() - began - checkpoint_s, checkpoint_s)
+            self.parts.calibration.step_ended(step, time.perf_counter() - began - checkpoint_s + hooks_s, checkpoint_s)
         return outcome.stop
 
     def loader(self, loader: Any, name: str = "train") -> Any:

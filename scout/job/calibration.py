@@ -130,8 +130,9 @@ class Calibration:
         return any(check.runner.schedule.due(step) for check in (self.dense, self.experts) if check is not None)
 
     def step_ended(self, step: int, scout_s: float, excluded_s: float = 0.0) -> None:
-        """BUDGET-3: step ``step`` ended now, ``scout_s`` of it in ``job.step()`` (a checkpoint
-        save, ``excluded_s``, left out of both); at a cycle end, BUDGET-5's exchange and decision."""
+        """BUDGET-3: step ``step`` ended now, ``scout_s`` of it scout's time (in ``job.step()`` and,
+        BUDGET-10, in its hooks; a checkpoint save, ``excluded_s``, left out of both); at a cycle
+        end, BUDGET-5's exchange and decision."""
         if not self._measuring:
             return
         now_s = self.clock()

@@ -36,6 +36,7 @@ from scout.replay.runner import ReplayRunner, StepReport
 from scout.replay.stragglers import StragglerKind
 from scout.reports import guard
 from scout.reports.guard import Part
+from scout.reports.hook_time import HOOK_TIME, now_ns
 from scout.reports.kinds import ReportKind, SdcReason
 from scout.reports.timing import timing_arguments
 
@@ -280,12 +281,14 @@ def _loop_hook(action: Callable[[], None]) -> None:
     failure of the loop part on this rank they do nothing, and a failure never reaches the forward."""
     if not guard.running(Part.LOOP):
         return
+    started = now_ns()
     try:
         if guard.INJECTING:
             guard.inject("loop.forward_hook")
         action()
     except Exception as error:
         guard.failed(Part.LOOP, error, "forward hook")
+    HOOK_TIME.spent_ns += now_ns() - started  # spec/budget.md BUDGET-10
 
 
 def loop_listener(listener: Callable[..., Callable[[], None]]) -> Callable[..., Callable[[], None]]:

@@ -30,6 +30,7 @@ from scout.observer import instrument
 from scout.observer.progress import ProgressPublisher
 from scout.reports import guard
 from scout.reports.guard import Part
+from scout.reports.hook_time import HOOK_TIME, now_ns
 
 __all__ = ["publish_ddp_buckets"]
 
@@ -78,6 +79,7 @@ def publish_ddp_buckets(
         return found
 
     def hook(state: Any, bucket: Any) -> Any:
+        started = now_ns()  # spec/budget.md BUDGET-10: scout's part, not the all-reduce
         buffer = bucket.buffer()
         finishers: list[Callable[[], None] | None] = []
         tracker, entry, bucket_fingerprint = None, None, 0
@@ -101,8 +103,10 @@ def publish_ddp_buckets(
         # tracking (INSTR-11): the bucket's average by an asynchronous all-reduce (INSTR-15). It is
         # the job's collective: what it raises is the job's (GUARD-1), and it runs whatever
         # happened to scout's work above, so the gradients are averaged as without scout.
+        launching = now_ns()
         with instrument.already_published():
             work = all_reduce_mean(buffer)
+        launched = now_ns()
         if tracker is not None:
             try:
                 tracker.end(entry, work)
@@ -118,7 +122,9 @@ def publish_ddp_buckets(
                         logger.debug("scout: a bucket listener failed", exc_info=True)
             return done.value()[0]
 
-        return work.get_future().then(completed)
+        future = work.get_future().then(completed)
+        HOOK_TIME.spent_ns += launching - started + now_ns() - launched
+        return future
 
     def _started(listener: Callable[[], Callable[[], None]]) -> Callable[[], None] | None:
         try:

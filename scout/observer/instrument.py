@@ -52,6 +52,7 @@ from scout.observer.functional import FunctionalTracking
 from scout.observer.progress import ProgressPublisher, Stage
 from scout.reports import guard
 from scout.reports.guard import Part
+from scout.reports.hook_time import HOOK_TIME, now_ns
 
 __all__ = [
     "COLLECTIVES",
@@ -392,6 +393,7 @@ class _Instrumentation:
             tracker = self.safe_tracker(op, args, kwargs)
             if not publish and not tracked and tracker is None:
                 return original(*args, **kwargs)
+            started = now_ns()  # BUDGET-10: scout's part of the call, on the training thread
             # LOOP-5: the loop timer times every collective the host publishes and every one of a
             # tracked group, from any thread.
             fingerprint = self.fingerprint_of(op, args, kwargs)
@@ -403,10 +405,12 @@ class _Instrumentation:
             finishers = self.started_listeners(blocking=publish and not asynchronous)
             self.depth += 1
             result: Any = None
+            called = now_ns()
             try:
                 result = original(*args, **kwargs)
                 return result
             finally:
+                returned = now_ns()
                 self.depth -= 1
                 if tracker is not None:
                     self.safely(tracker.end, entry, result if asynchronous else None, part=Part.COMPLETION)
@@ -414,6 +418,8 @@ class _Instrumentation:
                     self.safely(self.publisher.exit_collective)
                 work = result if asynchronous and hasattr(result, "get_future") else None
                 self.safely(finish_at_completion, finishers, work)
+                if publish:
+                    HOOK_TIME.spent_ns += called - started + now_ns() - returned
 
         wrapper.__scout_instrumented__ = True  # type: ignore[attr-defined]
         return wrapper
@@ -678,6 +684,7 @@ def instrument_module(module: Any, *, layers: Iterable[Any] | None = None, befor
 
     def publish() -> None:
         if active.enabled and active.publishing and get_ident() == thread_id:
+            started = now_ns()
             try:
                 if guard.INJECTING:
                     guard.inject("instrumentation.layer_hook")
@@ -685,6 +692,7 @@ def instrument_module(module: Any, *, layers: Iterable[Any] | None = None, befor
             except Exception as error:  # spec/guard.md GUARD-3: never into the forward
                 active.failures += 1
                 guard.failed(Part.INSTRUMENTATION, error, "layer hook")
+            HOOK_TIME.spent_ns += now_ns() - started  # spec/budget.md BUDGET-10
 
     def before(_module: Any, _inputs: Any) -> None:
         publish()
@@ -705,11 +713,15 @@ def instrument_optimizer(optimizer: Any, *, first_step: int = 1) -> None:
     counter = {"step": first_step}
 
     def after_step(_optimizer: Any, _args: Any, _kwargs: Any) -> None:
-        counter["step"] += 1
-        if active.owns_thread():
-            active.safely(active.publisher.begin_step, counter["step"])
-            for check in active.step_checks:
-                check()
+        started = now_ns()
+        try:
+            counter["step"] += 1
+            if active.owns_thread():
+                active.safely(active.publisher.begin_step, counter["step"])
+                for check in active.step_checks:
+                    check()
+        finally:  # spec/budget.md BUDGET-10
+            HOOK_TIME.spent_ns += now_ns() - started
 
     active.hook_handles.append(optimizer.register_step_post_hook(after_step))
     if active.owns_thread():
@@ -728,11 +740,15 @@ class _StagedIterator:
         active = _ACTIVE
         if active is None or not active.owns_thread():
             return next(self._iterator)
+        started = now_ns()
         active.safely(active.publisher.begin_stage, Stage.DATA_LOADING, self._key)
+        fetching = now_ns()
         try:
             return next(self._iterator)
         finally:
+            fetched = now_ns()
             active.safely(active.publisher.end_stage)
+            HOOK_TIME.spent_ns += fetching - started + now_ns() - fetched  # spec/budget.md BUDGET-10
 
 
 class _StagedLoader:

@@ -48,6 +48,7 @@ from scout.replay.self_check import LiveCall, LiveOutcome, check_live_call, reco
 from scout.replay.tree import describe, map_tensors, tensor_leaves
 from scout.reports import guard
 from scout.reports.guard import Part
+from scout.reports.hook_time import HOOK_TIME, now_ns
 
 __all__ = ["Capture", "CaptureFailure", "ModuleCapture", "is_sharded"]
 
@@ -262,6 +263,13 @@ class ModuleCapture:
 
     def _hook_for(self, recipe: RecipeId) -> Any:
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            started = now_ns()
+            try:
+                captured(module, args, kwargs)
+            finally:  # spec/budget.md BUDGET-10
+                HOOK_TIME.spent_ns += now_ns() - started
+
+        def captured(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             if recipe not in self._armed or self._suspended:
                 return
             if recipe in self._records:
@@ -294,6 +302,13 @@ class ModuleCapture:
         the step goes on with."""
 
         def after(hooked: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+            started = now_ns()
+            try:
+                record_output(hooked, args, kwargs, output)
+            finally:  # spec/budget.md BUDGET-10
+                HOOK_TIME.spent_ns += now_ns() - started
+
+        def record_output(hooked: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
             handle.remove()
             self._watching.pop(recipe, None)
             if self._records.get(recipe) is capture:

@@ -7,7 +7,9 @@ tests/job/test_budget_torchrun.py runs the same on real ranks."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import pytest
@@ -146,3 +148,36 @@ def test_BUDGET_8_an_explicit_cadence_exchanges_nothing_and_rank_0_says_what_it_
     every_step.run(2)
     (report,) = every_step.sink.records
     assert report["evidence"]["status"] == "unmeasured" and "every step replays" in report["evidence"]["reason"]
+
+
+def test_BUDGET_10_job_step_charges_the_training_phases_hook_time_and_not_its_own() -> None:
+    """BUDGET-3, BUDGET-10: the scout time a step gives the meter is its time in ``job.step()``
+    plus the hooks' time of the training phase before it; what passes through the hooks while
+    ``job.step()`` runs (its own collectives go through scout's wrappers) is in its time already."""
+    from types import SimpleNamespace
+
+    from scout.job.attach import Job
+    from scout.reports.hook_time import HOOK_TIME
+
+    ended: list[tuple[int, float, float]] = []
+    training_hooks_s, own_s, inside_hooks_s = 0.005, 0.002, 0.007
+
+    def control_run(_program: Any) -> Any:
+        HOOK_TIME.spent_ns += round(inside_hooks_s * 1e9)  # scout's exchange through the wrappers
+        time.sleep(own_s)
+        return SimpleNamespace(checkpoint_due=False, stop=None)
+
+    job = SimpleNamespace(
+        _started=True, _step=6, boundary=SimpleNamespace(step=6), files=None, pipeline=SimpleNamespace(
+            step_begins=lambda: None),
+        guarded=SimpleNamespace(run_step=lambda step, work: work()),
+        parts=SimpleNamespace(control=SimpleNamespace(run=control_run), calibration=SimpleNamespace(
+            step_ended=lambda step, scout_s, excluded_s: ended.append((step, scout_s, excluded_s)))))
+    job._control_work = partial(Job._control_work, job)
+    HOOK_TIME.take_s()
+    HOOK_TIME.spent_ns += round(training_hooks_s * 1e9)  # the forward's, backward's and optimizer's hooks
+    Job._run_step(job)  # type: ignore[arg-type]
+    [(step, scout_s, excluded_s)] = ended
+    assert step == 7 and excluded_s == 0.0
+    assert training_hooks_s + own_s <= scout_s < training_hooks_s + own_s + inside_hooks_s, scout_s
+    assert HOOK_TIME.take_s() == 0.0  # the hooks' time inside job.step() was discarded

@@ -1,0 +1,125 @@
+"""spec/budget.md BUDGET-10: scout's hooks inside a training step time their own code, and only it,
+into the process's hook time, which ``job.step()`` reads for the overhead budget (BUDGET-3's F).
+
+In-process, on a one-rank gloo group: each hook's own work is made slow on purpose (a publish, a
+listener, a capture that sleeps) and so is the job's work beside it (the collective a wrapper
+calls, the bucket's all-reduce), and the hook time must hold the one and not the other."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel  # noqa: E402
+
+from scout.core.recipes import RecipeClass, RecipeId  # noqa: E402
+from scout.job.hooks import publish_ddp_buckets  # noqa: E402
+from scout.observer import instrument as inst  # noqa: E402
+from scout.observer.progress import ProgressPublisher, RecordIdentity  # noqa: E402
+from scout.replay.capture import ModuleCapture  # noqa: E402
+from scout.reports.hook_time import HOOK_TIME  # noqa: E402
+
+pytestmark = pytest.mark.torchdist
+
+OWN_S = 0.02  # what a hook's own (slowed) code takes
+JOBS_S = 0.08  # what the job's work beside it takes: never in the hook time
+
+
+def _slow(action: Callable[..., Any], seconds: float) -> Callable[..., Any]:
+    def slowed(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(seconds)
+        return action(*args, **kwargs)
+    return slowed
+
+
+@pytest.fixture
+def one_rank(tmp_path: Path) -> Iterator[None]:
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'rdzv'}", rank=0, world_size=1, timeout=timedelta(seconds=30))
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture
+def publisher() -> Iterator[ProgressPublisher]:
+    made = ProgressPublisher(RecordIdentity(f"hook-time-{os.getpid()}-{time.monotonic_ns()}", 0, 0))
+    try:
+        yield made
+    finally:
+        inst.uninstrument()
+        made.close()
+
+
+def test_BUDGET_10_the_layer_publishes_count_their_own_time(publisher: ProgressPublisher) -> None:
+    inst.instrument(publisher)
+    publisher.advance = _slow(publisher.advance, OWN_S)  # type: ignore[method-assign]
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4))
+    assert inst.instrument_module(model) == 3
+    HOOK_TIME.take_s()
+    model(torch.randn(2, 4))
+    spent_s = HOOK_TIME.take_s()
+    assert spent_s >= 3 * OWN_S, spent_s
+    assert HOOK_TIME.take_s() == 0.0  # taken: the sum restarts
+
+
+def test_BUDGET_10_a_wrapped_collective_counts_scouts_part_and_not_the_collective(
+    one_rank: None, publisher: ProgressPublisher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(dist, "all_reduce", _slow(dist.all_reduce, JOBS_S))  # the job's collective, slow
+    inst.instrument(publisher)
+    publisher.enter_collective = _slow(publisher.enter_collective, OWN_S)  # type: ignore[method-assign]
+    HOOK_TIME.take_s()
+    began = time.perf_counter()
+    dist.all_reduce(torch.ones(4))
+    took_s = time.perf_counter() - began
+    spent_s = HOOK_TIME.take_s()
+    assert took_s >= OWN_S + JOBS_S
+    assert OWN_S <= spent_s < JOBS_S, spent_s
+
+
+def test_BUDGET_10_the_ddp_bucket_hook_counts_its_part_before_the_all_reduce_and_not_the_all_reduce(
+    one_rank: None, publisher: ProgressPublisher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = DistributedDataParallel(nn.Linear(4, 4))
+    started: list[float] = []
+
+    def listener() -> Callable[[], None]:
+        time.sleep(OWN_S)  # scout's part of the hook: a slow loop listener
+        started.append(time.perf_counter())
+        return lambda: None
+
+    assert publish_ddp_buckets(model, publisher, [listener])
+    monkeypatch.setattr(dist, "all_reduce", _slow(dist.all_reduce, JOBS_S))  # the bucket's all-reduce, slow
+    HOOK_TIME.take_s()
+    model(torch.randn(2, 4)).sum().backward()
+    spent_s = HOOK_TIME.take_s()
+    assert started, "the bucket hook did not run"
+    assert OWN_S <= spent_s < JOBS_S, spent_s
+
+
+def test_BUDGET_10_capture_counts_its_hook_whether_armed_or_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    layer = RecipeId(RecipeClass.HIDDEN, 0)
+    module = nn.Linear(4, 4)
+    capture = ModuleCapture({layer: module}, max_capture_bytes=2**20)
+    try:
+        HOOK_TIME.take_s()
+        module(torch.randn(2, 4))
+        idle_s = HOOK_TIME.take_s()
+        assert 0 < idle_s < OWN_S  # not armed: the hook's look at what is armed, timed too
+        monkeypatch.setattr(capture, "_record", _slow(capture._record, OWN_S))
+        capture.arm(1, [layer])
+        module(torch.randn(2, 4))
+        assert HOOK_TIME.take_s() >= OWN_S
+    finally:
+        capture.close()
