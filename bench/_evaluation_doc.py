@@ -514,22 +514,35 @@ def _budget(section: dict[str, Any], _plots_dir: str) -> list[str]:
         if off:
             every = (every + "; " if every else "") + f"off (over budget) in {len(off)} of {len(cadences)} runs"
             shares = [100 * c["decisions"][-1]["share"] for c in off]
+            # BUDGET-10: since it, F holds the hooks' own time; rows measured before say what they left out.
+            left_out = ("torch's dispatch to scout's hooks, scout's threads beside training and the observer "
+                        "process" if entry.get("budget_counts_hooks") else
+                        "the hooks inside the forward and backward (measured before BUDGET-10), the observer process")
             over.append(f"{name}: scout's own measurement of its work at every step (BUDGET-3's F / T) was "
                         f"{min(shares):.2f} to {max(shares):.2f} % of a step, over the {100 * budget:g} % budget, so "
-                        "replay stopped (BUDGET-4: the longest cadence); the overhead measured beside it is larger "
-                        "because F leaves out the hooks inside the forward and backward, the observer process and, "
-                        "with more ranks than cores, the CPU each rank's threads take from the others.")
-        cycle = entry["cycle_steps"] if kept else {"median": None}
+                        "replay stopped (BUDGET-4: the longest cadence) in "
+                        f"{len(off)} of {len(cadences)} runs; the overhead measured beside it is larger because F "
+                        f"leaves out {left_out} and, with more ranks than cores, the CPU each rank's threads take "
+                        "from the others.")
+        # The cycle of the runs that kept replay (an over-budget run's k_max cycle buys nothing).
+        kept_cycles = [c["cycle_steps"] for c in kept if c.get("cycle_steps")]
+        cycle = ({"median": statistics.median(kept_cycles), "min": min(kept_cycles), "max": max(kept_cycles),
+                  "n": len(kept_cycles)} if kept_cycles else {"median": None})
         median_cycle = cycle["median"]
         checkpoint = "-" if median_cycle is None else f"{median_cycle * section['checkpoint_every_cycles']:.0f}"
         rows.append([name, f"{entry['parameters'] / 1e6:.1f}M", str(entry["nproc"]), f"{entry['batch']} x "
                      f"{entry['sequence']}", _spread(entry["off_step_s"], 3, " s"),
                      f"**{_spread_pct(entry['overhead'])}**", _spread_pct(entry["noise"]), f"{100 * budget:g} %",
-                     every or "-", _spread(cycle, 0) if kept else "-", _num(median_cycle, 0) if kept else "none",
+                     every or "-", _spread(cycle, 0) if kept_cycles else "-",
+                     _num(median_cycle, 0) if kept_cycles else "none",
                      checkpoint])
     out += _table(["model", "parameters", "ranks", "batch", "step without scout", "overhead", "noise (A/A)", "budget",
                    "replay interval (steps)", "cycle (steps)", "SDC bound (steps)", "checkpoint every (steps)"], rows)
     out += [line for text in over for line in (text, "")]
+    if len(section["models"]) > 1:  # a model re-run alone sits beside rows of earlier runs
+        out += ["Each row's run: " + "; ".join(
+            f"{name} started {entry['started']}" if entry.get("started") else f"{name} in an earlier run"
+            for name, entry in section["models"].items()) + ".", ""]
     missing = [name for name in section.get("planned", ()) if name not in section["models"]]
     if missing:
         out += [f"> **Not in this run**: {', '.join(missing)} (`./dev py bench/evaluate.py --sections budget "

@@ -374,6 +374,7 @@ def run_budget(section: dict[str, Any], quick: bool, rounds: int, log: Callable[
                 continue
             size, layers = model["size"], attach_overhead.SIZES[model["size"]]["layers"]
             warmup = attach_overhead.warmup_for(layers)
+            started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
             shape = {"size": size, "batch": model["batch"], "nproc": model["nproc"], "sequence": model["sequence"]}
             probe = attach_overhead.one_run(attach_overhead.DEFAULTS, steps=2, device="cpu", work=work, warmup=warmup,
                                             allocator=allocator, **shape)
@@ -387,6 +388,9 @@ def run_budget(section: dict[str, Any], quick: bool, rounds: int, log: Callable[
             runs = [r["runs"]["defaults"] for r in results]
             cycles = [int(run.get("cycle_steps") or 0) for run in runs]
             section["models"][model["name"]] = {
+                # When, and under which account of scout's work: a model re-run alone (``only``)
+                # sits beside rows measured earlier. BUDGET-10: F holds the hooks' time.
+                "started": started, "budget_counts_hooks": True,
                 **shape, "parameters": runs[0]["parameters"], "layers": layers, "steps": steps, "warmup": warmup,
                 "probe_cycle_steps": probe.get("cycle_steps"), "probe_decisions": probe.get("cadence_decisions"),
                 "off_step_s": _reference_step_s(results, "defaults"),

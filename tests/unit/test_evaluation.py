@@ -233,3 +233,36 @@ def test_BUDGET_4_a_model_over_budget_is_rendered_as_replay_off_with_its_own_mea
     assert "; on B, 2 cores." in joined
     header = _doc_module().render({**document, "sections": {"budget": document["sections"]["budget"]}}, "plots")
     assert "Machine: B" in header
+
+
+def test_BUDGET_10_budget_rows_say_what_F_left_out_their_cycle_from_runs_that_kept_replay_and_when_they_ran() -> None:
+    """A row measured since BUDGET-10 (its F holds the hooks' time) says F leaves out torch's
+    dispatch and the threads, one measured before says it left out the hooks; where some runs of a
+    model went over budget and one kept replay, the cycle, the SDC bound and the checkpoint
+    interval are that run's (not k_max's); rows of separate runs of the section say when each ran."""
+    spread = lambda median, low, high: {"n": 5, "median": median, "min": low, "max": high}  # noqa: E731
+    over = {"interval_steps": 1_000_000, "cycle_steps": 3_000_000, "share": 0.0619, "status": "over-budget",
+            "reason": "scout's work at every step alone takes 6.19 % of a step on a rank (overhead_budget 1 %)"}
+    within = {"interval_steps": 1239, "cycle_steps": 3717, "share": 0.01, "status": "within", "reason": ""}
+    tiny = {"size": "tiny3", "batch": 8, "nproc": 4, "sequence": 32, "parameters": 0.2e6, "layers": 3,
+            "steps": 1000, "warmup": 8, "off_step_s": spread(0.033, 0.032, 0.033),
+            "overhead": spread(0.0906, 0.0869, 0.0973), "noise": spread(-0.007, -0.010, 0.012),
+            "cadence": [{"replay_interval_steps": 1_000_000, "lanes": 1, "cycle_steps": 3_000_000, "decisions": [over]},
+                        {"replay_interval_steps": 1239, "lanes": 1, "cycle_steps": 3717, "decisions": [within]}],
+            "cycle_steps": spread(3_000_000, 3717, 3_000_000), "started": "2026-12-06T13:45:06+00:00",
+            "budget_counts_hooks": True}
+    earlier = {**tiny, "started": None, "budget_counts_hooks": None,
+               "cadence": [{"replay_interval_steps": 1_000_000, "lanes": 1, "cycle_steps": 3_000_000,
+                            "decisions": [{**over, "share": 0.0102}]}]}
+    section = {"overhead_budget": 0.01, "checkpoint_every_cycles": 5, "rounds": 5,
+               "models": {"tiny GPT": tiny, "earlier GPT": earlier}, "load_before": [0, 0, 0],
+               "load_after": [0, 0, 0], "host": {"cpu_model": "B", "cores": 2}}
+    joined = "\n".join(_doc_module()._budget(section, "plots"))
+    assert "| 1 % | 1239; off (over budget) in 1 of 2 runs | 3717 (3717 to 3717) | 3717 | 18585 |" in joined
+    assert "3000000" not in joined
+    assert ("tiny GPT: scout's own measurement of its work at every step (BUDGET-3's F / T) was 6.19 to 6.19 % of a "
+            "step, over the 1 % budget, so replay stopped (BUDGET-4: the longest cadence) in 1 of 2 runs") in joined
+    assert "F leaves out torch's dispatch to scout's hooks" in joined
+    assert "earlier GPT: scout's own measurement" in joined and "(measured before BUDGET-10)" in joined
+    assert ("Each row's run: tiny GPT started 2026-12-06T13:45:06+00:00; earlier GPT in an earlier run."
+            in joined)
