@@ -184,12 +184,13 @@ class Job:
         self._step += 1
         step = self.boundary.step = self._step
         stop = self.guarded.run_step(step, partial(self._control_work, step, began, HOOK_TIME.take_s()))
+        HOOK_TIME.take_s()  # BUDGET-10: the hooks' time inside job.step() (the budget's exchange too) is not a hook's
         self.boundary.step = step + 1  # the next step's training phase begins
         self.pipeline.step_begins()
         if stop is not None:
             raise FaultDetected.of(stop)
 
-    def _control_work(self, step: int, began: float, hooks_s: float = 0.0) -> Stop | None:
+    def _control_work(self, step: int, began: float, hooks_s: float) -> Stop | None:
         """The step's pipeline, then the save where one is due (GUARD-7); ``hooks_s``: BUDGET-10."""
         outcome = self.parts.control.run(run_step(self.pipeline, step))
         self.checkpoint_due, checkpoint_s = outcome.checkpoint_due, 0.0
@@ -199,7 +200,6 @@ class Job:
                                             on_checkpoint_error=self.config.on_checkpoint_error,
                                             timeout_s=self.config.collective_timeout_s))
             checkpoint_s = time.perf_counter() - started
-        HOOK_TIME.take_s()  # BUDGET-10: what passed through the hooks during job.step() is in its time
         if self.parts.calibration is not None:  # spec/budget.md BUDGET-3: what scout cost this step
             self.parts.calibration.step_ended(step, time.perf_counter() - began - checkpoint_s + hooks_s, checkpoint_s)
         return outcome.stop
