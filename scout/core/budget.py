@@ -30,6 +30,7 @@ __all__ = [
     "DRIFT_FACTOR",
     "INTERVAL_MAX",
     "INTERVAL_MIN",
+    "LOOP_WINDOW_STEPS_MAX",
     "BudgetStatus",
     "Cadence",
     "CadenceDecision",
@@ -37,6 +38,7 @@ __all__ = [
     "RankCost",
     "StepSample",
     "choose_cadence",
+    "loop_check_steps",
     "rank_cost",
     "replaces",
     "share",
@@ -52,6 +54,9 @@ DRIFT_FACTOR: Final = 2.0
 #: BUDGET-3: the steps free of replay whose step time is kept for ``T`` (the most recent): a
 #: cycle may be a million steps, a meter's memory is bounded.
 FREE_STEPS_KEPT: Final = 1024
+#: BUDGET-11: the loop timer's window (``scout.replay.arrival.LoopConfig.window_steps_max``): an
+#: interval longer than it would drop steps from the window.
+LOOP_WINDOW_STEPS_MAX: Final = 256
 
 
 def _positive_int(_instance: object, attribute: attrs.Attribute[int], value: int) -> None:
@@ -249,3 +254,24 @@ def replaces(current_cycle_steps: int, decided_cycle_steps: int, factor: float =
         raise ValueError(f"cycles are >= 1 step, got {current_cycle_steps} and {decided_cycle_steps}")
     return (decided_cycle_steps >= factor * current_cycle_steps
             or decided_cycle_steps * factor <= current_cycle_steps)
+
+
+def loop_check_steps(costs: Sequence[RankCost | None], *, base_steps: int, interval_s: float,
+                     steps_max: int = LOOP_WINDOW_STEPS_MAX) -> int:
+    """BUDGET-11: the loop check's interval in steps from the gathered measurements -- the least
+    that keeps about ``interval_s`` of the slowest measured rank's step time ``T`` between two
+    checks, never under ``base_steps`` (``loop_check_steps``) nor over ``steps_max`` (the loop
+    window) unless ``base_steps`` is; ``base_steps`` where no rank measured or ``interval_s`` is 0.
+    The same on every rank for the same gathered values."""
+    if not whole_number(base_steps) or base_steps < 1:
+        raise ValueError(f"loop_check_steps must be an int >= 1, got {base_steps!r}")
+    if not whole_number(steps_max) or steps_max < 1:
+        raise ValueError(f"steps_max must be an int >= 1, got {steps_max!r}")
+    if not (isinstance(interval_s, (int, float)) and not isinstance(interval_s, bool) and math.isfinite(interval_s)
+            and interval_s >= 0):
+        raise ValueError(f"loop_check_interval_s must be a finite number of seconds >= 0, got {interval_s!r}")
+    measured = [cost.step_s for cost in costs if cost is not None and cost.valid()]
+    if not measured or interval_s == 0:
+        return base_steps
+    wanted = math.ceil(interval_s / max(measured))
+    return max(base_steps, min(steps_max, wanted))

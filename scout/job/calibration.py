@@ -28,11 +28,19 @@ from scout.core.budget import (
     RankCost,
     StepSample,
     choose_cadence,
+    loop_check_steps,
     replaces,
     share,
 )
 from scout.core.recipes import Intervals, Schedule
-from scout.job.checks import CanaryCheck, Cycle, ReplayCheck, dense_intervals, expert_cadence
+from scout.job.checks import (
+    CanaryCheck,
+    Cycle,
+    LoopStragglerCheck,
+    ReplayCheck,
+    dense_intervals,
+    expert_cadence,
+)
 from scout.job.config import Config
 from scout.job.gate_driver import Reporter
 from scout.job.pipeline import Pipeline
@@ -72,6 +80,7 @@ class Calibration:
         self.dense = next((check for check in replay if check.name == "replay"), None)
         self.experts = next((check for check in replay if check.name == "experts"), None)
         self.canaries = [check for check in checks if isinstance(check, CanaryCheck)]
+        self.loop = next((check for check in checks if isinstance(check, LoopStragglerCheck)), None)
         self.pipeline = pipeline
         self.config = config
         self.all_gather = all_gather
@@ -103,6 +112,7 @@ class Calibration:
             return
         self.decisions = []
         self._meter, self._last_end_s, self._measuring = CycleMeter(), None, True
+        self._set_loop_check_steps(self.config.loop_check_steps)  # BUDGET-9, BUDGET-11: afresh
         self.apply(CALIBRATION if self.explicit is None else Cadence(self.explicit), step)
 
     def apply(self, cadence: Cadence, origin_step: int) -> int:
@@ -162,7 +172,19 @@ class Calibration:
         previous = self.cadence
         self.decisions.append(decision)
         cycle = self.apply(decision.cadence, step)  # BUDGET-5: counted from this boundary, even if unchanged
+        # BUDGET-11: the loop check's interval from the same gathered values, from this step on.
+        self._set_loop_check_steps(loop_check_steps(costs, base_steps=self.config.loop_check_steps,
+                                                    interval_s=self.config.loop_check_interval_s))
         self._say(step, decision, costs, "calibrated" if first else "recalibrated", previous, current, cycle)
+
+    @property
+    def loop_check_steps(self) -> int | None:
+        """BUDGET-11: the loop check's current interval (None without a loop check)."""
+        return None if self.loop is None else self.loop.timer.config.check_every_steps
+
+    def _set_loop_check_steps(self, steps: int) -> None:
+        if self.loop is not None:
+            self.loop.timer.set_check_every_steps(steps)
 
     def _checkpoint_cycles(self) -> int | None:
         return self.pipeline.checkpoint_every_cycles if self.checkpoints else None
@@ -177,6 +199,8 @@ class Calibration:
                             checkpoint_every_cycles=self._checkpoint_cycles(), share_of_step=decision.share,
                             budget=self.config.overhead_budget, set_by="overhead_budget")
         measured = [c for c in costs if c is not None]
+        if self.loop_check_steps is not None:
+            line += f"; loop-straggler check every {self.loop_check_steps} steps"
         line += (f" [{reason} at step {step}: step {_ms(max(c.step_s for c in measured))} without scout's work, "
                  f"its work {_ms(max(c.fixed_s for c in measured))} a step and {_ms(max(c.cycle_s for c in measured))}"
                  " a cycle for replay (the worst rank's)]")
@@ -223,5 +247,6 @@ class Calibration:
             "checkpoint_every_steps": None if checkpoint_cycles is None else cycle * checkpoint_cycles,
             "verified_after_steps": cycle if checkpoint_cycles is not None else None,
             "overhead_budget": self.config.overhead_budget, "share": fraction, "status": status, "reason": reason,
+            "loop_check_steps": self.loop_check_steps,
             "measured": [None if c is None else c.to_json() for c in costs],
         }

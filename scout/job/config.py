@@ -74,6 +74,14 @@ def _positive_s(name: str, maximum: float = 7 * 86400.0) -> Any:
     return check
 
 
+def _seconds_or_zero(name: str, maximum: float) -> Any:
+    def check(_instance: object, _attribute: object, value: object) -> None:
+        if not finite_number(value) or not 0 <= value <= maximum:
+            raise ConfigError(f"{name} must be a number of seconds in [0, {maximum:g}] (0: off), got {value!r}")
+
+    return check
+
+
 def _count(name: str, minimum: int, maximum: int) -> Any:
     def check(_instance: object, _attribute: object, value: object) -> None:
         if not whole_number(value) or not minimum <= value <= maximum:
@@ -196,6 +204,11 @@ class Config:
     #: Steps between two checks of loop stragglers (LOOP-3): each compares the ranks' time in
     #: the training loop outside collectives over the steps since the last check.
     loop_check_steps: int = attrs.field(default=10, validator=_count("loop_check_steps", 1, 1_000_000))
+    #: The least wall time between two loop checks the overhead budget aims at (spec/budget.md
+    #: BUDGET-11): on a job whose steps are shorter than ``loop_check_interval_s /
+    #: loop_check_steps`` each of its decisions lengthens the interval to about this many seconds
+    #: (a check's cost is per check, its value per second); 0 keeps ``loop_check_steps``.
+    loop_check_interval_s: float = attrs.field(default=1.0, validator=_seconds_or_zero("loop_check_interval_s", 3600.0))
     #: Steps between two of the agreements that switch a failed part of scout off on every rank
     #: (spec/guard.md GUARD-4): one all-reduce on scout's control group per this many steps. A
     #: part that failed is stopped on its own rank at once; the others stop it at the next one.

@@ -59,6 +59,7 @@ from typing import Final
 
 import attrs
 
+from scout.core.budget import LOOP_WINDOW_STEPS_MAX
 from scout.core.guards import whole_number
 from scout.core.straggler import DEFAULT_SEQUENTIAL_CONFIG, SequentialConfig, check_evidence
 from scout.core.verdict import (
@@ -146,7 +147,7 @@ class LoopConfig:
     initialisation). ``timing``: the verdict's thresholds for one comparison of loop times."""
 
     check_every_steps: int = 10  # LOOP-2: one all-gather of 5 int64 every 10 steps (measured there)
-    window_steps_max: int = 256
+    window_steps_max: int = LOOP_WINDOW_STEPS_MAX  # BUDGET-11 lengthens intervals up to it
     warmup_steps: int = 2
     #: LOOP-3: a loop time is judged against its peers with a relative floor of 25%: host-side
     #: timings scatter more than replay's, and a verdict that names two of four peers is no
@@ -331,6 +332,11 @@ class LoopTimer:
         self.dropped_steps = 0  # ended steps whose waits did not resolve within the bound
         self.disabled_reason: str | None = None
         self.last_step = 0
+
+    def set_check_every_steps(self, steps: int) -> None:
+        """BUDGET-11: checks from now on at every step that is a multiple of ``steps`` (every peer
+        sets the same at the same step); the window keeps the steps since the last check."""
+        self.config = attrs.evolve(self.config, check_every_steps=steps)
 
     # -- the training loop's side -----------------------------------------------------------
 

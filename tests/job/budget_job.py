@@ -61,7 +61,8 @@ def main() -> None:
     def note(at: int) -> None:
         state = {"step": at, "interval_steps": calibration.cadence.interval_steps, "lanes": calibration.cadence.lanes,
                  "origin_step": pipeline.origin_step, "cycle_steps": pipeline.cycle_steps,
-                 "digest": calibration.dense.runner.schedule_digest}
+                 "digest": calibration.dense.runner.schedule_digest,
+                 "loop_check_steps": calibration.loop_check_steps}
         if not seen or {k: v for k, v in seen[-1].items() if k != "step"} != {k: v for k, v in state.items()
                                                                              if k != "step"}:
             seen.append(state)

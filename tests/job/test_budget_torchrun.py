@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from scout import reports
+from scout.reports.timing import TIMING_FILE, read_timing
 from scout.scenarios.launcher import launch, torchrun_command, torchrun_env
 
 pytestmark = pytest.mark.torchdist
@@ -40,6 +42,7 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     run = launch(command, env, cwd=work, timeout_s=600)
     assert run.returncode == 0, run.stderr[-4000:]
     return {"run": run, "records": reports.read_records(run_dir / reports.REPORTS_FILE),
+            "timing": read_timing(run_dir / TIMING_FILE).records,
             "ranks": [json.loads((run_dir / f"rank{r}.json").read_text()) for r in range(RANKS)]}
 
 
@@ -92,6 +95,29 @@ def test_BUDGET_7_rank_0_reports_each_cadence_and_what_it_buys(job: dict[str, An
     assert cadence[1]["evidence"]["previous"]["cycle_steps"] == changes[1]["cycle_steps"]
     said = [line for line in job["run"].stderr.splitlines() if line.startswith("scout: replay cadence")]
     assert len(said) == len(cadence) and "(set by overhead_budget)" in said[0] and "[calibrated at step 8" in said[0], said
+
+
+def test_BUDGET_11_each_decision_sets_the_loop_checks_interval_from_the_slowest_ranks_step(
+        job: dict[str, Any]) -> None:
+    changes = job["ranks"][0]["changes"]
+    cadence = [r for r in job["records"] if r["kind"] == "cadence"]
+    assert changes[0]["loop_check_steps"] == 10  # the calibration window: loop_check_steps
+    for record, change in zip(cadence, changes[1:], strict=True):
+        slowest_s = max(measured["step_s"] for measured in record["evidence"]["measured"])
+        # loop_check_interval_s = 1 s: on this box ~20 steps of the first phase (~50 ms), 10 in the
+        # slow one (+0.25 s a step).
+        expected = max(10, min(256, math.ceil(1.0 / slowest_s)))
+        assert change["loop_check_steps"] == record["evidence"]["loop_check_steps"] == expected, (record, change)
+    # Rank 0's loop checks ran at the multiples of the interval in force (set at a decision's
+    # step, so from the step after it), the same steps on every rank or none would have a line.
+    loops = [r["step"] for r in job["timing"] if r["kind"] == "loop"]
+    assert loops, job["timing"]
+    for step in loops:
+        in_force = [c for c in changes if c["step"] < step][-1]
+        assert step % in_force["loop_check_steps"] == 0, (step, changes)
+    said = [line for line in job["run"].stderr.splitlines() if line.startswith("scout: replay cadence")]
+    assert all(f"loop-straggler check every {c['loop_check_steps']} steps" in line
+               for line, c in zip(said, changes[1:], strict=True)), said
 
 
 def test_BUDGET_5_GATE_1_the_gate_certifies_checkpoints_taken_at_the_chosen_cadence(job: dict[str, Any]) -> None:

@@ -16,10 +16,11 @@ import pytest
 
 from scout.core.budget import CALIBRATION, Cadence
 from scout.job.calibration import Calibration
-from scout.job.checks import ReplayCheck
+from scout.job.checks import LoopStragglerCheck, ReplayCheck
 from scout.job.config import load_config
 from scout.job.gate_driver import Reporter
 from scout.job.pipeline import Layout, Pipeline, run_step
+from scout.replay.arrival import LoopConfig, LoopTimer
 from tests.replay.test_replay_local import ScriptedPeers, _setup, _train_step
 
 LAYERS = 2  # the small model's hidden layers
@@ -37,6 +38,10 @@ class ListSink:
 
     def timing(self, record: Mapping[str, Any]) -> None:
         pass
+
+
+class OnePeer:
+    position, size, ranks = 0, 1, (0,)
 
 
 class Clock:
@@ -64,7 +69,10 @@ class Job:
         self.gathers: list[Any] = []
         self.gathered = gathered
         self.clock = Clock()
-        self.calibration = Calibration([self.check], self.pipeline, config=self.config, all_gather=self.gather,
+        # BUDGET-11: a loop check for the calibration to set (the pipeline does not run it here).
+        self.loop = LoopStragglerCheck(LoopTimer(OnePeer(), LoopConfig(check_every_steps=self.config.loop_check_steps)),
+                                       layout, ("host",) * 4)
+        self.calibration = Calibration([self.loop, self.check], self.pipeline, config=self.config, all_gather=self.gather,
                                        reporter=reporter, rank=0, checkpoints=True, clock=self.clock)
         self.step = 0
 
@@ -123,6 +131,31 @@ def test_BUDGET_5_BUDGET_7_the_decision_at_the_calibration_windows_end_is_applie
     # A cycle of the new cadence with the same step time: no change (BUDGET-6), no report.
     job.run(56)
     assert len(job.gathers) == 2 and job.calibration.cadence == Cadence(28, 1) and len(job.sink.records) == 1
+
+
+def test_BUDGET_11_each_decision_sets_the_loop_checks_interval_and_an_attempt_starts_at_loop_check_steps() -> None:
+    job = Job(overhead_budget=0.05)
+    job.begin(0)
+    assert job.loop.timer.config.check_every_steps == 10 and job.loop.due(10) and not job.loop.due(26)
+    job.run(4)  # the window's decision: T = 39.8 ms, so ceil(1 s / 39.8 ms) = 26 steps between checks
+    assert job.loop.timer.config.check_every_steps == 26 and job.loop.due(26) and not job.loop.due(10)
+    (report,) = job.sink.records
+    assert report["evidence"]["loop_check_steps"] == 26
+    job.begin(60)  # BUDGET-9: a restarted attempt checks at loop_check_steps until its decision
+    assert job.loop.timer.config.check_every_steps == 10
+    slow = Job(overhead_budget=0.05, loop_check_steps=50)  # never under loop_check_steps
+    slow.begin(0)
+    slow.run(4)
+    assert slow.loop.timer.config.check_every_steps == 50 == slow.sink.records[0]["evidence"]["loop_check_steps"]
+    off = Job(overhead_budget=0.05, loop_check_interval_s=0)
+    off.begin(0)
+    off.run(4)
+    assert off.loop.timer.config.check_every_steps == 10 and off.calibration.decisions
+    explicit = Job(replay_interval_steps=2)  # BUDGET-8: no decision, the interval stays
+    explicit.begin(0)
+    explicit.run(12)
+    assert explicit.loop.timer.config.check_every_steps == 10
+    assert explicit.sink.records[0]["evidence"]["loop_check_steps"] == 10
 
 
 def test_BUDGET_4_BUDGET_5_no_rank_measured_keeps_calibrating() -> None:

@@ -15,11 +15,13 @@ from scout.core.budget import (
     CALIBRATION,
     INTERVAL_MAX,
     INTERVAL_MIN,
+    LOOP_WINDOW_STEPS_MAX,
     BudgetStatus,
     Cadence,
     RankCost,
     StepSample,
     choose_cadence,
+    loop_check_steps,
     rank_cost,
     replaces,
     share,
@@ -175,3 +177,31 @@ def test_BUDGET_3_a_meter_keeps_bounded_memory_over_a_long_cycle() -> None:
     cost = meter.cost()
     assert cost is not None and cost.step_s == pytest.approx(0.039)  # the most recent free steps
     assert cost.fixed_s == pytest.approx(0.001)
+
+
+def test_BUDGET_11_worked_example_the_loop_checks_interval() -> None:
+    tiny = [RankCost(0.035, 0.0015, 0.02), RankCost(0.0398, 0.0012, 0.02), None]
+    assert loop_check_steps(tiny, base_steps=10, interval_s=1.0) == 26  # ceil(1 / 0.0398): the slowest rank's T
+    assert loop_check_steps(tiny, base_steps=10, interval_s=0.0) == 10  # 0: off
+    assert loop_check_steps([RankCost(0.26, 0.0005, 0.04)], base_steps=10, interval_s=1.0) == 10  # long steps keep it
+    assert loop_check_steps([RankCost(0.0005, 0.0, 0.0)], base_steps=10, interval_s=1.0) == LOOP_WINDOW_STEPS_MAX
+    assert loop_check_steps([RankCost(0.0005, 0.0, 0.0)], base_steps=300, interval_s=1.0) == 300  # never under it
+    assert loop_check_steps([None, None], base_steps=10, interval_s=1.0) == 10  # unmeasured: unchanged
+    for bad, message in (({"base_steps": 0}, "loop_check_steps must be"), ({"interval_s": -1.0}, "loop_check_interval_s"),
+                         ({"interval_s": math.nan}, "loop_check_interval_s"), ({"steps_max": 0}, "steps_max")):
+        with pytest.raises(ValueError, match=message):
+            loop_check_steps(tiny, **{"base_steps": 10, "interval_s": 1.0, **bad})  # type: ignore[arg-type]
+
+
+@settings(max_examples=300, deadline=None)
+@given(costs_strategy, st.integers(1, 300), st.floats(0.0, 30.0))
+def test_BUDGET_11_the_interval_is_the_least_that_spans_interval_s_within_its_bounds(
+        costs: list[RankCost], base: int, interval_s: float) -> None:
+    steps = loop_check_steps(costs, base_steps=base, interval_s=interval_s)
+    assert steps == loop_check_steps(list(reversed(costs)), base_steps=base, interval_s=interval_s)
+    slowest = max(cost.step_s for cost in costs)
+    assert base <= steps <= max(base, LOOP_WINDOW_STEPS_MAX)
+    if base < steps < LOOP_WINDOW_STEPS_MAX:  # the least number of the slowest rank's steps that spans interval_s
+        assert steps * slowest >= interval_s * (1 - 1e-9) and (steps - 1) * slowest < interval_s * (1 + 1e-9)
+    if steps == base and base < LOOP_WINDOW_STEPS_MAX:
+        assert base * slowest >= interval_s * (1 - 1e-9) or interval_s == 0
