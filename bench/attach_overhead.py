@@ -87,9 +87,11 @@ WARMUP_STEPS = 2  # unmeasured steps at a run's start, unless a run says otherwi
 
 def warmup_for(layers: int) -> int:
     """The warm-up that covers scout's calibration window at the defaults (spec/budget.md
-    BUDGET-5: the first cycle, one layer every 2 steps) and two steps beyond it, so that the
-    measured steps run at the cadence the overhead budget chose."""
-    return 2 * layers + WARMUP_STEPS
+    BUDGET-5, BUDGET-12: one layer every 2 steps until 8 steps free of replay were measured) and
+    two steps beyond it, so that the measured steps run at the cadence the overhead budget chose."""
+    from scout.core.budget import calibration_window_steps
+
+    return calibration_window_steps(layers) + WARMUP_STEPS
 #: Parts that are settings of scout.attach; the other parts are scout/job/bench_switches.py's.
 SETTING_PARTS = ("observer", "replay")
 RUN_TIMEOUT_S = 3600.0
@@ -693,7 +695,8 @@ def driver(args: argparse.Namespace) -> int:
                      "cycle_steps": run.get("cycle_steps")} for run in on_runs],
         "note": "mean step time over the measured steps, the two arms taking turns step by step (the waiting job "
                 "frozen); at the defaults the replay cadence is the overhead budget's (spec/budget.md), chosen at "
-                "the end of the calibration window (one hidden layer every 2 steps for 2 x layers steps), which "
+                "the end of the calibration window (one hidden layer every 2 steps until 8 steps free of replay were "
+                "measured, BUDGET-12), which "
                 "the warm-up covers; 1 row of the batch (CAP-8)",
     }
     sys.path.insert(0, str(REPO / "bench"))

@@ -24,7 +24,7 @@ bench/attach_overhead.py ``paired``, so a slow minute of this shared box falls o
   ranges over 20-170 ms and the noise is several ms, so only a quiet box resolves the goal.
 * ``tiny_gpt``: the issue's tiny GPT -- 3 layers, width 64, batch 8 x 32 tokens, 4 ranks -- at
   scout's defaults against no scout: the mean step time's ratio, median over rounds, after a
-  warm-up that covers the overhead budget's calibration window (its first 6 steps). Goal <= 1.05.
+  warm-up that covers the overhead budget's calibration window (its first 18 steps). Goal <= 1.05.
 
     ./dev py bench/fixed_cost.py [--rounds 5] [--steps 60] [--sections fixed,tiny_gpt]
 """

@@ -29,6 +29,7 @@ __all__ = [
     "CALIBRATION",
     "DRIFT_FACTOR",
     "INTERVAL_MAX",
+    "CALIBRATION_FREE_STEPS_MIN",
     "INTERVAL_MIN",
     "LOOP_WINDOW_STEPS_MAX",
     "BudgetStatus",
@@ -37,6 +38,7 @@ __all__ = [
     "CycleMeter",
     "RankCost",
     "StepSample",
+    "calibration_window_steps",
     "choose_cadence",
     "loop_check_steps",
     "rank_cost",
@@ -54,6 +56,8 @@ DRIFT_FACTOR: Final = 2.0
 #: BUDGET-3: the steps free of replay whose step time is kept for ``T`` (the most recent): a
 #: cycle may be a million steps, a meter's memory is bounded.
 FREE_STEPS_KEPT: Final = 1024
+#: BUDGET-12: the calibration window lasts until every rank measured this many steps free of replay.
+CALIBRATION_FREE_STEPS_MIN: Final = 8
 #: BUDGET-11: the loop timer's window (``scout.replay.arrival.LoopConfig.window_steps_max``): an
 #: interval longer than it would drop steps from the window.
 LOOP_WINDOW_STEPS_MAX: Final = 256
@@ -111,9 +115,12 @@ class RankCost:
 
 class CycleMeter:
     """BUDGET-3 over one cycle, in bounded memory: the last :data:`FREE_STEPS_KEPT` step times
-    free of replay (for ``T``'s median), and sums for ``F`` and for the due steps' periods."""
+    free of replay (for ``T``'s median), and sums for ``F`` and for the due steps' periods. In the
+    calibration window it may span several cycles (:meth:`extend`, BUDGET-12): ``C`` is then their
+    mean."""
 
     def __init__(self) -> None:
+        self.cycles = 1
         self.free_steps_s: deque[float] = deque(maxlen=FREE_STEPS_KEPT)
         self.free_count = 0
         self.fixed_sum_s = 0.0
@@ -136,6 +143,10 @@ class CycleMeter:
     def steps(self) -> int:
         return self.free_count + self.due_count
 
+    def extend(self) -> None:
+        """BUDGET-12: the meter goes on over the next cycle (its measurement is still too short)."""
+        self.cycles += 1
+
     def cost(self) -> RankCost | None:
         """The cycle's measurement; None without a step free of replay or after a figure that
         was not a finite number."""
@@ -143,7 +154,7 @@ class CycleMeter:
             return None
         step_s = statistics.median(self.free_steps_s)
         fixed_s = self.fixed_sum_s / self.free_count
-        cycle_s = max(0.0, self.due_period_sum_s - self.due_count * (step_s + fixed_s))
+        cycle_s = max(0.0, self.due_period_sum_s - self.due_count * (step_s + fixed_s)) / self.cycles
         cost = RankCost(step_s, fixed_s, cycle_s)
         return cost if cost.valid() else None
 
@@ -275,3 +286,14 @@ def loop_check_steps(costs: Sequence[RankCost | None], *, base_steps: int, inter
         return base_steps
     wanted = math.ceil(interval_s / max(measured))
     return max(base_steps, min(steps_max, wanted))
+
+
+def calibration_window_steps(hidden_layers: int) -> int:
+    """BUDGET-12: the calibration window's length in steps at the calibration cadence (one hidden
+    layer every 2 steps, cycles of ``2 * L`` steps holding ``L`` steps free of replay, ``L - 1``
+    measured in the first): the cycles until :data:`CALIBRATION_FREE_STEPS_MIN` are measured."""
+    if not whole_number(hidden_layers) or hidden_layers < 0:
+        raise ValueError(f"hidden_layers must be an int >= 0, got {hidden_layers!r}")
+    layers = max(1, hidden_layers)
+    cycles = -(-(CALIBRATION_FREE_STEPS_MIN + 1) // layers)
+    return cycles * INTERVAL_MIN * layers

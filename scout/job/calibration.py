@@ -21,6 +21,7 @@ from typing import Any
 
 from scout.core.budget import (
     CALIBRATION,
+    CALIBRATION_FREE_STEPS_MIN,
     BudgetStatus,
     Cadence,
     CadenceDecision,
@@ -154,8 +155,14 @@ class Calibration:
         self._last_end_s = self.clock()  # the exchange is not the next step's
 
     def _cycle_ended(self, step: int) -> None:
-        mine = self._meter.cost()
-        self._meter = CycleMeter()
+        if (self.explicit is None and not self.decisions and not self._meter.invalid
+                and self._meter.free_count < CALIBRATION_FREE_STEPS_MIN):
+            # BUDGET-12: the window goes on (every rank alike); no measurement from this rank yet.
+            self._meter.extend()
+            mine = None
+        else:
+            mine = self._meter.cost()
+            self._meter = CycleMeter()
         if self.explicit is not None:  # BUDGET-8: no decision, no exchange; rank 0 says what it costs
             if self._said_explicit(step, mine):
                 self._measuring = False

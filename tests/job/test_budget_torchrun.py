@@ -29,6 +29,7 @@ JOB = REPO / "tests" / "job" / "budget_job.py"
 RANKS = 4
 LAYERS = 4  # the example GPT's
 CALIBRATION_CYCLE = 2 * LAYERS  # BUDGET-5: one layer every 2 steps
+CALIBRATION_STEPS = 3 * CALIBRATION_CYCLE  # BUDGET-12: 3 + 4 + 4 measured steps free of replay >= 8
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +55,9 @@ def test_BUDGET_5_every_rank_switches_to_the_same_cadence_at_the_same_step(job: 
     # The calibration window: one layer every 2 steps from the start, one cycle of 2 x layers steps.
     assert (calibrating["interval_steps"], calibrating["lanes"], calibrating["origin_step"],
             calibrating["cycle_steps"]) == (2, 1, 0, CALIBRATION_CYCLE)
-    # Decided at its end, in effect from there: the schedule counts from that boundary.
-    assert calibrated["step"] == calibrated["origin_step"] == CALIBRATION_CYCLE
+    # Decided at its end (BUDGET-12: its third cycle's), in effect from there: the schedule counts
+    # from that boundary.
+    assert calibrated["step"] == calibrated["origin_step"] == CALIBRATION_STEPS
     first = ranks[0]["decisions"][0]
     assert (calibrated["interval_steps"], calibrated["lanes"], calibrated["cycle_steps"]) == (
         first["interval_steps"], first["lanes"], first["cycle_steps"])
@@ -94,7 +96,7 @@ def test_BUDGET_7_rank_0_reports_each_cadence_and_what_it_buys(job: dict[str, An
         assert evidence["set_by"] == "overhead_budget" and evidence["replay_rows"] == 1
     assert cadence[1]["evidence"]["previous"]["cycle_steps"] == changes[1]["cycle_steps"]
     said = [line for line in job["run"].stderr.splitlines() if line.startswith("scout: replay cadence")]
-    assert len(said) == len(cadence) and "(set by overhead_budget)" in said[0] and "[calibrated at step 8" in said[0], said
+    assert len(said) == len(cadence) and "(set by overhead_budget)" in said[0] and f"[calibrated at step {CALIBRATION_STEPS}" in said[0], said
 
 
 def test_BUDGET_11_each_decision_sets_the_loop_checks_interval_from_the_slowest_ranks_step(

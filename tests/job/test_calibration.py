@@ -114,30 +114,55 @@ def test_BUDGET_9_an_attempt_starts_at_the_calibration_cadence_counted_from_its_
 def test_BUDGET_5_BUDGET_7_the_decision_at_the_calibration_windows_end_is_applied_and_said() -> None:
     job = Job(overhead_budget=0.05)
     job.begin(0)
-    job.run(4)  # the calibration window: steps 1-4, replay at 2 and 4
-    # Step 1 is the attempt's first (not measured). A free step's 40 ms hold 0.2 ms of scout's work:
-    # T = 39.8 ms, F = 0.2 ms, C = 2 x (90 - 39.8 - 0.2) ms.
-    (mine,) = set(job.gathers)
+    # BUDGET-12: the calibration window lasts until 8 steps free of replay were measured: 2 layers,
+    # cycles of 4 steps (replay at the even ones), step 1 the attempt's first (not measured):
+    # 1 + 2 + 2 + 2 + 2 = 9 free steps at the end of the 5th cycle, step 20.
+    job.run(16)
+    assert job.gathers == [None] * 4 and job.calibration.cadence == CALIBRATION and not job.sink.records
+    job.run(4)
+    # A free step's 40 ms hold 0.2 ms of scout's work: T = 39.8 ms, F = 0.2 ms, and C the mean of
+    # the window's 5 cycles, 2 x (90 - 39.8 - 0.2) ms each.
+    mine = job.gathers[-1]
     assert mine == pytest.approx((0.0398, 0.0002, 0.100))
     # N >= 0.100 / (0.05 x 0.0398 - 0.0002) = 55.9: one layer every 28 steps, a cycle of 56.
     assert job.calibration.cadence == Cadence(28, 1)
-    assert (job.pipeline.cycle_steps, job.pipeline.origin_step) == (56, 4)
-    assert job.check.runner.schedule.origin_step == 4 and not job.check.runner.schedule.due(5)
+    assert (job.pipeline.cycle_steps, job.pipeline.origin_step) == (56, 20)
+    assert job.check.runner.schedule.origin_step == 20 and not job.check.runner.schedule.due(21)
     (report,) = job.sink.records
-    assert (report["kind"], report["reason"], report["step"]) == ("cadence", "calibrated", 4)
+    assert (report["kind"], report["reason"], report["step"]) == ("cadence", "calibrated", 20)
     evidence = report["evidence"]
     assert (evidence["interval_steps"], evidence["cycle_steps"], evidence["checkpoint_every_steps"]) == (28, 56, 56)
     assert evidence["previous"] == {"interval_steps": 2, "lanes": 1, "cycle_steps": 4}
-    # A cycle of the new cadence with the same step time: no change (BUDGET-6), no report.
+    # A cycle of the new cadence with the same step time: no change (BUDGET-6), no report; after the
+    # first decision each cycle is measured on its own.
     job.run(56)
-    assert len(job.gathers) == 2 and job.calibration.cadence == Cadence(28, 1) and len(job.sink.records) == 1
+    assert len(job.gathers) == 6 and job.calibration.cadence == Cadence(28, 1) and len(job.sink.records) == 1
+    assert job.gathers[-1] == pytest.approx((0.0398, 0.0002, 0.100))  # this cycle's own two replays
+
+
+def test_BUDGET_12_a_window_too_short_for_its_figures_is_no_measurement_on_every_rank_alike() -> None:
+    # Every rank gives no measurement (None) at the window's cycle ends until 8 free steps are in.
+    job = Job(overhead_budget=0.05)
+    job.begin(0)
+    job.run(4)
+    assert job.gathers == [None]  # 1 measured free step of 8
+    job.run(8)
+    assert job.gathers == [None, None, None]  # 1 + 2 + 2 = 5
+    # A restarted attempt's window starts afresh (BUDGET-9) and an explicit cadence has none (BUDGET-8).
+    job.begin(100)
+    job.run(20)
+    assert job.gathers[3:7] == [None] * 4 and job.gathers[7] is not None and job.calibration.decisions
+    explicit = Job(replay_interval_steps=2)
+    explicit.begin(0)
+    explicit.run(4)
+    assert explicit.gathers == [] and len(explicit.sink.records) == 1  # said at the first cycle's end
 
 
 def test_BUDGET_11_each_decision_sets_the_loop_checks_interval_and_an_attempt_starts_at_loop_check_steps() -> None:
     job = Job(overhead_budget=0.05)
     job.begin(0)
     assert job.loop.timer.config.check_every_steps == 10 and job.loop.due(10) and not job.loop.due(26)
-    job.run(4)  # the window's decision: T = 39.8 ms, so ceil(1 s / 39.8 ms) = 26 steps between checks
+    job.run(20)  # the window's decision: T = 39.8 ms, so ceil(1 s / 39.8 ms) = 26 steps between checks
     assert job.loop.timer.config.check_every_steps == 26 and job.loop.due(26) and not job.loop.due(10)
     (report,) = job.sink.records
     assert report["evidence"]["loop_check_steps"] == 26
@@ -145,11 +170,11 @@ def test_BUDGET_11_each_decision_sets_the_loop_checks_interval_and_an_attempt_st
     assert job.loop.timer.config.check_every_steps == 10
     slow = Job(overhead_budget=0.05, loop_check_steps=50)  # never under loop_check_steps
     slow.begin(0)
-    slow.run(4)
+    slow.run(20)
     assert slow.loop.timer.config.check_every_steps == 50 == slow.sink.records[0]["evidence"]["loop_check_steps"]
     off = Job(overhead_budget=0.05, loop_check_interval_s=0)
     off.begin(0)
-    off.run(4)
+    off.run(20)
     assert off.loop.timer.config.check_every_steps == 10 and off.calibration.decisions
     explicit = Job(replay_interval_steps=2)  # BUDGET-8: no decision, the interval stays
     explicit.begin(0)

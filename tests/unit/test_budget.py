@@ -13,13 +13,16 @@ from hypothesis import strategies as st
 
 from scout.core.budget import (
     CALIBRATION,
+    CALIBRATION_FREE_STEPS_MIN,
     INTERVAL_MAX,
     INTERVAL_MIN,
     LOOP_WINDOW_STEPS_MAX,
     BudgetStatus,
     Cadence,
+    CycleMeter,
     RankCost,
     StepSample,
+    calibration_window_steps,
     choose_cadence,
     loop_check_steps,
     rank_cost,
@@ -205,3 +208,22 @@ def test_BUDGET_11_the_interval_is_the_least_that_spans_interval_s_within_its_bo
         assert steps * slowest >= interval_s * (1 - 1e-9) and (steps - 1) * slowest < interval_s * (1 + 1e-9)
     if steps == base and base < LOOP_WINDOW_STEPS_MAX:
         assert base * slowest >= interval_s * (1 - 1e-9) or interval_s == 0
+
+
+def test_BUDGET_12_the_calibration_window_and_a_meter_over_several_cycles() -> None:
+    # 8 measured free steps: L - 1 in the first cycle of 2L steps, L in each later one.
+    assert [calibration_window_steps(layers) for layers in (0, 1, 2, 3, 4, 8, 9, 12)] == [
+        18, 18, 20, 18, 24, 32, 18, 24]
+    for layers in range(1, 40):
+        cycles = calibration_window_steps(layers) // (2 * layers)
+        assert cycles * layers - 1 >= CALIBRATION_FREE_STEPS_MIN > (cycles - 1) * layers - 1
+    with pytest.raises(ValueError, match="hidden_layers"):
+        calibration_window_steps(-1)
+    meter = CycleMeter()
+    for cycle in range(3):  # three cycles of one free step (40 ms, 0.2 ms of it scout's) and one replay (90 ms)
+        if cycle:
+            meter.extend()
+        meter.add(StepSample(0.040, 0.0002, False))
+        meter.add(StepSample(0.090, 0.0, True))
+    cost = meter.cost()
+    assert cost is not None and cost.cycle_s == pytest.approx(0.090 - 0.040)  # C: the mean of the cycles'
