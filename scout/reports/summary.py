@@ -187,10 +187,11 @@ def summary_json(view: RunView) -> dict[str, Any]:
                                         [r for r in view.records if r["kind"] == ReportKind.STRAGGLER],
                                         off=_loop_check_off(view.records)),
         "parts_off": parts_off(view.records, numbers),
-        # spec/budget.md BUDGET-7, BUDGET-8: each cadence the run replayed at, and what it bought.
+        # spec/budget.md BUDGET-7, BUDGET-8: each cadence the run replayed at, and what it bought;
+        # BUDGET-11: the loop check's interval with it (None in runs of earlier versions).
         "cadences": [{"generation": r["generation"], "step": r["step"], "reason": r["reason"],
                       **{k: r["evidence"].get(k) for k in ("interval_steps", "lanes", "cycle_steps", "share",
-                                                           "overhead_budget", "status")}}
+                                                           "overhead_budget", "status", "loop_check_steps")}}
                      for r in view.records if r["kind"] == ReportKind.CADENCE],
     }
 
@@ -261,9 +262,10 @@ def summary_text(view: RunView) -> str:
     for cadence in data["cadences"]:
         share = "" if cadence["share"] is None else (f", scout's work {100 * cadence['share']:.2f} % of a step "
                                                      f"(budget {100 * cadence['overhead_budget']:g} %)")
+        loop = "" if cadence["loop_check_steps"] is None else f", a loop check every {cadence['loop_check_steps']} steps"
         lines.append(f"replay cadence from step {cadence['step']} ({cadence['reason']}): {cadence['lanes']} layer(s) "
                      f"every {cadence['interval_steps']} steps, a cycle (SDC bound) of {cadence['cycle_steps']} steps"
-                     f"{share}{'' if cadence['status'] == 'within' else ' -- ' + str(cadence['status'])}")
+                     f"{share}{loop}{'' if cadence['status'] == 'within' else ' -- ' + str(cadence['status'])}")
     lines.append("")
     for restart in data["restarts"]:  # numbered as the picture numbers attempts (attempt_numbers)
         what = (start_phrase(restart["reason"], restart["step"], restart["choice"], restart["failure"], restart["lost"])
