@@ -28,8 +28,8 @@ from scout.core.guards import whole_number
 __all__ = [
     "CALIBRATION",
     "DRIFT_FACTOR",
-    "INTERVAL_MAX",
     "CALIBRATION_FREE_STEPS_MIN",
+    "INTERVAL_MAX",
     "INTERVAL_MIN",
     "LOOP_WINDOW_STEPS_MAX",
     "BudgetStatus",
@@ -40,7 +40,7 @@ __all__ = [
     "StepSample",
     "calibration_window_steps",
     "choose_cadence",
-    "loop_check_steps",
+    "choose_loop_check_steps",
     "rank_cost",
     "replaces",
     "share",
@@ -267,7 +267,7 @@ def replaces(current_cycle_steps: int, decided_cycle_steps: int, factor: float =
             or decided_cycle_steps * factor <= current_cycle_steps)
 
 
-def loop_check_steps(costs: Sequence[RankCost | None], *, base_steps: int, interval_s: float,
+def choose_loop_check_steps(costs: Sequence[RankCost | None], *, base_steps: int, interval_s: float,
                      steps_max: int = LOOP_WINDOW_STEPS_MAX) -> int:
     """BUDGET-11: the loop check's interval in steps from the gathered measurements -- the least
     that keeps about ``interval_s`` of the slowest measured rank's step time ``T`` between two

@@ -29,7 +29,7 @@ from scout.core.budget import (
     RankCost,
     StepSample,
     choose_cadence,
-    loop_check_steps,
+    choose_loop_check_steps,
     replaces,
     share,
 )
@@ -179,9 +179,10 @@ class Calibration:
         previous = self.cadence
         self.decisions.append(decision)
         cycle = self.apply(decision.cadence, step)  # BUDGET-5: counted from this boundary, even if unchanged
-        # BUDGET-11: the loop check's interval from the same gathered values, from this step on.
-        self._set_loop_check_steps(loop_check_steps(costs, base_steps=self.config.loop_check_steps,
-                                                    interval_s=self.config.loop_check_interval_s))
+        if self.loop is not None:  # BUDGET-11: from the same gathered values, from this step on
+            self._set_loop_check_steps(choose_loop_check_steps(
+                costs, base_steps=self.config.loop_check_steps, interval_s=self.config.loop_check_interval_s,
+                steps_max=self.loop.timer.config.window_steps_max))
         self._say(step, decision, costs, "calibrated" if first else "recalibrated", previous, current, cycle)
 
     @property

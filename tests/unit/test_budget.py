@@ -24,7 +24,7 @@ from scout.core.budget import (
     StepSample,
     calibration_window_steps,
     choose_cadence,
-    loop_check_steps,
+    choose_loop_check_steps,
     rank_cost,
     replaces,
     share,
@@ -184,24 +184,24 @@ def test_BUDGET_3_a_meter_keeps_bounded_memory_over_a_long_cycle() -> None:
 
 def test_BUDGET_11_worked_example_the_loop_checks_interval() -> None:
     tiny = [RankCost(0.035, 0.0015, 0.02), RankCost(0.0398, 0.0012, 0.02), None]
-    assert loop_check_steps(tiny, base_steps=10, interval_s=1.0) == 26  # ceil(1 / 0.0398): the slowest rank's T
-    assert loop_check_steps(tiny, base_steps=10, interval_s=0.0) == 10  # 0: off
-    assert loop_check_steps([RankCost(0.26, 0.0005, 0.04)], base_steps=10, interval_s=1.0) == 10  # long steps keep it
-    assert loop_check_steps([RankCost(0.0005, 0.0, 0.0)], base_steps=10, interval_s=1.0) == LOOP_WINDOW_STEPS_MAX
-    assert loop_check_steps([RankCost(0.0005, 0.0, 0.0)], base_steps=300, interval_s=1.0) == 300  # never under it
-    assert loop_check_steps([None, None], base_steps=10, interval_s=1.0) == 10  # unmeasured: unchanged
+    assert choose_loop_check_steps(tiny, base_steps=10, interval_s=1.0) == 26  # ceil(1 / 0.0398): the slowest rank's T
+    assert choose_loop_check_steps(tiny, base_steps=10, interval_s=0.0) == 10  # 0: off
+    assert choose_loop_check_steps([RankCost(0.26, 0.0005, 0.04)], base_steps=10, interval_s=1.0) == 10  # long steps keep it
+    assert choose_loop_check_steps([RankCost(0.0005, 0.0, 0.0)], base_steps=10, interval_s=1.0) == LOOP_WINDOW_STEPS_MAX
+    assert choose_loop_check_steps([RankCost(0.0005, 0.0, 0.0)], base_steps=300, interval_s=1.0) == 300  # never under it
+    assert choose_loop_check_steps([None, None], base_steps=10, interval_s=1.0) == 10  # unmeasured: unchanged
     for bad, message in (({"base_steps": 0}, "loop_check_steps must be"), ({"interval_s": -1.0}, "loop_check_interval_s"),
                          ({"interval_s": math.nan}, "loop_check_interval_s"), ({"steps_max": 0}, "steps_max")):
         with pytest.raises(ValueError, match=message):
-            loop_check_steps(tiny, **{"base_steps": 10, "interval_s": 1.0, **bad})  # type: ignore[arg-type]
+            choose_loop_check_steps(tiny, **{"base_steps": 10, "interval_s": 1.0, **bad})  # type: ignore[arg-type]
 
 
 @settings(max_examples=300, deadline=None)
 @given(costs_strategy, st.integers(1, 300), st.floats(0.0, 30.0))
 def test_BUDGET_11_the_interval_is_the_least_that_spans_interval_s_within_its_bounds(
         costs: list[RankCost], base: int, interval_s: float) -> None:
-    steps = loop_check_steps(costs, base_steps=base, interval_s=interval_s)
-    assert steps == loop_check_steps(list(reversed(costs)), base_steps=base, interval_s=interval_s)
+    steps = choose_loop_check_steps(costs, base_steps=base, interval_s=interval_s)
+    assert steps == choose_loop_check_steps(list(reversed(costs)), base_steps=base, interval_s=interval_s)
     slowest = max(cost.step_s for cost in costs)
     assert base <= steps <= max(base, LOOP_WINDOW_STEPS_MAX)
     if base < steps < LOOP_WINDOW_STEPS_MAX:  # the least number of the slowest rank's steps that spans interval_s
