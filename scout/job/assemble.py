@@ -125,12 +125,12 @@ def _instrument(model: nn.Module, identity: RecordIdentity,
     instrument.instrument(publisher, collectives="instrumentation" not in off, completion="completion" not in off,
                           device=module_device(model))  # INSTR-10: the marks go on the model's GPU
     # LOOP-5: a listener is told a collective started and returns what to call at its completion.
-    bucket_listeners: list[Callable[[], Callable[[], None]]] = []
+    bucket_listeners: list[Callable[[], Callable[[], None] | None]] = []
     buckets = "ddp_hook" not in off and publish_ddp_buckets(model, publisher, bucket_listeners)
     if "instrumentation" not in off:
         instrument.instrument_module(model)
 
-    def listen(listener: Callable[..., Callable[[], None]]) -> None:
+    def listen(listener: Callable[..., Callable[[], None] | None]) -> None:
         instrument.add_collective_listener(listener)
         if buckets:
             bucket_listeners.append(listener)

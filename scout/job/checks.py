@@ -28,7 +28,7 @@ from scout.gate.model import Recipe
 from scout.job import bench_switches
 from scout.job.config import Config
 from scout.job.pipeline import CheckOutput, Finding, GateFeed, Layout, replay_output
-from scout.replay.arrival import LoopConfig, LoopTimer
+from scout.replay.arrival import LoopConfig, LoopTimer, untimed
 from scout.replay.canary import CANARY_RECIPE, Canary, CanaryMonitor
 from scout.replay.collectives import TorchPeerGroup
 from scout.replay.replay import RecipeModules, ReplayConfig, Replayer
@@ -184,8 +184,10 @@ class LoopStragglerCheck(_NoOps):
         # LOOP-7: the forward window, from the first hidden layer's pre-hook to the last one's
         # forward hook -- registered now, after the hooks the layers already have.
         self._handles = [] if not hidden else [
-            hidden[0].register_forward_pre_hook(lambda _module, _inputs: _loop_hook(timer.forward_started)),
-            hidden[-1].register_forward_hook(lambda _module, _inputs, _output: _loop_hook(timer.forward_ended))]
+            hidden[0].register_forward_pre_hook(
+                lambda _module, _inputs: _loop_hook(timer.forward_started) if timer.measuring else None),
+            hidden[-1].register_forward_hook(
+                lambda _module, _inputs, _output: _loop_hook(timer.forward_ended) if timer.measuring else None)]
 
     def close(self) -> None:
         for handle in self._handles:
@@ -291,7 +293,7 @@ def _loop_hook(action: Callable[[], None]) -> None:
     HOOK_TIME.spent_ns += now_ns() - started  # spec/budget.md BUDGET-10
 
 
-def loop_listener(listener: Callable[..., Callable[[], None]]) -> Callable[..., Callable[[], None]]:
+def loop_listener(listener: Callable[..., Callable[[], None]]) -> Callable[..., Callable[[], None] | None]:
     """A loop timer's collective listener (LOOP-5) under the loop part's boundary (GUARD-3): silent
     after a failure here, and what it returns at the collective's completion is guarded too."""
 
@@ -304,20 +306,17 @@ def loop_listener(listener: Callable[..., Callable[[], None]]) -> Callable[..., 
 
         return finished
 
-    def listen(*args: Any, **kwargs: Any) -> Callable[[], None]:
+    def listen(*args: Any, **kwargs: Any) -> Callable[[], None] | None:
         if not guard.running(Part.LOOP):
-            return _nothing
+            return None
         try:
-            return guarded_finish(listener(*args, **kwargs))
+            finish = listener(*args, **kwargs)
         except Exception as error:
             guard.failed(Part.LOOP, error, "collective listener")
-            return _nothing
+            return None
+        return None if finish is untimed else guarded_finish(finish)  # LOOP-8: nothing to call
 
     return listen
-
-
-def _nothing() -> None:
-    pass
 
 
 def running_statistics(hidden: Sequence[nn.Module]) -> list[str]:
@@ -386,7 +385,7 @@ def build_checks(
     hosts: Sequence[str],
     exchange: Callable[[Any], list[Any]],
     run_dir: str,
-    add_collective_listener: Callable[[Callable[..., Callable[[], None]]], None],
+    add_collective_listener: Callable[[Callable[..., Callable[[], None] | None]], None],
     names: Sequence[str] | None = None,
     loop_check: bool = True,
 ) -> tuple[list[Any], Cycle]:
@@ -423,7 +422,9 @@ def build_checks(
     checks: list[Any] = [ReplayCheck("replay", replayer, dense, hosts)]
     checks[0].job_hidden_layers = layers
     if loop_check and "loop_timer" not in bench_switches.parts_off():  # a benchmark's private switch
-        loop = LoopTimer(peers, LoopConfig(check_every_steps=config.loop_check_steps))
+        # LOOP-8: each check compares the loop_check_steps steps before it, however far apart.
+        loop = LoopTimer(peers, LoopConfig(check_every_steps=config.loop_check_steps,
+                                           measured_steps=config.loop_check_steps))
         add_collective_listener(loop_listener(loop.collective_started))  # LOOP-5: from enqueue to completion
         checks.insert(0, LoopStragglerCheck(loop, dense, hosts, modules.hidden))
     if config.moe_catalog is not None:  # spec/moe.md: experts replicated like the dense layers (EP = 1)

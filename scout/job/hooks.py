@@ -38,7 +38,7 @@ logger = logging.getLogger("scout")
 
 
 def publish_ddp_buckets(
-    model: Any, publisher: ProgressPublisher, listeners: Sequence[Callable[[], Callable[[], None]]] = ()
+    model: Any, publisher: ProgressPublisher, listeners: Sequence[Callable[[], Callable[[], None] | None]] = ()
 ) -> bool:
     """Register the publishing communication hook on a DDP model; False (and a warning) when the
     model is not DDP or already has a communication hook of its own. ``listeners`` (read at each
@@ -89,7 +89,7 @@ def publish_ddp_buckets(
                     guard.inject("ddp_hook.bucket")
                 bucket_fingerprint = bucket_fingerprint_of(buffer, bucket.index())
                 publisher.enter_async_collective(bucket_fingerprint)
-                finishers = [_started(listener) for listener in tuple(listeners)]
+                finishers = [finish for finish in map(_started, tuple(listeners)) if finish is not None]
                 tracker = instrument.completion_tracker(group)
             except Exception as error:  # GUARD-3: never into the backward
                 guard.failed(Part.DDP_HOOK, error, "ddp comm hook")
@@ -126,7 +126,7 @@ def publish_ddp_buckets(
         HOOK_TIME.spent_ns += launching - started + now_ns() - launched
         return future
 
-    def _started(listener: Callable[[], Callable[[], None]]) -> Callable[[], None] | None:
+    def _started(listener: Callable[[], Callable[[], None] | None]) -> Callable[[], None] | None:
         try:
             return listener()
         except Exception:  # diagnostics never break the training step

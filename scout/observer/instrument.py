@@ -291,7 +291,7 @@ class _Instrumentation:
         self._known_calls: dict[tuple[Any, ...], int] = {}  # call_key -> fingerprint (bounded)
         # Called at the entry of every published collective (loop stragglers, LOOP-5); each
         # returns the function to call when that collective completed.
-        self.collective_listeners: list[Callable[..., Callable[[], None]]] = []
+        self.collective_listeners: list[Callable[..., Callable[[], None] | None]] = []
         # Completion tracking (INSTR-9..13), when it could be started; its tracker is fed here
         # when its source is markers.
         self.tracking: CompletionTracking | None = None
@@ -385,7 +385,9 @@ class _Instrumentation:
 
         @functools.wraps(original)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if not self.enabled or self.depth:
+            local = self.local  # the depth is read and written here directly: this runs at every call
+            depth = getattr(local, "depth", 0)
+            if not self.enabled or depth:
                 return original(*args, **kwargs)
             publish = self.publishing and threading.get_ident() == self.thread_id
             tracked = self.on_tracked_group(op, args, kwargs)
@@ -403,7 +405,7 @@ class _Instrumentation:
             asynchronous = op in _P2P_ASYNC or bool(_arg(args, kwargs, index + 1, "async_op", False))
             # LOOP-1: a call of the training thread without async_op blocks it (or its stream).
             finishers = self.started_listeners(blocking=publish and not asynchronous)
-            self.depth += 1
+            local.depth = depth + 1
             result: Any = None
             called = now_ns()
             try:
@@ -411,7 +413,7 @@ class _Instrumentation:
                 return result
             finally:
                 returned = now_ns()
-                self.depth -= 1
+                local.depth = depth
                 if tracker is not None:
                     self.safely(tracker.end, entry, result if asynchronous else None, part=Part.COMPLETION)
                 if publish:
@@ -435,9 +437,12 @@ class _Instrumentation:
         finishers = []
         for listener in self.collective_listeners:
             try:
-                finishers.append(listener(blocking=True) if blocking else listener())
+                finish = listener(blocking=True) if blocking else listener()
             except Exception:
                 self.failures += 1
+                continue
+            if finish is not None:  # None: nothing to call at completion
+                finishers.append(finish)
         return finishers
 
     def begin_tracked(self, tracker: CompletionTracker | None, fingerprint: int) -> Any:
@@ -601,13 +606,14 @@ def already_published() -> Iterator[None]:
         active.depth -= 1
 
 
-def add_collective_listener(listener: Callable[..., Callable[[], None]]) -> None:
+def add_collective_listener(listener: Callable[..., Callable[[], None] | None]) -> None:
     """Call ``listener()`` at the entry of every collective the wrappers publish or track (any
     thread, on the tracked group) -- ``listener(blocking=True)`` for a call of the training thread
     without ``async_op``, which blocks it (LOOP-1) --, and the
     function it returns when that collective completed: when the call returned, or for an
     ``async_op`` call when its work's future completed (LOOP-5: on NCCL that callback's current
-    stream waits for the collective, so a mark recorded there completes with it)."""
+    stream waits for the collective, so a mark recorded there completes with it). A listener
+    that returns None has nothing to call (a loop body not timed, spec/replay.md LOOP-8)."""
     _active("add_collective_listener").collective_listeners.append(listener)
 
 

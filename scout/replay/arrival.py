@@ -148,6 +148,9 @@ class LoopConfig:
 
     check_every_steps: int = 10  # LOOP-2: one all-gather of 5 int64 every 10 steps (measured there)
     window_steps_max: int = LOOP_WINDOW_STEPS_MAX  # BUDGET-11 lengthens intervals up to it
+    #: LOOP-8: only the last ``measured_steps`` steps before each check are timed (a job sets
+    #: ``loop_check_steps``); the default times every step a window keeps.
+    measured_steps: int = LOOP_WINDOW_STEPS_MAX
     warmup_steps: int = 2
     #: LOOP-3: a loop time is judged against its peers with a relative floor of 25%: host-side
     #: timings scatter more than replay's, and a verdict that names two of four peers is no
@@ -160,6 +163,7 @@ class LoopConfig:
         for name, least in (
             ("check_every_steps", 1),
             ("window_steps_max", 1),
+            ("measured_steps", 1),
             ("warmup_steps", 0),
             ("trail_checks", 1),
         ):
@@ -278,7 +282,9 @@ class _EndedStep:
         return self.period_ns, wait_ns, max(0, high_ns - low_ns - inside_ns - self.forward_delayed_ns)
 
 
-def _nothing() -> None:
+def untimed() -> None:
+    """What :meth:`LoopTimer.collective_started` returns for a collective outside a measured
+    body (LOOP-8): nothing to finish."""
     return None
 
 
@@ -315,6 +321,9 @@ class LoopTimer:
         )
         self._delay_at_start_s = 0.0
         self._body_started_ns: int | None = None
+        #: LOOP-8: whether the current loop body is timed (read without the lock by the hooks:
+        #: a collective racing the body's start or end is outside it either way).
+        self.measuring = False
         self._spans: list[tuple[int, int]] = []  # the current body's (entry_ns, exit_ns)
         self._collectives = 0
         self._pending: list[PendingWait] = []  # LOOP-5: the current body's waits timed by marks
@@ -340,10 +349,24 @@ class LoopTimer:
 
     # -- the training loop's side -----------------------------------------------------------
 
+    def measures(self, step: int) -> bool:
+        """LOOP-8: whether step ``step``'s body is timed: one of the last ``measured_steps``
+        steps up to the check at or after it."""
+        every = self.config.check_every_steps
+        return self.config.measured_steps >= every or (-step) % every < self.config.measured_steps
+
     def begin_step(self) -> None:
         """The loop body of the next step starts now."""
+        if self.last_step and not self.measures(self.last_step + 1):  # LOOP-8: not timed
+            if self.measuring or self._body_started_ns is not None:
+                with self._lock:
+                    self.measuring = False
+                    self._body_started_ns = None
+                    self._spans, self._pending, self._forward = [], [], None
+            return
         delay_s = self._run_queue_delay()
         with self._lock:
+            self.measuring = True
             self._delay_at_start_s = delay_s
             self._body_started_ns = self._clock_ns()
             self._spans = []
@@ -356,11 +379,13 @@ class LoopTimer:
         """LOOP-5: a collective of the current step was enqueued now; call the returned
         function when it completed (from any thread). ``blocking``: the training thread called
         it without ``async_op`` and waits for it (LOOP-1: such waits add up; of the others only
-        the longest counts). Outside a loop body it is ignored (the returned function does
-        nothing)."""
+        the longest counts). Outside a measured loop body it is ignored (it returns
+        :func:`untimed`, LOOP-8)."""
+        if not self.measuring:
+            return untimed
         with self._lock:
             if self._body_started_ns is None or len(self._pending) >= PENDING_WAITS_PER_STEP_MAX:
-                return _nothing
+                return untimed
             wait = PendingWait(self.timer, self.timer.record(), blocking)
             self._pending.append(wait)
             self._collectives += 1
@@ -369,6 +394,8 @@ class LoopTimer:
     def forward_started(self) -> None:
         """LOOP-7: the first hidden layer's forward starts (its pre-hook); only the first call
         of a body counts."""
+        if not self.measuring:  # LOOP-8
+            return
         delay_s = self._run_queue_delay()
         with self._lock:
             if self._body_started_ns is None or self._forward is not None:
@@ -380,6 +407,8 @@ class LoopTimer:
         """LOOP-7: the last hidden layer's forward returned (its forward hook); only the first
         return after :meth:`forward_started` closes the window (a recomputation in the backward
         is not a second forward)."""
+        if not self.measuring:  # LOOP-8
+            return
         delay_s = self._run_queue_delay()
         with self._lock:
             forward = self._forward
@@ -430,12 +459,16 @@ class LoopTimer:
 
     def _close_body(self, step: int) -> None:
         """The loop body of ``step`` ended now: its period and waits join the window."""
+        if not self.measuring:  # LOOP-8: a body not timed has nothing to close
+            self._settle()
+            return
         now_ns = self._clock_ns()
         delay_s = self._run_queue_delay()
         with self._lock:
             started, spans, pending = self._body_started_ns, self._spans, self._pending
             delayed_ns = round((delay_s - self._delay_at_start_s) * 1e9)
             forward, forward_delayed_ns = self._forward, self._forward_delayed_ns
+            self.measuring = False
             self._body_started_ns = None
             self._spans = []
             self._pending = []

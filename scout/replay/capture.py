@@ -39,6 +39,7 @@ from typing import Any
 import attrs
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from scout.core.guards import whole_number
 from scout.core.recipes import RecipeId, ReplayStatus
@@ -177,10 +178,9 @@ class ModuleCapture:
         self._watching: dict[RecipeId, Any] = {}  # one-shot hooks of calls whose forward has not returned
         self._unchecked: dict[RecipeId, LiveCall] = {}  # SELF-9: recorded, not re-executed yet
         self._suspended = 0
-        self._handles = [
-            module.register_forward_pre_hook(self._hook_for(recipe), with_kwargs=True)
-            for recipe, module in self._modules.items()
-        ]
+        # CAP-1: a pre-hook on the module of each armed recipe only (registered by ``arm``).
+        self._handles: dict[RecipeId, RemovableHandle] = {}
+        self._closed = False
 
     @property
     def held_bytes(self) -> int:
@@ -198,6 +198,17 @@ class ModuleCapture:
             raise ValueError(f"no module registered for recipes {sorted(map(str, unknown))}")
         self._drop_records()
         self._armed, self._armed_step = armed, step
+        self._hook_armed()
+
+    def _hook_armed(self) -> None:
+        """CAP-1: a pre-hook on each armed recipe's module, none on the others."""
+        for recipe in [r for r in self._handles if r not in self._armed]:
+            self._handles.pop(recipe).remove()
+        if self._closed:
+            return
+        for recipe in sorted(self._armed - self._handles.keys(), key=str):
+            self._handles[recipe] = self._modules[recipe].register_forward_pre_hook(
+                self._hook_for(recipe), with_kwargs=True)
 
     def get(self, recipe: RecipeId, step: int) -> Capture | CaptureFailure:
         """The capture of ``recipe`` at ``step``, or why there is none (CAP-1)."""
@@ -256,7 +267,8 @@ class ModuleCapture:
             self._suspended -= 1
 
     def close(self) -> None:
-        for handle in self._handles:
+        self._closed = True
+        for handle in self._handles.values():
             handle.remove()
         self._handles.clear()
         self._drop_records()

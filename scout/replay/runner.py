@@ -158,7 +158,9 @@ class RecipeExecutor(Protocol):
         ...
 
     def arm(self, step: int, due: Sequence[DueRecipe]) -> None:
-        """Capture the inputs of ``due`` at ``step`` (hooks fire during the step's forward)."""
+        """Capture the inputs of ``due`` at ``step`` (hooks fire during the step's forward). The
+        runner arms nothing again while nothing is armed, and releases nothing after a step that
+        had nothing armed (REPLAY-10): arming nothing must leave nothing to capture or hold."""
 
     def held_bytes(self) -> int:
         """CAP-5: bytes the captures hold now."""
@@ -317,6 +319,8 @@ class ReplayRunner:
         self.step_count = 0
         self.disabled_reason: str | None = None
         self._closed = False
+        # REPLAY-10: the step that is armed with nothing (and holds nothing), if the next one is.
+        self._idle_step: int | None = None
         self.schedule_digest = structured_signature((executor.schedule_tag, 1, schedule.describe()))
         # STRAG-4, COMM-2: one sequential test per kind of evidence over this group.
         self.stragglers = ReplayStragglers(
@@ -366,6 +370,9 @@ class ReplayRunner:
         if self._closed:
             raise RuntimeError(f"this {self.label} runner was closed; attach a new one to keep checking")
         step = self.step_count = self.step_count + 1
+        if self._idle_step == step:  # REPLAY-10: nothing due, nothing armed, nothing held
+            self._arm(step + 1)
+            return StepReport(step, (), {}, {}, 0.0, 0)
         try:
             return self._check(step)
         except Exception as exc:  # diagnostics never crash the trainer
@@ -402,7 +409,12 @@ class ReplayRunner:
             logger.warning("scout: %s disabled: %s", self.label, self.disabled_reason)
 
     def _arm(self, step: int) -> None:
-        self.executor.arm(step, self.schedule.due(step))
+        due = self.schedule.due(step)
+        if not due and self._idle_step == step - 1:
+            self._idle_step = step  # REPLAY-10: nothing was armed, nothing is: the executor keeps it
+            return
+        self.executor.arm(step, due)
+        self._idle_step = None if due else step
 
     def _inconclusive_all(self, due: Sequence[DueRecipe], reason: str) -> tuple[RecipeResult, ...]:
         results = tuple(RecipeResult(d.recipe, d.step, Status.INCONCLUSIVE, reason=reason) for d in due)

@@ -315,9 +315,49 @@ def test_LOOP_1_collectives_from_other_threads_and_outside_a_body() -> None:
         timer.end_step(2)
 
 
+def test_LOOP_8_a_check_measures_the_steps_just_before_it_and_the_others_cost_no_timing() -> None:
+    """Issue 38: at an interval of 8 with ``measured_steps`` 3, only steps 6..8 and 14..16 are
+    timed; the steps between read no clock and no run-queue delay, and their collectives and
+    forward hooks are ignored (what a collective listener gets back calls nothing)."""
+    clock, peers = Clock(), LoopPeers()
+    reads: list[int] = []
+
+    def delay_s() -> float:
+        reads.append(timer.last_step)
+        return 0.0
+
+    timer = LoopTimer(peers, LoopConfig(check_every_steps=8, measured_steps=3, warmup_steps=0), clock_ns=clock,
+                      run_queue_delay_s=delay_s)
+    assert [s for s in range(1, 17) if timer.measures(s)] == [6, 7, 8, 14, 15, 16]
+    measured = []
+    for step in range(1, 17):
+        timer.begin_step()
+        measured.append(timer.measuring)
+        timer.forward_started()
+        clock.now_ns += (10 + step) * MS  # the body takes 10 ms more than its step's number
+        timer.forward_ended()
+        finish = timer.collective_started(blocking=True)
+        clock.now_ns += 2 * MS
+        finish()
+        timer.end_step(step)
+    # The first body (before any step was seen) is timed; then only the last 3 before each check.
+    assert [s for s, m in enumerate(measured, 1) if m] == [1, 6, 7, 8, 14, 15, 16]
+    # A timed body reads the run-queue delay at its start (twice after a step: end_step begins the
+    # next body, and so does begin_step) and the forward's two ends -- the last step seen is the
+    # one before -- and at its close (the step itself); a body not timed never.
+    assert sorted(set(reads)) == [0, 1, 5, 6, 7, 8, 13, 14, 15, 16] and len(reads) == 4 + 6 * 5
+    # Step 1's body is in the first window (the window holds what was timed since the last check).
+    assert [row[:3] for row in peers.rows] == [[8, 4, 16_500], [16, 3, 25_000]]  # medians of 11, 16, 17, 18 and 24..26
+    assert [row[5:] for row in peers.rows] == [[4, 16_500], [3, 25_000]]
+    # Every step timed, as before, when measured_steps covers the interval.
+    assert all(LoopTimer(peers, LoopConfig(check_every_steps=8, measured_steps=8)).measures(s) for s in range(1, 40))
+
+
 def test_LOOP_4_configuration_errors_name_the_value() -> None:
     with pytest.raises(ValueError, match="check_every_steps must be an int >= 1, got 0"):
         LoopConfig(check_every_steps=0)
+    with pytest.raises(ValueError, match="measured_steps must be an int >= 1, got 0"):
+        LoopConfig(measured_steps=0)
     with pytest.raises(TypeError, match="straggler must be a SequentialConfig"):
         LoopConfig(straggler=1.5)  # type: ignore[arg-type]
     assert LoopConfig(straggler=SequentialConfig(slow_ratio=1.2)).straggler.slow_ratio == 1.2

@@ -48,6 +48,32 @@ def test_CAP_1_captures_only_when_armed_and_only_the_first_call() -> None:
     capture.arm(3, [])
 
 
+def test_CAP_1_the_capture_hook_is_on_a_module_only_while_armed_after_its_earlier_pre_hooks() -> None:
+    """Issue 38: an idle step runs none of capture's code; the call recorded is the one the
+    module's forward receives (a pre-hook registered before the arming has run)."""
+    module = Noisy()
+    capture = ModuleCapture({LAYER: module}, max_capture_bytes=2**20)
+    assert len(module._forward_pre_hooks) == 0
+    module.register_forward_pre_hook(lambda _module, args: (args[0] * 2,))  # the job's own hook
+    capture.arm(1, [LAYER])
+    assert len(module._forward_pre_hooks) == 2
+    x = torch.randn(2, 8)
+    module(x)
+    record = capture.get(LAYER, 1)
+    assert isinstance(record, Capture) and torch.equal(record.args[0], x * 2)
+    capture.arm(2, [LAYER])  # armed again: still one hook of capture's
+    assert len(module._forward_pre_hooks) == 2
+    capture.arm(3, [])
+    assert len(module._forward_pre_hooks) == 1
+    module(x)
+    assert isinstance(capture.get(LAYER, 3), CaptureFailure)
+    capture.arm(4, [LAYER])
+    capture.close()
+    assert len(module._forward_pre_hooks) == 1
+    capture.arm(5, [LAYER])  # after close nothing is hooked again
+    assert len(module._forward_pre_hooks) == 1
+
+
 def test_CAP_2_CAP_5_capture_memory_is_bounded_and_reported() -> None:
     module = Noisy()
     x = torch.randn(64, 8)

@@ -88,6 +88,26 @@ def test_REC_3_due_is_a_function_of_the_step() -> None:
         schedule.due(0)
 
 
+@settings(max_examples=100, deadline=None)
+@given(asked=st.lists(st.integers(1, 30), max_size=40), origin=st.integers(0, 3))
+def test_REC_3_REPLAY_10_a_step_asked_again_gets_the_answer_of_a_fresh_schedule(asked: list[int], origin: int) -> None:
+    """REPLAY-10: the schedule keeps its last answer; in any order of asking, every answer is the
+    one a schedule never asked before gives, and asking the same step again returns it whole."""
+    catalog = Catalog(hidden_layer_count=3, optimizer_slice_count=2)
+    intervals = Intervals(embedding_steps=4, hidden_steps=2, output_steps=0, optimizer_steps=3)
+    schedule = Schedule(catalog, intervals, origin_step=origin)
+    for step in asked:
+        if step <= origin:
+            with pytest.raises(ValueError, match="not after this schedule's origin"):
+                schedule.due(step)
+            continue
+        answer = schedule.due(step)
+        assert answer == Schedule(catalog, intervals, origin_step=origin).due(step)
+        assert schedule.due(step) is answer
+    with pytest.raises(ValueError, match="numbered from 1, got 0"):
+        schedule.due(0)
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     layers=st.integers(0, 5),

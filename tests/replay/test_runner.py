@@ -115,6 +115,28 @@ def test_REPLAY_9_EVID_5_STRAG_1_every_executor_agrees_when_healthy_timed_by_war
     runner.close()
 
 
+def test_REPLAY_10_an_idle_step_touches_no_executor_and_arms_only_what_changes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 38: most steps have nothing due; they arm nothing again, release nothing and hold
+    nothing, and the steps with something due are armed and checked as before."""
+    executor = Executor("hidden", RecipeClass.HIDDEN, _dense(Intervals(hidden_steps=3, embedding_steps=0,
+                                                                       output_steps=0, optimizer_steps=0)))
+    model, optimizer, runner = _setup(executor)
+    calls: list[tuple[str, int]] = []
+    arm, release = runner.executor.arm, runner.executor.release
+    monkeypatch.setattr(runner.executor, "arm", lambda step, due: (calls.append(("arm", step)), arm(step, due))[1])
+    monkeypatch.setattr(runner.executor, "release", lambda: (calls.append(("release", 0)), release())[1])
+    reports = []
+    for step in range(1, 8):
+        _train_step(model, optimizer, step)
+        reports.append(runner.step())
+    assert calls == [("arm", 3), ("release", 0), ("arm", 4), ("arm", 6), ("release", 0), ("arm", 7)]
+    for report in reports:
+        checked = report.step % 3 == 0
+        assert [r.status for r in report.results] == ([Status.AGREE] if checked else []), report
+        assert report.capture_bytes > 0 if checked else report.capture_bytes == 0
+    runner.close()
+
+
 @every_executor
 def test_REPLAY_9_resume_at_refuses_anything_but_an_int_at_least_0(executor: Executor) -> None:
     _model, _optimizer, runner = _setup(executor)
