@@ -494,9 +494,10 @@ def _budget(section: dict[str, Any], _plots_dir: str) -> list[str]:
     the noise, the budget, the cadence chosen and what it buys."""
     budget = section["overhead_budget"]
     out = ["## 7. The overhead budget: every model within it", "", f"{_load(section)}.", "",
-           f"scout at its defaults (`overhead_budget` {100 * budget:g} %: the replay cadence is chosen at the end of "
-           "the first cycle, spec/budget.md) against the same job without scout. " + PAIRED_TEXT + " Each run's warm-up "
-           "covers the calibration window (one layer every 2 steps for 2 x layers steps) and its measured steps are "
+           f"scout at its defaults (`overhead_budget` {100 * budget:g} %: the replay cadence, and the loop check's "
+           "interval, are chosen at the end of the calibration window, spec/budget.md BUDGET-5, BUDGET-11, BUDGET-12) "
+           "against the same job without scout. " + PAIRED_TEXT + " Each run's warm-up covers the calibration window "
+           "(one layer every 2 steps, until every rank measured 8 steps free of replay) and its measured steps are "
            "the cycle a probe run of the same job chose (at least 24, at most 1,000), so a run's mean step holds its "
            "replay. *Noise*: an A/A pair in the same rounds, no scout against no scout. *Cycle*: the cycle each "
            "round's run chose (median, range): an SDC that recurs in replayed work is found within one cycle, and a "
