@@ -27,8 +27,8 @@ from scout.core.guards import whole_number
 
 __all__ = [
     "CALIBRATION",
-    "DRIFT_FACTOR",
     "CALIBRATION_FREE_STEPS_MIN",
+    "DRIFT_FACTOR",
     "INTERVAL_MAX",
     "INTERVAL_MIN",
     "LOOP_WINDOW_STEPS_MAX",
@@ -268,7 +268,7 @@ def replaces(current_cycle_steps: int, decided_cycle_steps: int, factor: float =
 
 
 def choose_loop_check_steps(costs: Sequence[RankCost | None], *, base_steps: int, interval_s: float,
-                     steps_max: int = LOOP_WINDOW_STEPS_MAX) -> int:
+                            steps_max: int = LOOP_WINDOW_STEPS_MAX) -> int:
     """BUDGET-11: the loop check's interval in steps from the gathered measurements -- the least
     that keeps about ``interval_s`` of the slowest measured rank's step time ``T`` between two
     checks, never under ``base_steps`` (``loop_check_steps``) nor over ``steps_max`` (the loop

@@ -202,7 +202,8 @@ class Config:
     #: ``replay_rows / batch`` of one module's forward per capture.
     self_check: bool = attrs.field(default=True, validator=_flag("self_check"))
     #: Steps between two checks of loop stragglers (LOOP-3): each compares the ranks' time in
-    #: the training loop outside collectives over the steps since the last check.
+    #: the training loop outside collectives over the ``loop_check_steps`` steps before it (LOOP-8:
+    #: where the overhead budget spaces the checks further apart, the steps between are not timed).
     loop_check_steps: int = attrs.field(default=10, validator=_count("loop_check_steps", 1, 1_000_000))
     #: The least wall time between two loop checks the overhead budget aims at (spec/budget.md
     #: BUDGET-11): on a job whose steps are shorter than ``loop_check_interval_s /

@@ -81,7 +81,7 @@ def publish_ddp_buckets(
     def hook(state: Any, bucket: Any) -> Any:
         started = now_ns()  # spec/budget.md BUDGET-10: scout's part, not the all-reduce
         buffer = bucket.buffer()
-        finishers: list[Callable[[], None] | None] = []
+        finishers: list[Callable[[], None]] = []
         tracker, entry, bucket_fingerprint = None, None, 0
         if guard.running(Part.DDP_HOOK):  # spec/guard.md: off, the hook only averages the bucket
             try:
@@ -115,11 +115,10 @@ def publish_ddp_buckets(
 
         def completed(done: Any) -> Any:
             for finish in finishers:
-                if finish is not None:
-                    try:
-                        finish()
-                    except Exception:  # diagnostics never break the training step
-                        logger.debug("scout: a bucket listener failed", exc_info=True)
+                try:
+                    finish()
+                except Exception:  # diagnostics never break the training step
+                    logger.debug("scout: a bucket listener failed", exc_info=True)
             return done.value()[0]
 
         future = work.get_future().then(completed)

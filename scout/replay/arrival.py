@@ -22,7 +22,7 @@ measure on its own monotonic clock is
 
 A rank's *loop time* is ``period - wait`` (LOOP-1): its own work in the step, the time its
 peers waited for it included. At a check step every peer exchanges the median of its loop
-times over the steps since the last check in one fixed-size row over the replay peer group
+times over the steps it timed since the last check (LOOP-8) in one fixed-size row over the replay peer group
 (deadline-bounded, LOOP-2); ``classify_timing`` decides the comparison, and each peer's log
 ratio to the centre feeds a sequential test of its own (``loop-slow``, LOOP-3).
 
@@ -321,8 +321,9 @@ class LoopTimer:
         )
         self._delay_at_start_s = 0.0
         self._body_started_ns: int | None = None
-        #: LOOP-8: whether the current loop body is timed (read without the lock by the hooks:
-        #: a collective racing the body's start or end is outside it either way).
+        #: LOOP-8: whether the current loop body is timed -- always ``_body_started_ns is not None``,
+        #: kept as a flag the hooks read without the lock (a collective racing the body's start or
+        #: end is outside it either way).
         self.measuring = False
         self._spans: list[tuple[int, int]] = []  # the current body's (entry_ns, exit_ns)
         self._collectives = 0
@@ -358,7 +359,7 @@ class LoopTimer:
     def begin_step(self) -> None:
         """The loop body of the next step starts now."""
         if self.last_step and not self.measures(self.last_step + 1):  # LOOP-8: not timed
-            if self.measuring or self._body_started_ns is not None:
+            if self.measuring:
                 with self._lock:
                     self.measuring = False
                     self._body_started_ns = None
