@@ -239,6 +239,9 @@ def kill(processes: Sequence[ProcessInfo]) -> None:
         reap_zombies(sorted(pids))
         remaining = [pid for pid in pids if (info := _info(pid)) is not None and _alive(info)]
         if not remaining:
+            # One that died between the reap above and the look (a stopped process takes a moment
+            # to act on SIGKILL) is a zombie now: reap it too, or it stays listed as ours.
+            reap_zombies(sorted(pids))
             return
         time.sleep(POLL_S)
 

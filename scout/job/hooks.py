@@ -114,12 +114,17 @@ def publish_ddp_buckets(
                 guard.failed(Part.COMPLETION, error, "ddp comm hook")
 
         def completed(done: Any) -> Any:
+            # spec/budget.md BUDGET-10: on the communication thread, but DDP waits for this
+            # future before the backward returns: the step pays for it.
+            began = now_ns()
             for finish in finishers:
                 try:
                     finish()
                 except Exception:  # diagnostics never break the training step
                     logger.debug("scout: a bucket listener failed", exc_info=True)
-            return done.value()[0]
+            value = done.value()[0]
+            HOOK_TIME.spent_ns += now_ns() - began
+            return value
 
         future = work.get_future().then(completed)
         HOOK_TIME.spent_ns += launching - started + now_ns() - launched

@@ -8,6 +8,7 @@ calls, the bucket's all-reduce), and the hook time must hold the one and not the
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -105,6 +106,27 @@ def test_BUDGET_10_the_ddp_bucket_hook_counts_its_part_before_the_all_reduce_and
     model(torch.randn(2, 4)).sum().backward()
     spent_s = HOOK_TIME.take_s()
     assert started, "the bucket hook did not run"
+    assert OWN_S <= spent_s < JOBS_S, spent_s
+
+
+def test_BUDGET_10_the_ddp_bucket_callback_counts_its_own_time(
+    one_rank: None, publisher: ProgressPublisher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bucket's completion callback runs on gloo's thread, and the backward waits for it: what
+    the listeners' finishers take there is scout's and is counted; the all-reduce is not."""
+    model = DistributedDataParallel(nn.Linear(4, 4))
+    finished: list[str] = []
+
+    def finish() -> None:
+        time.sleep(OWN_S)  # scout's part of the callback: a slow completion listener
+        finished.append(threading.current_thread().name)
+
+    assert publish_ddp_buckets(model, publisher, [lambda: finish])
+    monkeypatch.setattr(dist, "all_reduce", _slow(dist.all_reduce, JOBS_S))  # the bucket's all-reduce, slow
+    HOOK_TIME.take_s()
+    model(torch.randn(2, 4)).sum().backward()
+    spent_s = HOOK_TIME.take_s()
+    assert finished, "the bucket's callback did not run before the backward returned"
     assert OWN_S <= spent_s < JOBS_S, spent_s
 
 
