@@ -499,7 +499,8 @@ def _budget(section: dict[str, Any], _plots_dir: str) -> list[str]:
            "against the same job without scout. " + PAIRED_TEXT + " Each run's warm-up covers the calibration window "
            "(one layer every 2 steps, until every rank measured 8 steps free of replay) and its measured steps are "
            "the cycle a probe run of the same job chose (at least 24, at most 1,000), so a run's mean step holds its "
-           "replay. *Noise*: an A/A pair in the same rounds, no scout against no scout. *Cycle*: the cycle each "
+           "replay; where the probe was over budget (replay off after the decision) there is no cycle to cover, and "
+           "a run is as many steps as take about 40 s. *Noise*: an A/A pair in the same rounds, no scout against no scout. *Cycle*: the cycle each "
            "round's run chose (median, range): an SDC that recurs in replayed work is found within one cycle, and a "
            f"checkpoint comes every {section['checkpoint_every_cycles']} cycles, verified one cycle after it is "
            "written.", ""]

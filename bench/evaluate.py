@@ -49,6 +49,7 @@ import argparse
 import contextlib
 import datetime
 import json
+import math
 import os
 import platform
 import random
@@ -96,6 +97,10 @@ QUICK_BUDGET_MODELS: tuple[dict[str, Any], ...] = (
 #: The budget section's measured steps per run: the cycle a probe run chose, within these bounds
 #: (a run's mean step time holds its replay only when the run is a whole cycle or more).
 BUDGET_STEPS_MIN, BUDGET_STEPS_MAX = 24, 1000
+#: Where the probe run was over budget, replay never runs after the decision (BUDGET-4: the
+#: longest cadence), so there is no cycle to cover: a run is as many steps as take about this long
+#: (the 4.2M GPT: ~100 steps, where 1,000 steps made the section's one model take 2 hours).
+BUDGET_OVER_RUN_S = 40.0
 #: The A/A pair of the budget section: no scout against no scout, paired alike (the pairs' noise).
 ALIKE = attach_overhead.Arm("alike", scout=False)
 BATCHES = (16,)  # the batch section's batches (the parts section's goal is at batch 8)
@@ -352,6 +357,18 @@ def run_batch(section: dict[str, Any], quick: bool, rounds: int, batches: Sequen
             "rounds_figures": _rounds_figures(goal)}
 
 
+def budget_run_steps(probe: dict[str, Any], quick: bool) -> int:
+    """The measured steps of the budget section's runs of one model: the cycle its probe run
+    chose, or where the probe's last decision was over budget (replay off after it, BUDGET-4) as
+    many steps as take :data:`BUDGET_OVER_RUN_S`; within the section's bounds."""
+    low, high = (4, 40) if quick else (BUDGET_STEPS_MIN, BUDGET_STEPS_MAX)
+    wanted = int(probe.get("cycle_steps") or 0)
+    decisions = probe.get("cadence_decisions") or []
+    if decisions and decisions[-1].get("status") == "over-budget":
+        wanted = math.ceil(BUDGET_OVER_RUN_S / attach_overhead.mean_step_s(probe))
+    return min(max(wanted, low), high)
+
+
 def run_budget(section: dict[str, Any], quick: bool, rounds: int, log: Callable[[str], None],
                allocator: str = attach_overhead.DEFAULT_ALLOCATOR, only: Sequence[str] = (),
                earlier: dict[str, Any] | None = None) -> None:
@@ -378,8 +395,7 @@ def run_budget(section: dict[str, Any], quick: bool, rounds: int, log: Callable[
             shape = {"size": size, "batch": model["batch"], "nproc": model["nproc"], "sequence": model["sequence"]}
             probe = attach_overhead.one_run(attach_overhead.DEFAULTS, steps=2, device="cpu", work=work, warmup=warmup,
                                             allocator=allocator, **shape)
-            low, high = (4, 40) if quick else (BUDGET_STEPS_MIN, BUDGET_STEPS_MAX)
-            steps = min(max(int(probe.get("cycle_steps") or 0), low), high)
+            steps = budget_run_steps(probe, quick)
             log(f"== budget: {model['name']}, probe cycle {probe.get('cycle_steps')} steps; the defaults and an A/A "
                 f"pair against no scout, {rounds} rounds of {steps} steps after {warmup} of warm-up")
             results = attach_overhead.paired([(attach_overhead.OFF, attach_overhead.DEFAULTS),

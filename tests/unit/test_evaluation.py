@@ -266,3 +266,22 @@ def test_BUDGET_10_budget_rows_say_what_F_left_out_their_cycle_from_runs_that_ke
     assert "earlier GPT: scout's own measurement" in joined and "(measured before BUDGET-10)" in joined
     assert ("Each row's run: tiny GPT started 2026-12-06T13:45:06+00:00; earlier GPT in an earlier run."
             in joined)
+
+
+def test_BUDGET_4_a_model_over_budget_runs_for_a_time_not_for_its_endless_cycle() -> None:
+    """The budget section's runs cover the cycle the probe chose; a probe over budget chose the
+    longest cadence (replay off), whose cycle of millions of steps made each run 1,000 steps long
+    (2 hours for the 4.2M GPT's rows): those runs are as long as BUDGET_OVER_RUN_S instead."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import evaluate
+    finally:
+        sys.path.remove(str(BENCH))
+    within = {"cycle_steps": 48, "step_s": [0.3, 0.3], "cadence_decisions": [{"status": "within"}]}
+    over = {"cycle_steps": 4_000_000, "step_s": [0.4, 0.4],
+            "cadence_decisions": [{"status": "within"}, {"status": "over-budget"}]}
+    assert evaluate.budget_run_steps(within, quick=False) == 48
+    assert evaluate.budget_run_steps({**within, "cycle_steps": 5}, quick=False) == evaluate.BUDGET_STEPS_MIN
+    assert evaluate.budget_run_steps(over, quick=False) == 100  # 40 s of 0.4 s steps
+    assert evaluate.budget_run_steps({**over, "step_s": [0.01]}, quick=False) == evaluate.BUDGET_STEPS_MAX
+    assert evaluate.budget_run_steps(over, quick=True) == 40
