@@ -42,6 +42,24 @@ def _slow(action: Callable[..., Any], seconds: float) -> Callable[..., Any]:
     return slowed
 
 
+class _LateWork:
+    """A collective's work whose future holds ``[tensor]`` ``after_s`` after its launch."""
+
+    def __init__(self, tensor: Any, after_s: float) -> None:
+        self.future: Any = torch.futures.Future()
+        threading.Timer(after_s, self.future.set_result, args=([tensor],)).start()
+
+    def get_future(self) -> Any:
+        return self.future
+
+    def is_completed(self) -> bool:
+        return bool(self.future.done())
+
+    def wait(self, timeout: Any = None) -> bool:
+        self.future.wait()
+        return True
+
+
 @pytest.fixture
 def one_rank(tmp_path: Path) -> Iterator[None]:
     dist.init_process_group(
@@ -89,44 +107,34 @@ def test_BUDGET_10_a_wrapped_collective_counts_scouts_part_and_not_the_collectiv
     assert OWN_S <= spent_s < JOBS_S, spent_s
 
 
-def test_BUDGET_10_the_ddp_bucket_hook_counts_its_part_before_the_all_reduce_and_not_the_all_reduce(
-    one_rank: None, publisher: ProgressPublisher, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("slow", ["hook", "callback"])
+def test_BUDGET_10_the_ddp_bucket_hook_and_its_callback_count_their_own_time_and_not_the_all_reduce(
+    one_rank: None, publisher: ProgressPublisher, monkeypatch: pytest.MonkeyPatch, slow: str
 ) -> None:
+    """Scout's part of the bucket hook before its all-reduce, and the bucket's completion callback
+    (on gloo's thread; the backward waits for it), are counted; the all-reduce is the job's."""
     model = DistributedDataParallel(nn.Linear(4, 4))
-    started: list[float] = []
-
-    def listener() -> Callable[[], None]:
-        time.sleep(OWN_S)  # scout's part of the hook: a slow loop listener
-        started.append(time.perf_counter())
-        return lambda: None
-
-    assert publish_ddp_buckets(model, publisher, [listener])
-    monkeypatch.setattr(dist, "all_reduce", _slow(dist.all_reduce, JOBS_S))  # the bucket's all-reduce, slow
-    HOOK_TIME.take_s()
-    model(torch.randn(2, 4)).sum().backward()
-    spent_s = HOOK_TIME.take_s()
-    assert started, "the bucket hook did not run"
-    assert OWN_S <= spent_s < JOBS_S, spent_s
-
-
-def test_BUDGET_10_the_ddp_bucket_callback_counts_its_own_time(
-    one_rank: None, publisher: ProgressPublisher, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The bucket's completion callback runs on gloo's thread, and the backward waits for it: what
-    the listeners' finishers take there is scout's and is counted; the all-reduce is not."""
-    model = DistributedDataParallel(nn.Linear(4, 4))
-    finished: list[str] = []
+    ran: list[str] = []
 
     def finish() -> None:
-        time.sleep(OWN_S)  # scout's part of the callback: a slow completion listener
-        finished.append(threading.current_thread().name)
+        if slow == "callback":
+            time.sleep(OWN_S)  # a slow completion listener
+        ran.append(f"callback on {threading.current_thread().name}")
 
-    assert publish_ddp_buckets(model, publisher, [lambda: finish])
-    monkeypatch.setattr(dist, "all_reduce", _slow(dist.all_reduce, JOBS_S))  # the bucket's all-reduce, slow
+    def listener() -> Callable[[], None]:
+        if slow == "hook":
+            time.sleep(OWN_S)  # a slow loop listener at the bucket's launch
+        ran.append("hook")
+        return finish
+
+    assert publish_ddp_buckets(model, publisher, [listener])
+    # The bucket's all-reduce (one rank: its average is the bucket) completes JOBS_S after its
+    # launch, on a thread of its own: the callback never runs inline in the hook.
+    monkeypatch.setattr(dist, "all_reduce", lambda tensor, *args, **kwargs: _LateWork(tensor, JOBS_S))
     HOOK_TIME.take_s()
     model(torch.randn(2, 4)).sum().backward()
     spent_s = HOOK_TIME.take_s()
-    assert finished, "the bucket's callback did not run before the backward returned"
+    assert len(ran) == 2, f"the hook and its callback ran before the backward returned: {ran}"
     assert OWN_S <= spent_s < JOBS_S, spent_s
 
 
