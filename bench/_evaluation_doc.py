@@ -552,9 +552,13 @@ def _budget(section: dict[str, Any], _plots_dir: str) -> list[str]:
     return out
 
 
-def _over_budget(cadence: dict[str, Any]) -> bool:
-    decisions = cadence.get("decisions") or []
+def over_budget(decisions: Sequence[dict[str, Any]]) -> bool:
+    """Whether a run's last cadence decision was over budget (BUDGET-4: replay off after it)."""
     return bool(decisions) and decisions[-1].get("status") == "over-budget"
+
+
+def _over_budget(cadence: dict[str, Any]) -> bool:
+    return over_budget(cadence.get("decisions") or [])
 
 
 def plots(document: dict[str, Any], directory: Path) -> list[Path]:

@@ -361,10 +361,11 @@ def budget_run_steps(probe: dict[str, Any], quick: bool) -> int:
     """The measured steps of the budget section's runs of one model: the cycle its probe run
     chose, or where the probe's last decision was over budget (replay off after it, BUDGET-4) as
     many steps as take :data:`BUDGET_OVER_RUN_S`; within the section's bounds."""
+    from _evaluation_doc import over_budget
+
     low, high = (4, 40) if quick else (BUDGET_STEPS_MIN, BUDGET_STEPS_MAX)
     wanted = int(probe.get("cycle_steps") or 0)
-    decisions = probe.get("cadence_decisions") or []
-    if decisions and decisions[-1].get("status") == "over-budget":
+    if over_budget(probe.get("cadence_decisions") or []):
         wanted = math.ceil(BUDGET_OVER_RUN_S / attach_overhead.mean_step_s(probe))
     return min(max(wanted, low), high)
 
