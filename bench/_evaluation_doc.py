@@ -216,8 +216,8 @@ def _parts(section: dict[str, Any], plots_dir: str) -> list[str]:
 
 
 #: The shares that are scout's work by construction at the defaults besides replay's formula (not
-#: a protocol's waits): the self-check's forward of the replayed row and, on a backend whose
-#: average is a sum and then a division (gloo), the pass dividing the gradients.
+#: a protocol's waits): the self-check's forward of the replayed row and, on a backend that does not
+#: divide inside its reduction (gloo), the pass dividing the gradients (INSTR-15).
 FIXED_SHARES = ("self_check_cpu_s", "ddp_hook_division_cpu_s")
 #: What scout times of itself at a step.
 ACCOUNTED_SHARES = ("step_wall_s", "self_check_cpu_s", "ddp_hook_division_cpu_s", "completion_watcher_cpu_s",
@@ -250,7 +250,8 @@ def _fixed_budget(section: dict[str, Any]) -> list[str]:
     return [f"*By construction*: at batch {section['batch']}, replay's formula ({_pct(defaults['replay_formula'], 2)}), "
             f"the self-check ({_pct(shares['self_check_cpu_s']['median'], 2)}: one forward of the replayed row of the "
             f"captured module, SELF-8) and the division pass ({_pct(shares['ddp_hook_division_cpu_s']['median'], 2)}: "
-            f"gloo's average is a sum and then a pass dividing it, NCCL's divides inside the reduction, INSTR-15) "
+            f"the bucket's average, a pass DDP alone fuses into its copy into the bucket; NCCL divides inside its "
+            f"reduction, INSTR-15) "
             f"come to {_pct(fixed, 2)} of a step before any check's collectives, the gate or a thread is paid; the "
             f"rest of the measured {_pct(overhead, 2)} is {_pct(overhead - fixed, 2)}. Each is a fixed amount of "
             "work per step -- one row, one layer, one pass over the gradients -- while the step grows with the "

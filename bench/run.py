@@ -57,6 +57,7 @@ BENCHMARKS: dict[str, tuple[list[str], list[str], float]] = {
 #: (CI) imports each and runs its ``--help`` all the same.
 BY_HAND: dict[str, str] = {
     "attach_overhead": "the overhead at the defaults in step-by-step pairs; bench/evaluate.py measures with it",
+    "ddp_average": "where the DDP bucket hook averages a CPU bucket (INSTR-15): gloo's AVG or its own division",
     "loop_wall": "loop-straggler settings replayed over recorded jobs' loop checks (needs --healthy logs)",
     "replay_clock": "which clock times replay on a CPU (STRAG-1): a study of real 4-rank jobs",
     "self_check": "what the live path's self-check costs per captured call (SELF-8)",

@@ -9,10 +9,11 @@ dtype) -- and then runs the default all-reduce. Launches are published, completi
 ``ProgressPublisher.enter_async_collective``), so every rank waiting on a late peer shows the
 same coordinate, and the late peer is behind it.
 
-The hook averages with one ``ReduceOp.AVG`` all-reduce where the backend has it (INSTR-15): DDP
-copies gradients into a hooked bucket without the scaling it fuses into that copy when no hook is
-registered, so dividing the bucket before a sum (as DDP's default hook does) would add a pass
-over every gradient on the training thread.
+The hook averages the bucket (INSTR-15) with one ``ReduceOp.AVG`` all-reduce where the backend
+divides inside its reduction (NCCL), else by a division on the training thread and a sum, as
+DDP's default hook does. Either is a pass DDP alone does not make (it fuses the scaling into its
+copy into the bucket when no hook is registered); gloo's ``AVG`` makes the same pass on gloo's
+thread, where the budget could not see it, so the division is done here and timed as scout's.
 """
 
 from __future__ import annotations
@@ -50,19 +51,22 @@ def publish_ddp_buckets(
         return False
     group = model.process_group if model.process_group is not None else dist.group.WORLD
     ranks = tuple(dist.get_process_group_ranks(group))
-    average = [True]  # INSTR-15: ReduceOp.AVG until the backend refuses it (alike on every rank)
+    # INSTR-15: whether the backend divides inside its reduction, decided at the first bucket (the
+    # same device and backend on every rank, so alike everywhere); False after a refusal of AVG.
+    average: list[bool | None] = [None]
 
-    def all_reduce_mean(buffer: Any) -> Any:
-        """The bucket's average, asynchronously: one AVG all-reduce where the backend has it,
-        else a division and a sum (DDP's default hook)."""
+    def launch_average(buffer: Any) -> Any:
+        """The bucket's average, asynchronously: one AVG all-reduce where the backend divides
+        inside its reduction; else a sum of the bucket the hook has divided already."""
         if average[0]:
             try:
                 return dist.all_reduce(buffer, op=dist.ReduceOp.AVG, group=group, async_op=True)
             except (RuntimeError, ValueError) as error:
-                # Refused before any byte moved (the backend checks the op first), on every rank.
+                # Refused before any byte moved (the backend checks the op first), on every rank:
+                # this bucket is divided here, later ones by the hook.
                 average[0] = False
                 logger.debug("scout: the DDP hook falls back to a division and a sum: %s", error)
-        buffer.div_(group.size())
+                buffer.div_(group.size())
         return dist.all_reduce(buffer, group=group, async_op=True)
 
     # Each bucket's fingerprint, by (index, dtype, size): the same few buckets every step, and
@@ -103,9 +107,16 @@ def publish_ddp_buckets(
         # tracking (INSTR-11): the bucket's average by an asynchronous all-reduce (INSTR-15). It is
         # the job's collective: what it raises is the job's (GUARD-1), and it runs whatever
         # happened to scout's work above, so the gradients are averaged as without scout.
+        if average[0] is None:
+            average[0] = _averages_in_reduction(group, buffer)
+        if not average[0]:
+            # INSTR-15: the average's pass over the bucket, scout's work on the training thread
+            # (without the hook DDP fuses it into its copy), so inside the hook's own time
+            # (BUDGET-10). It runs whatever happened to scout's work above: the job's gradients.
+            buffer.div_(group.size())
         launching = now_ns()
         with instrument.already_published():
-            work = all_reduce_mean(buffer)
+            work = launch_average(buffer)
         launched = now_ns()
         if tracker is not None:
             try:
@@ -152,3 +163,14 @@ def publish_ddp_buckets(
                        "is already registered on this model", error)
         return False
     return True
+
+
+def _averages_in_reduction(group: Any, buffer: Any) -> bool:
+    """INSTR-15: True where the group's backend for the bucket's device divides inside its
+    reduction (NCCL, on a CUDA bucket); gloo's AVG is a sum and a pass dividing it afterwards."""
+    if buffer.device.type != "cuda":
+        return False
+    try:
+        return str(group._get_backend(buffer.device).name()).lower() == "nccl"
+    except Exception:  # GUARD-3: never into the backward; a division and a sum are right anywhere
+        return False

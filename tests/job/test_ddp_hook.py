@@ -1,5 +1,6 @@
-"""INSTR-15: scout's DDP hook averages each bucket with one ReduceOp.AVG all-reduce, and the
-gradients are DDP's own, bit for bit: two real gloo ranks under torchrun (slow), and in CI one rank
+"""INSTR-15: on gloo (no average inside its reduction) scout's DDP hook averages each bucket by a
+division and one SUM all-reduce, never gloo's AVG (the same pass, on gloo's thread, unseen by the
+budget), and the gradients are DDP's own, bit for bit: two real gloo ranks under torchrun (slow), and in CI one rank
 started directly (the same job, a world of one: the hook's path and ops, without torchrun's
 start-up)."""
 
@@ -27,7 +28,7 @@ def _free_port() -> int:
 
 
 @pytest.mark.parametrize("ranks", [1, pytest.param(2, marks=pytest.mark.slow)])
-def test_INSTR_15_the_ddp_hook_averages_with_one_avg_all_reduce_and_matches_ddp(ranks: int) -> None:
+def test_INSTR_15_the_ddp_hook_on_gloo_divides_and_sums_and_matches_ddp(ranks: int) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     if ranks == 1:
         command = [sys.executable, str(JOB), str(os.getpid())]
@@ -39,6 +40,43 @@ def test_INSTR_15_the_ddp_hook_averages_with_one_avg_all_reduce_and_matches_ddp(
     completed = subprocess.run(command, capture_output=True, text=True, timeout=180, env=env, check=False)
     assert completed.returncode == 0, completed.stderr[-3000:]
     result = json.loads(completed.stdout.strip().splitlines()[-1])
-    # Several buckets (the first is 1 MB, the others 0.25 MB), every one averaged by AVG, and DDP's gradients exactly.
-    assert result["calls"] >= 2 and result["ops"] == ["RedOpType.AVG"], result
+    # Several buckets (the first is 1 MB, the others 0.25 MB), each one SUM after the hook's division
+    # (a power of 2 of ranks: x / n is DDP's x * (1 / n) exactly), and DDP's gradients exactly.
+    assert result["calls"] >= 2 and result["ops"] == ["RedOpType.SUM"], result
     assert result["equal"] and result["gradients"] == 6, result
+
+
+class _Backend:
+    def __init__(self, name: str | None) -> None:
+        self._name = name
+
+    def name(self) -> str:
+        if self._name is None:
+            raise RuntimeError("no backend for this device")
+        return self._name
+
+
+class _Group:
+    def __init__(self, name: str | None) -> None:
+        self.backend = _Backend(name)
+
+    def _get_backend(self, device: object) -> _Backend:
+        return self.backend
+
+
+class _Bucket:
+    def __init__(self, device: str) -> None:
+        import torch
+        self.device = torch.device(device)
+
+
+@pytest.mark.parametrize(("device", "backend", "native"), [
+    ("cuda", "nccl", True), ("cuda", "NCCL", True), ("cuda", "gloo", False), ("cuda", None, False),
+    ("cpu", "nccl", False), ("cpu", "gloo", False), ("cpu", "mpi", False)])
+def test_INSTR_15_avg_only_where_the_backend_divides_inside_its_reduction(
+    device: str, backend: str | None, native: bool
+) -> None:
+    """NCCL on a CUDA bucket averages inside its reduction; anywhere else (gloo's AVG is a sum and a
+    pass after it, MPI has none, a backend that cannot say) the hook divides, counted, and sums."""
+    from scout.job.hooks import _averages_in_reduction
+    assert _averages_in_reduction(_Group(backend), _Bucket(device)) is native

@@ -111,14 +111,15 @@ def test_BUDGET_10_a_wrapped_collective_counts_scouts_part_and_not_the_collectiv
     assert OWN_S <= spent_s < JOBS_S, spent_s
 
 
-@pytest.mark.parametrize("slow", ["hook", "callback", "inline-callback"])
+@pytest.mark.parametrize("slow", ["hook", "division", "callback", "inline-callback"])
 def test_BUDGET_10_the_ddp_bucket_hook_and_its_callback_count_their_own_time_and_not_the_all_reduce(
     one_rank: None, publisher: ProgressPublisher, monkeypatch: pytest.MonkeyPatch, slow: str
 ) -> None:
     """Scout's part of the bucket hook before its all-reduce, and the bucket's completion callback
     (on gloo's thread; the backward waits for it), are counted; the all-reduce is the job's. A
     callback that runs inline -- the future already complete when the hook asks for it, as on
-    NCCL -- is inside the hook's own time and counted once."""
+    NCCL -- is inside the hook's own time and counted once. On gloo the bucket's average is the
+    hook's division and a sum (INSTR-15): the division is scout's pass over the gradients, counted."""
     model = DistributedDataParallel(nn.Linear(4, 4))
     ran: list[str] = []
 
@@ -138,11 +139,20 @@ def test_BUDGET_10_the_ddp_bucket_hook_and_its_callback_count_their_own_time_and
     # launch, on a thread of its own (the callback never runs inline in the hook), or already at
     # its launch (the callback runs inline).
     after_s = None if slow == "inline-callback" else JOBS_S
-    monkeypatch.setattr(dist, "all_reduce", lambda tensor, *args, **kwargs: _LateWork(tensor, after_s))
+    ops: list[Any] = []
+
+    def late(tensor: Any, op: Any = dist.ReduceOp.SUM, *args: Any, **kwargs: Any) -> _LateWork:
+        ops.append(op)
+        return _LateWork(tensor, after_s)
+
+    monkeypatch.setattr(dist, "all_reduce", late)
+    if slow == "division":  # the hook's pass over the bucket, slow (DDP's own divisions are in C++)
+        monkeypatch.setattr(torch.Tensor, "div_", _slow(torch.Tensor.div_, OWN_S))
     HOOK_TIME.take_s()
     model(torch.randn(2, 4)).sum().backward()
     spent_s = HOOK_TIME.take_s()
     assert len(ran) == 2, f"the hook and its callback ran before the backward returned: {ran}"
+    assert ops == [dist.ReduceOp.SUM], ops
     assert OWN_S <= spent_s < min(JOBS_S, 2 * OWN_S), spent_s  # counted once, the all-reduce never
 
 
