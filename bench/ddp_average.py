@@ -51,6 +51,7 @@ def _worker(args: argparse.Namespace) -> None:
     assert spec is not None and spec.loader is not None
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
+    example.SEQUENCE = args.sequence  # the example's causal mask is made for its SEQUENCE
     dims = SIZES[args.size]
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -69,6 +70,8 @@ def _worker(args: argparse.Namespace) -> None:
         divided_ns[0] += time.perf_counter_ns() - started
         return dist.all_reduce(buffer, async_op=True).get_future().then(lambda done: done.value()[0])
 
+    for hook in (avg, divide):  # DDP checks the hook's annotations as objects; this module's are strings
+        hook.__annotations__ = {}
     models = {}
     for arm, hook in zip(ARMS, (None, avg, divide), strict=True):
         model = DistributedDataParallel(copy.deepcopy(base))
@@ -100,7 +103,11 @@ def _worker(args: argparse.Namespace) -> None:
     if rank == 0:
         medians = {arm: [statistics.median(times) for times in steps[arm]] for arm in ARMS}
         native_s = statistics.median(t for times in steps["native"] for t in times)
+        commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, check=False, timeout=30).stdout.strip()
         result = {
+            "benchmark": "ddp_average", "commit": commit, "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "load_average_1_5_15_min": list(os.getloadavg()), "cpu_count": os.cpu_count(),
             "size": args.size, "ranks": world, "rounds": args.rounds, "steps_per_round": args.steps,
             "batch": args.batch, "sequence": args.sequence, "native_step_s": native_s,
             "division_s_per_step": statistics.median(divisions_s),
