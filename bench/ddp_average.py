@@ -7,7 +7,8 @@ hook's own division on the training thread before a sum (timed, so the budget co
 study times a training step of the example GPT three ways -- DDP without a hook (``native``), a
 hook with gloo's AVG (``avg``), a hook dividing then summing (``divide``) -- in the same processes,
 three copies of the model stepped in rotation, ``--rounds`` rounds of ``--steps`` steps each; per
-round the ratio of each hooked arm's median step to the native one's.
+round the ratio of each hooked arm's median step to the native one's. Each rank is pinned to a core
+(rank modulo the cores), so that the arms' differences are not the scheduler's.
 
 Run: OMP_NUM_THREADS=1 .venv/bin/python bench/ddp_average.py --size small
      (2 ranks under torchrun, gloo; writes bench/results/ddp_average.json)
