@@ -45,38 +45,3 @@ def test_INSTR_15_the_ddp_hook_on_gloo_divides_and_sums_and_matches_ddp(ranks: i
     assert result["calls"] >= 2 and result["ops"] == ["RedOpType.SUM"], result
     assert result["equal"] and result["gradients"] == 6, result
 
-
-class _Backend:
-    def __init__(self, name: str | None) -> None:
-        self._name = name
-
-    def name(self) -> str:
-        if self._name is None:
-            raise RuntimeError("no backend for this device")
-        return self._name
-
-
-class _Group:
-    def __init__(self, name: str | None) -> None:
-        self.backend = _Backend(name)
-
-    def _get_backend(self, device: object) -> _Backend:
-        return self.backend
-
-
-class _Bucket:
-    def __init__(self, device: str) -> None:
-        import torch
-        self.device = torch.device(device)
-
-
-@pytest.mark.parametrize(("device", "backend", "native"), [
-    ("cuda", "nccl", True), ("cuda", "NCCL", True), ("cuda", "gloo", False), ("cuda", None, False),
-    ("cpu", "nccl", False), ("cpu", "gloo", False), ("cpu", "mpi", False)])
-def test_INSTR_15_avg_only_where_the_backend_divides_inside_its_reduction(
-    device: str, backend: str | None, native: bool
-) -> None:
-    """NCCL on a CUDA bucket averages inside its reduction; anywhere else (gloo's AVG is a sum and a
-    pass after it, MPI has none, a backend that cannot say) the hook divides, counted, and sums."""
-    from scout.job.hooks import _averages_in_reduction
-    assert _averages_in_reduction(_Group(backend), _Bucket(device)) is native
