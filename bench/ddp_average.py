@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import importlib.util
 import json
 import os
 import statistics
@@ -28,10 +27,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import attach_overhead
+
 REPO = Path(__file__).resolve().parents[1]
-#: The evaluation's models (bench/attach_overhead.py's sizes): the 4.2M and the 54.6M GPT.
-SIZES: dict[str, dict[str, int]] = {"small": dict(vocab=2048, width=256, layers=4, heads=4),
-                                    "large": dict(vocab=16384, width=512, layers=12, heads=8)}
 ARMS = ("native", "avg", "divide")
 
 
@@ -48,12 +46,9 @@ def _worker(args: argparse.Namespace) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
     torch.set_num_threads(1)
-    spec = importlib.util.spec_from_file_location("train_gpt", REPO / "examples" / "train_gpt.py")
-    assert spec is not None and spec.loader is not None
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
+    example = attach_overhead._example()
     example.SEQUENCE = args.sequence  # the example's causal mask is made for its SEQUENCE
-    dims = SIZES[args.size]
+    dims = attach_overhead.SIZES[args.size]
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
@@ -71,8 +66,8 @@ def _worker(args: argparse.Namespace) -> None:
         divided_ns[0] += time.perf_counter_ns() - started
         return dist.all_reduce(buffer, async_op=True).get_future().then(lambda done: done.value()[0])
 
-    for hook in (avg, divide):  # DDP checks the hook's annotations as objects; this module's are strings
-        hook.__annotations__ = {}
+    for function in (avg, divide):  # DDP checks a hook's annotations as objects; this module's are strings
+        function.__annotations__ = {}
     models = {}
     for arm, hook in zip(ARMS, (None, avg, divide), strict=True):
         model = DistributedDataParallel(copy.deepcopy(base))
@@ -123,11 +118,11 @@ def _worker(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", choices=sorted(SIZES), default="small")
+    parser.add_argument("--size", choices=sorted(attach_overhead.SIZES), default="small")
     parser.add_argument("--rounds", type=int, default=40, help="rounds of every arm, in rotation")
     parser.add_argument("--steps", type=int, default=3, help="steps of one arm in a round")
     parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--sequence", type=int, default=128)
+    parser.add_argument("--sequence", type=int, default=attach_overhead.SEQUENCE)
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "ddp_average.json"))
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

@@ -55,19 +55,16 @@ def publish_ddp_buckets(
     # same device and backend on every rank, so alike everywhere); False after a refusal of AVG.
     average: list[bool | None] = [None]
 
-    def launch_average(buffer: Any) -> Any:
-        """The bucket's average, asynchronously: one AVG all-reduce where the backend divides
-        inside its reduction; else a sum of the bucket the hook has divided already."""
-        if average[0]:
-            try:
-                return dist.all_reduce(buffer, op=dist.ReduceOp.AVG, group=group, async_op=True)
-            except (RuntimeError, ValueError) as error:
-                # Refused before any byte moved (the backend checks the op first), on every rank:
-                # this bucket is divided here, later ones by the hook.
-                average[0] = False
-                logger.debug("scout: the DDP hook falls back to a division and a sum: %s", error)
-                buffer.div_(group.size())
-        return dist.all_reduce(buffer, group=group, async_op=True)
+    def launch_in_reduction(buffer: Any) -> Any:
+        """The bucket's average by one AVG all-reduce (the backend divides inside its reduction);
+        None where the backend refused AVG -- before any byte moved (it checks the op first), on
+        every rank alike -- and from then on the hook divides and sums."""
+        try:
+            return dist.all_reduce(buffer, op=dist.ReduceOp.AVG, group=group, async_op=True)
+        except (RuntimeError, ValueError) as error:
+            average[0] = False
+            logger.debug("scout: the DDP hook falls back to a division and a sum: %s", error)
+            return None
 
     # Each bucket's fingerprint, by (index, dtype, size): the same few buckets every step, and
     # describing one costs more than the dictionary look-up (issue 38: the fixed per-step cost).
@@ -109,14 +106,18 @@ def publish_ddp_buckets(
         # happened to scout's work above, so the gradients are averaged as without scout.
         if average[0] is None:
             average[0] = _averages_in_reduction(group, buffer)
-        if not average[0]:
-            # INSTR-15: the average's pass over the bucket, scout's work on the training thread
-            # (without the hook DDP fuses it into its copy), so inside the hook's own time
-            # (BUDGET-10). It runs whatever happened to scout's work above: the job's gradients.
-            buffer.div_(group.size())
+        divided_ns = 0
         launching = now_ns()
         with instrument.already_published():
-            work = launch_average(buffer)
+            work = launch_in_reduction(buffer) if average[0] else None
+            if work is None:
+                # INSTR-15: the average's pass over the bucket is scout's work on the training
+                # thread (without the hook DDP fuses it into its copy), so it is in the hook's own
+                # time (BUDGET-10); the sum is the job's.
+                began = now_ns()
+                buffer.div_(group.size())
+                divided_ns = now_ns() - began
+                work = dist.all_reduce(buffer, group=group, async_op=True)
         launched = now_ns()
         if tracker is not None:
             try:
@@ -143,7 +144,7 @@ def publish_ddp_buckets(
 
         future = work.get_future().then(completed)
         inline = False
-        HOOK_TIME.spent_ns += launching - started + now_ns() - launched
+        HOOK_TIME.spent_ns += launching - started + divided_ns + now_ns() - launched
         return future
 
     def _started(listener: Callable[[], Callable[[], None] | None]) -> Callable[[], None] | None:

@@ -44,4 +44,3 @@ def test_INSTR_15_the_ddp_hook_on_gloo_divides_and_sums_and_matches_ddp(ranks: i
     # (a power of 2 of ranks: x / n is DDP's x * (1 / n) exactly), and DDP's gradients exactly.
     assert result["calls"] >= 2 and result["ops"] == ["RedOpType.SUM"], result
     assert result["equal"] and result["gradients"] == 6, result
-

@@ -156,6 +156,33 @@ def test_BUDGET_10_the_ddp_bucket_hook_and_its_callback_count_their_own_time_and
     assert OWN_S <= spent_s < min(JOBS_S, 2 * OWN_S), spent_s  # counted once, the all-reduce never
 
 
+def test_INSTR_15_BUDGET_10_a_refused_avg_falls_back_for_good_to_a_counted_division_and_a_sum(
+    one_rank: None, publisher: ProgressPublisher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A backend taken to divide inside its reduction that refuses AVG (before any byte moved):
+    that bucket and every later one are divided by the hook, counted, and summed; AVG is not asked
+    again."""
+    model = DistributedDataParallel(nn.Linear(4, 4))
+    assert publish_ddp_buckets(model, publisher)
+    monkeypatch.setattr("scout.job.hooks._averages_in_reduction", lambda group, buffer: True)
+    ops: list[Any] = []
+
+    def refusing(tensor: Any, op: Any = dist.ReduceOp.SUM, *args: Any, **kwargs: Any) -> _LateWork:
+        ops.append(op)
+        if op == dist.ReduceOp.AVG:
+            raise RuntimeError("Cannot use ReduceOp.AVG with this backend")
+        return _LateWork(tensor, None)
+
+    monkeypatch.setattr(dist, "all_reduce", refusing)
+    monkeypatch.setattr(torch.Tensor, "div_", _slow(torch.Tensor.div_, OWN_S))
+    for _ in range(2):
+        HOOK_TIME.take_s()
+        model(torch.randn(2, 4)).sum().backward()
+        spent_s = HOOK_TIME.take_s()
+        assert OWN_S <= spent_s < min(JOBS_S, 2 * OWN_S), spent_s
+    assert ops == [dist.ReduceOp.AVG, dist.ReduceOp.SUM, dist.ReduceOp.SUM], ops
+
+
 def test_BUDGET_10_CAP_1_capture_counts_its_hook_when_armed_and_has_none_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
     layer = RecipeId(RecipeClass.HIDDEN, 0)
     module = nn.Linear(4, 4)
