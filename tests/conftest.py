@@ -101,7 +101,11 @@ def _audit_reports(session: pytest.Session) -> None:
 # a time, after the others: a job of 4 ranks on 2 cores already uses the box, and its deadlines and
 # straggler checks were written for a box it does not share. `spawns`: short helpers (a CLI, a
 # compiler, crosshair) that may run beside another test, with the in-process tests on both cores.
-_IMPLY_PROCESSES = ("torchdist", "mpi")
+# `light`: process tests that mostly wait -- measured under a quarter to four fifths of a core
+# (the emulated-NCCL innocence and device campaigns, the transport conformance fixtures, the ops
+# servers' abuse) -- and assert no timing tighter than seconds: `./dev test` runs these two at a
+# time, each file on one worker (its module's job is shared), so two of them take at most ~1.5 cores.
+_IMPLY_PROCESSES = ("torchdist", "mpi", "light")
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m selects on the marks

@@ -18,7 +18,7 @@ from torch import nn
 from scout.job.config import ConfigError
 from scout.job.inputs import checked_state, unwrap_model, unwrap_optimizer
 
-pytestmark = pytest.mark.processes
+pytestmark = [pytest.mark.processes, pytest.mark.light]
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = REPO / "tests" / "job" / "attach_inputs_job.py"

@@ -18,7 +18,7 @@ from scout.scenarios import innocence
 from scout.scenarios.campaign import Outcome
 from tests import processes
 
-pytestmark = pytest.mark.torchdist
+pytestmark = [pytest.mark.torchdist, pytest.mark.light]
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 420
 

@@ -33,7 +33,7 @@ from scout.reports.timing import (
 )
 from tests.ops import services
 
-pytestmark = pytest.mark.processes
+pytestmark = [pytest.mark.processes, pytest.mark.light]
 
 REPO = Path(__file__).resolve().parents[2]
 #: How long a test waits for a hook, a count or a log line (each a bounded poll).

@@ -46,7 +46,7 @@ from scout.ops.tail import ReportTail
 from scout.reports.kinds import ReportKind
 from tests.ops.test_ops_processes import _gate_with_a_verified_checkpoint
 
-pytestmark = pytest.mark.processes
+pytestmark = [pytest.mark.processes, pytest.mark.light]
 
 # -- the exclude file (OPS-10) ----------------------------------------------------------------
 

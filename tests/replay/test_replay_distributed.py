@@ -328,6 +328,10 @@ def test_LOOP_3_FAULT_6_a_1_5x_loop_straggler_is_loop_slow_and_not_a_device_stra
     assert _events(ranks, "communication") == [], _evidence(ranks, "communication")
 
 
+# CI's healthy straggler check is a real torchrun job's (tests/job/test_attach_torchrun.py: 100
+# steps, 10 loop checks and >= 40 device checks with their communication timing, nobody
+# confirmed); this one is the slow tier's.
+@pytest.mark.slow
 def test_STRAG_4_LOOP_3_a_healthy_run_confirms_nobody(tmp_path: Path) -> None:
     ranks = run(tmp_path, scenario="train_stragglers", steps=40, loop_check_every=4)
     for kind in ("device", "communication", "loop"):

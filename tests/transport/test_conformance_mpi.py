@@ -20,7 +20,7 @@ from tests.transport.process_runs import REPO, RankRun, run_ranks, worker_env
 from tests.transport.scenario_checks import check_scenario_run
 from tests.transport.scenarios import SCENARIOS
 
-pytestmark = pytest.mark.mpi
+pytestmark = [pytest.mark.mpi, pytest.mark.light]
 
 #: 4 ranks in every suite; the odd sizes (a strict majority without a tie) in the slow tier, to
 #: keep CI's pytest time (issue 40) -- the simulated and torch bindings run every case at 3 and 5.

@@ -21,7 +21,7 @@ from tests.transport.scenario_checks import check_scenario_run
 from tests.transport.scenarios import SCENARIOS
 from tests.transport.torch_cases import TORCH_CASES
 
-pytestmark = pytest.mark.torchdist
+pytestmark = [pytest.mark.torchdist, pytest.mark.light]
 
 SIZE = 4
 RUN_TIMEOUT_S = 120.0

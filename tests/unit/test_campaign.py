@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 QUICK_TIMEOUT_S = 600  # the target is well under 5 minutes on 2 cores; this bounds a hang
 
 
-@pytest.mark.parametrize("part", ["sim", pytest.param("device", marks=pytest.mark.processes)])
+@pytest.mark.parametrize("part", ["sim", pytest.param("device", marks=[pytest.mark.processes, pytest.mark.light])])
 @pytest.mark.timeout(QUICK_TIMEOUT_S + 60)
 def test_campaign_quick_part_localizes_every_injected_fault_with_no_false_attribution(tmp_path: Path, part: str) -> None:
     """CI's bounded version: the simulated part and the device-semantics part (the emulated NCCL
