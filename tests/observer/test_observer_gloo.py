@@ -37,7 +37,7 @@ from tests.observer.test_observer_runtime import (  # noqa: E402
     wait_for,
 )
 
-pytestmark = pytest.mark.torchdist
+pytestmark = [pytest.mark.torchdist, pytest.mark.light]
 WAIT_S = 90.0
 
 

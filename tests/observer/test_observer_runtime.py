@@ -17,7 +17,7 @@ import pytest
 
 from tests.observer import flat, runtime_ranks
 
-pytestmark = pytest.mark.processes
+pytestmark = [pytest.mark.processes, pytest.mark.light]
 
 SPAWN = multiprocessing.get_context("spawn")
 FAST = dict(stall_threshold_s=1.0, settle_idle_s=0.5, round_deadline_s=0.5, recheck_interval_s=1.0,

@@ -21,7 +21,7 @@ import pytest
 from scout.observer.process import EXIT_DEADLINE_S
 from tests import processes
 
-pytestmark = pytest.mark.processes
+pytestmark = [pytest.mark.processes, pytest.mark.light]
 
 WAIT_S = 30.0
 
