@@ -18,8 +18,6 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("megatron.core")
-
 from scout import reports
 from scout.cli import main as scout_main
 from scout.scenarios.launcher import launch, torchrun_command, torchrun_env
@@ -32,6 +30,13 @@ REPO = Path(__file__).resolve().parents[2]
 JOB = Path(__file__).resolve().parent / "megatron_train_job.py"
 ONSET, HANG_AT, STEPS = 7, 12, 14
 Story = tuple[list[dict[str, Any]], Path]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _megatron_core() -> None:
+    """Imported when the module's tests run, not when pytest collects it: Megatron-Core's import
+    takes 3.4 s on this box, which every pytest run would pay for a module of the slow tier."""
+    pytest.importorskip("megatron.core")
 SETTINGS = {"stall_threshold_s": 5, "replay_interval_steps": 1, "checkpoint_every_cycles": 1, "on_sdc": "restart"}
 
 
