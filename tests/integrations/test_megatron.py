@@ -30,6 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 JOB = Path(__file__).resolve().parent / "megatron_train_job.py"
 ONSET, HANG_AT, STEPS = 7, 12, 14
 Story = tuple[list[dict[str, Any]], Path]
+SETTINGS = {"stall_threshold_s": 5, "replay_interval_steps": 1, "checkpoint_every_cycles": 1, "on_sdc": "restart"}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -37,7 +38,6 @@ def _megatron_core() -> None:
     """Imported when the module's tests run, not when pytest collects it: Megatron-Core's import
     takes 3.4 s on this box, which every pytest run would pay for a module of the slow tier."""
     pytest.importorskip("megatron.core")
-SETTINGS = {"stall_threshold_s": 5, "replay_interval_steps": 1, "checkpoint_every_cycles": 1, "on_sdc": "restart"}
 
 
 def run_job(out: Path, steps: int, faults: str) -> list[dict[str, Any]]:
