@@ -39,6 +39,7 @@ __all__ = [
     "RankCost",
     "StepSample",
     "calibration_window_steps",
+    "choose_agreement_steps",
     "choose_cadence",
     "choose_loop_check_steps",
     "rank_cost",
@@ -267,25 +268,43 @@ def replaces(current_cycle_steps: int, decided_cycle_steps: int, factor: float =
             or decided_cycle_steps * factor <= current_cycle_steps)
 
 
-def choose_loop_check_steps(costs: Sequence[RankCost | None], *, base_steps: int, interval_s: float,
-                            steps_max: int = LOOP_WINDOW_STEPS_MAX) -> int:
-    """BUDGET-11: the loop check's interval in steps from the gathered measurements -- the least
-    that keeps about ``interval_s`` of the slowest measured rank's step time ``T`` between two
-    checks, never under ``base_steps`` (``loop_check_steps``) nor over ``steps_max`` (the loop
-    window) unless ``base_steps`` is; ``base_steps`` where no rank measured or ``interval_s`` is 0.
-    The same on every rank for the same gathered values."""
+def _steps_apart(costs: Sequence[RankCost | None], *, base_steps: int, interval_s: float, steps_max: int,
+                 base_name: str, interval_name: str) -> int:
+    """BUDGET-11, BUDGET-13: the least number of steps that keeps about ``interval_s`` of the
+    slowest measured rank's step time ``T`` between two of a per-event cost, never under
+    ``base_steps`` nor over ``steps_max`` unless ``base_steps`` is; ``base_steps`` where no rank
+    measured or ``interval_s`` is 0. The same on every rank for the same gathered values. The
+    names are the settings' (for the errors)."""
     if not whole_number(base_steps) or base_steps < 1:
-        raise ValueError(f"loop_check_steps must be an int >= 1, got {base_steps!r}")
+        raise ValueError(f"{base_name} must be an int >= 1, got {base_steps!r}")
     if not whole_number(steps_max) or steps_max < 1:
         raise ValueError(f"steps_max must be an int >= 1, got {steps_max!r}")
     if not (isinstance(interval_s, (int, float)) and not isinstance(interval_s, bool) and math.isfinite(interval_s)
             and interval_s >= 0):
-        raise ValueError(f"loop_check_interval_s must be a finite number of seconds >= 0, got {interval_s!r}")
+        raise ValueError(f"{interval_name} must be a finite number of seconds >= 0, got {interval_s!r}")
     measured = [cost.step_s for cost in costs if cost is not None and cost.valid()]
     if not measured or interval_s == 0:
         return base_steps
     wanted = math.ceil(interval_s / max(measured))
     return max(base_steps, min(steps_max, wanted))
+
+
+def choose_loop_check_steps(costs: Sequence[RankCost | None], *, base_steps: int, interval_s: float,
+                            steps_max: int = LOOP_WINDOW_STEPS_MAX) -> int:
+    """BUDGET-11: the loop check's interval in steps from the gathered measurements -- about
+    ``interval_s`` (``loop_check_interval_s``) of the slowest rank's step time apart, never under
+    ``base_steps`` (``loop_check_steps``) nor over ``steps_max`` (the loop window)."""
+    return _steps_apart(costs, base_steps=base_steps, interval_s=interval_s, steps_max=steps_max,
+                        base_name="loop_check_steps", interval_name="loop_check_interval_s")
+
+
+def choose_agreement_steps(costs: Sequence[RankCost | None], *, base_steps: int, interval_s: float) -> int:
+    """BUDGET-13: the agreement's interval in steps (spec/guard.md GUARD-4) from the gathered
+    measurements -- about ``interval_s`` (``agreement_interval_s``) of the slowest rank's step time
+    apart, never under ``base_steps`` (``agreement_interval_steps``) nor over
+    :data:`INTERVAL_MAX` (the setting's own bound)."""
+    return _steps_apart(costs, base_steps=base_steps, interval_s=interval_s, steps_max=INTERVAL_MAX,
+                        base_name="agreement_interval_steps", interval_name="agreement_interval_s")
 
 
 def calibration_window_steps(hidden_layers: int) -> int:

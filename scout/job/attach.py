@@ -38,7 +38,7 @@ from scout.core.failure import FailureClass
 from scout.gate import dcp
 from scout.gate.model import CheckpointId
 from scout.job import leaving
-from scout.job.assemble import assemble
+from scout.job.assemble import Assembly, assemble
 from scout.job.boundary import Agreement, GuardedJob
 from scout.job.config import Config, ConfigError, load_config, unknown_variables
 from scout.job.gate_driver import RestoreDecision
@@ -82,9 +82,8 @@ class Job:
         self.rank, self.world_size = self.parts.rank, self.parts.world_size
         self.publisher, self.observer, self.pipeline = self.parts.publisher, self.parts.observer, self.parts.pipeline
         self.pipeline.clock, self.pipeline.boundary = time.perf_counter, self.boundary
-        agreement = Agreement(self.parts.control, self.boundary, config.collective_timeout_s,
-                              config.agreement_interval_steps)
-        self.guarded = GuardedJob(self.boundary, agreement, self.pipeline, rank=self.rank, ops=self.parts.ops)
+        self.guarded = GuardedJob(self.boundary, _agreement(self.parts, self.boundary, config), self.pipeline,
+                                  rank=self.rank, ops=self.parts.ops)
         self.files = _dcp_files(self)  # the restore and save programs' disk work (None: no checkpoint_dir)
         self.costs = self.pipeline.costs  # seconds in each part of scout inside job.step() (bench/attach_overhead.py)
         self.timeline = self._step = 0
@@ -338,6 +337,15 @@ def _optimizer(job: Job) -> torch.optim.Optimizer:
     if job.optimizer is None:
         raise RuntimeError("scout saves and restores checkpoints of the model and its optimizer: pass the optimizer")
     return job.optimizer
+
+
+def _agreement(parts: Assembly, boundary: guard.Boundary, config: Config) -> Agreement:
+    """GUARD-4's agreement on scout's own failures, every ``agreement_interval_steps`` until the
+    overhead budget's decisions space it by the step time (spec/budget.md BUDGET-13)."""
+    agreement = Agreement(parts.control, boundary, config.collective_timeout_s, config.agreement_interval_steps)
+    if parts.calibration is not None:
+        parts.calibration.agreement = agreement
+    return agreement
 
 
 def _dcp_files(job: Job) -> tuple[RestoreFiles, SaveFiles] | None:

@@ -28,6 +28,7 @@ from scout.core.budget import (
     CycleMeter,
     RankCost,
     StepSample,
+    choose_agreement_steps,
     choose_cadence,
     choose_loop_check_steps,
     replaces,
@@ -82,6 +83,9 @@ class Calibration:
         self.experts = next((check for check in replay if check.name == "experts"), None)
         self.canaries = [check for check in checks if isinstance(check, CanaryCheck)]
         self.loop = next((check for check in checks if isinstance(check, LoopStragglerCheck)), None)
+        #: BUDGET-13: the agreement (spec/guard.md GUARD-4) whose interval each decision sets; the
+        #: job gives it once it is built (None: no agreement to space, as in a test of this alone).
+        self.agreement: Any = None
         self.pipeline = pipeline
         self.config = config
         self.all_gather = all_gather
@@ -114,6 +118,7 @@ class Calibration:
         self.decisions = []
         self._meter, self._last_end_s, self._measuring = CycleMeter(), None, True
         self._set_loop_check_steps(self.config.loop_check_steps)  # BUDGET-9, BUDGET-11: afresh
+        self._set_agreement_steps(self.config.agreement_interval_steps)  # BUDGET-9, BUDGET-13: afresh
         self.apply(CALIBRATION if self.explicit is None else Cadence(self.explicit), step)
 
     def apply(self, cadence: Cadence, origin_step: int) -> int:
@@ -183,6 +188,8 @@ class Calibration:
             self._set_loop_check_steps(choose_loop_check_steps(
                 costs, base_steps=self.config.loop_check_steps, interval_s=self.config.loop_check_interval_s,
                 steps_max=self.loop.timer.config.window_steps_max))
+        self._set_agreement_steps(choose_agreement_steps(  # BUDGET-13: likewise
+            costs, base_steps=self.config.agreement_interval_steps, interval_s=self.config.agreement_interval_s))
         self._say(step, decision, costs, "calibrated" if first else "recalibrated", previous, current, cycle)
 
     @property
@@ -193,6 +200,15 @@ class Calibration:
     def _set_loop_check_steps(self, steps: int) -> None:
         if self.loop is not None:
             self.loop.timer.set_check_every_steps(steps)
+
+    @property
+    def agreement_steps(self) -> int | None:
+        """BUDGET-13: the agreement's current interval (None without an agreement)."""
+        return None if self.agreement is None else int(self.agreement.interval_steps)
+
+    def _set_agreement_steps(self, steps: int) -> None:
+        if self.agreement is not None:
+            self.agreement.interval_steps = steps
 
     def _checkpoint_cycles(self) -> int | None:
         return self.pipeline.checkpoint_every_cycles if self.checkpoints else None
@@ -209,6 +225,8 @@ class Calibration:
         measured = [c for c in costs if c is not None]
         if self.loop_check_steps is not None:
             line += f"; loop-straggler check every {self.loop_check_steps} steps"
+        if self.agreement_steps is not None:
+            line += f"; agreement on scout's own failures every {self.agreement_steps} steps"
         line += (f" [{reason} at step {step}: step {_ms(max(c.step_s for c in measured))} without scout's work, "
                  f"its work {_ms(max(c.fixed_s for c in measured))} a step and {_ms(max(c.cycle_s for c in measured))}"
                  " a cycle for replay (the worst rank's)]")
@@ -256,5 +274,6 @@ class Calibration:
             "verified_after_steps": cycle if checkpoint_cycles is not None else None,
             "overhead_budget": self.config.overhead_budget, "share": fraction, "status": status, "reason": reason,
             "loop_check_steps": self.loop_check_steps,
+            "agreement_interval_steps": self.agreement_steps,
             "measured": [None if c is None else c.to_json() for c in costs],
         }

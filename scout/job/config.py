@@ -215,6 +215,12 @@ class Config:
     #: part that failed is stopped on its own rank at once; the others stop it at the next one.
     agreement_interval_steps: int = attrs.field(default=10,
                                                 validator=_count("agreement_interval_steps", 1, 1_000_000))
+    #: The least wall time between two agreements the overhead budget aims at (spec/budget.md
+    #: BUDGET-13): on a job whose steps are shorter than ``agreement_interval_s /
+    #: agreement_interval_steps`` each of its decisions lengthens the interval to about this many
+    #: seconds (an agreement's cost is per agreement; a failed part is already stopped on its own
+    #: rank, the others stop it that much later); 0 keeps ``agreement_interval_steps``.
+    agreement_interval_s: float = attrs.field(default=5.0, validator=_seconds_or_zero("agreement_interval_s", 3600.0))
     #: Timed repetitions of each replay for straggler timing (STRAG-1), after the run that gives
     #: the SDC evidence; 0 times that run itself. Each repetition costs one more replay.
     straggler_repetitions: int = attrs.field(default=0, validator=_count("straggler_repetitions", 0, 16))

@@ -188,10 +188,12 @@ def summary_json(view: RunView) -> dict[str, Any]:
                                         off=_loop_check_off(view.records)),
         "parts_off": parts_off(view.records, numbers),
         # spec/budget.md BUDGET-7, BUDGET-8: each cadence the run replayed at, and what it bought;
-        # BUDGET-11: the loop check's interval with it (None in runs of earlier versions).
+        # BUDGET-11, BUDGET-13: the loop check's and the agreement's intervals with it (None in runs
+        # of earlier versions).
         "cadences": [{"generation": r["generation"], "step": r["step"], "reason": r["reason"],
                       **{k: r["evidence"].get(k) for k in ("interval_steps", "lanes", "cycle_steps", "share",
-                                                           "overhead_budget", "status", "loop_check_steps")}}
+                                                           "overhead_budget", "status", "loop_check_steps",
+                                                           "agreement_interval_steps")}}
                      for r in view.records if r["kind"] == ReportKind.CADENCE],
     }
 
@@ -263,6 +265,8 @@ def summary_text(view: RunView) -> str:
         share = "" if cadence["share"] is None else (f", scout's work {100 * cadence['share']:.2f} % of a step "
                                                      f"(budget {100 * cadence['overhead_budget']:g} %)")
         loop = "" if cadence["loop_check_steps"] is None else f", a loop check every {cadence['loop_check_steps']} steps"
+        if cadence["agreement_interval_steps"] is not None:
+            loop += f", an agreement on scout's own failures every {cadence['agreement_interval_steps']} steps"
         lines.append(f"replay cadence from step {cadence['step']} ({cadence['reason']}): {cadence['lanes']} layer(s) "
                      f"every {cadence['interval_steps']} steps, a cycle (SDC bound) of {cadence['cycle_steps']} steps"
                      f"{share}{loop}{'' if cadence['status'] == 'within' else ' -- ' + str(cadence['status'])}")

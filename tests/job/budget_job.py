@@ -56,13 +56,15 @@ def main() -> None:
     calibration, pipeline = job.parts.calibration, job.pipeline
     assert calibration is not None and calibration.dense is not None
     seen: list[dict[str, object]] = []
+    launches: list[int] = []  # GUARD-4, BUDGET-13: the steps whose job.step() launched an agreement
+    agreement = job.guarded.agreement
     slow_from: int | None = None
 
     def note(at: int) -> None:
         state = {"step": at, "interval_steps": calibration.cadence.interval_steps, "lanes": calibration.cadence.lanes,
                  "origin_step": pipeline.origin_step, "cycle_steps": pipeline.cycle_steps,
                  "digest": calibration.dense.runner.schedule_digest,
-                 "loop_check_steps": calibration.loop_check_steps}
+                 "loop_check_steps": calibration.loop_check_steps, "agreement_steps": calibration.agreement_steps}
         if not seen or {k: v for k, v in seen[-1].items() if k != "step"} != {k: v for k, v in state.items()
                                                                              if k != "step"}:
             seen.append(state)
@@ -78,6 +80,8 @@ def main() -> None:
         optimizer.step()
         optimizer.zero_grad()
         job.step()
+        if agreement._pending is not None:  # launched at the end of this job.step(), collected at the next
+            launches.append(step)
         note(step)
         last = seen[-1]
         if (args.slow_after_cycles and slow_from is None and calibration.decisions
@@ -87,7 +91,7 @@ def main() -> None:
         if calibration.decisions and done and (not args.slow_after_cycles or len(calibration.decisions) > 1):
             break
     Path(args.run_dir, f"rank{rank}.json").write_text(json.dumps({
-        "changes": seen, "last_step": step, "slow_from": slow_from,
+        "changes": seen, "last_step": step, "slow_from": slow_from, "agreement_launches": launches,
         "decisions": [{"interval_steps": d.cadence.interval_steps if d.cadence else None, "lanes": d.cadence.lanes
                        if d.cadence else None, "cycle_steps": d.cycle_steps, "status": d.status.value}
                       for d in calibration.decisions]}))

@@ -122,6 +122,29 @@ def test_BUDGET_11_each_decision_sets_the_loop_checks_interval_from_the_slowest_
                for line, c in zip(said, changes[1:], strict=True)), said
 
 
+def test_BUDGET_13_GUARD_4_each_decision_spaces_the_agreements_by_the_slowest_ranks_step(
+        job: dict[str, Any]) -> None:
+    changes = job["ranks"][0]["changes"]
+    cadence = [r for r in job["records"] if r["kind"] == "cadence"]
+    assert changes[0]["agreement_steps"] == 10  # the calibration window: agreement_interval_steps
+    for record, change in zip(cadence, changes[1:], strict=True):
+        slowest_s = max(measured["step_s"] for measured in record["evidence"]["measured"])
+        # agreement_interval_s = 5 s: ~100 steps of the first phase (~50 ms), ~17 in the slow one.
+        expected = max(10, math.ceil(5.0 / slowest_s))
+        assert change["agreement_steps"] == record["evidence"]["agreement_interval_steps"] == expected, (record, change)
+    # Every rank launched its agreements at the same steps (a launch no peer joins would time out),
+    # each where the interval in force after that step's decision says: s + 1 a multiple of it.
+    launches = job["ranks"][0]["agreement_launches"]
+    assert launches and all(rank["agreement_launches"] == launches for rank in job["ranks"]), launches
+    for step in launches:
+        in_force = [c for c in changes if c["step"] <= step][-1]
+        assert (step + 1) % in_force["agreement_steps"] == 0, (step, changes)
+    assert any(change["agreement_steps"] != 10 for change in changes), changes  # a decision moved it
+    said = [line for line in job["run"].stderr.splitlines() if line.startswith("scout: replay cadence")]
+    assert all(f"agreement on scout's own failures every {c['agreement_steps']} steps" in line
+               for line, c in zip(said, changes[1:], strict=True)), said
+
+
 def test_BUDGET_5_GATE_1_the_gate_certifies_checkpoints_taken_at_the_chosen_cadence(job: dict[str, Any]) -> None:
     records, changes = job["records"], job["ranks"][0]["changes"]
     assert not [r for r in records if r["kind"] in ("unchecked", "sdc")], records

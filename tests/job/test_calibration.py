@@ -183,6 +183,39 @@ def test_BUDGET_11_each_decision_sets_the_loop_checks_interval_and_an_attempt_st
     assert explicit.sink.records[0]["evidence"]["loop_check_steps"] == 10
 
 
+class _Agreement:
+    """What BUDGET-13 sets of the job's agreement (scout.job.boundary.Agreement): its interval."""
+
+    interval_steps = 7  # neither the setting nor a decision's, so the test sees who set it
+
+
+def test_BUDGET_13_each_decision_sets_the_agreements_interval_and_an_attempt_starts_at_agreement_interval_steps(
+        ) -> None:
+    job = Job(overhead_budget=0.05)
+    job.calibration.agreement = agreement = _Agreement()
+    job.begin(0)
+    assert agreement.interval_steps == 10 == job.calibration.agreement_steps  # BUDGET-9: the setting's
+    job.run(20)  # the window's decision: T = 39.8 ms, so ceil(5 s / 39.8 ms) = 126 steps between agreements
+    assert agreement.interval_steps == 126
+    (report,) = job.sink.records
+    assert report["evidence"]["agreement_interval_steps"] == 126
+    job.begin(60)  # BUDGET-9: a restarted attempt agrees every agreement_interval_steps until its decision
+    assert agreement.interval_steps == 10
+    for settings, expected in (({"agreement_interval_steps": 200}, 200), ({"agreement_interval_s": 0}, 10),
+                               ({"agreement_interval_s": 1.0}, 26)):
+        other = Job(overhead_budget=0.05, **settings)
+        other.calibration.agreement = _Agreement()
+        other.begin(0)
+        other.run(20)
+        assert other.calibration.agreement.interval_steps == expected and other.calibration.decisions, settings
+    explicit = Job(replay_interval_steps=2)  # BUDGET-8: no decision, the interval stays
+    explicit.calibration.agreement = _Agreement()
+    explicit.begin(0)
+    explicit.run(12)
+    assert explicit.calibration.agreement.interval_steps == 10
+    assert explicit.sink.records[0]["evidence"]["agreement_interval_steps"] == 10
+
+
 def test_BUDGET_4_BUDGET_5_no_rank_measured_keeps_calibrating() -> None:
     job = Job(gathered=[None] * 4)
     job.begin(0)

@@ -38,7 +38,7 @@ def _run_dir(tmp_path: Path) -> Path:
     add("restart", "started", source="job", generation=0, step=0, evidence={"world_size": 4})
     add("cadence", "calibrated", source="job", generation=0, step=8, evidence={
         "interval_steps": 40, "lanes": 1, "cycle_steps": 160, "share": 0.0096, "overhead_budget": 0.01,
-        "status": "within", "loop_check_steps": 25})
+        "status": "within", "loop_check_steps": 25, "agreement_interval_steps": 130})
     add("straggler", "device-slow", source="replay", generation=0, ranks=[3], hosts=["h3"], step=6)
     add("straggler", "recovered-device", source="replay", generation=0, ranks=[3], hosts=["h3"], step=14)
     add("hang", "behind-majority", source="observer", generation=0, ranks=[2], hosts=["h2"], step=20)
@@ -61,13 +61,15 @@ def test_REPORT_summary_names_every_fault_the_restart_and_checkpoint_trust(tmp_p
     assert summary["restore_candidate"] == "t0/s16"
     assert summary["cadences"] == [{"generation": 0, "step": 8, "reason": "calibrated", "interval_steps": 40, "lanes": 1,
                                     "cycle_steps": 160, "share": 0.0096, "overhead_budget": 0.01, "status": "within",
-                                    "loop_check_steps": 25}]
+                                    "loop_check_steps": 25, "agreement_interval_steps": 130}]
     assert main(["report", str(run), "--no-picture"]) == 1
     text = capsys.readouterr().out
     assert "sdc              [1]" in text and "restored step 16 (verified checkpoint for a sdc failure)" in text
-    # BUDGET-7: the cadence the budget chose, and what it bought; BUDGET-11: the loop check's interval.
+    # BUDGET-7: the cadence the budget chose, and what it bought; BUDGET-11, BUDGET-13: the loop
+    # check's and the agreement's intervals.
     assert ("replay cadence from step 8 (calibrated): 1 layer(s) every 40 steps, a cycle (SDC bound) of 160 steps, "
-            "scout's work 0.96 % of a step (budget 1 %), a loop check every 25 steps") in text
+            "scout's work 0.96 % of a step (budget 1 %), a loop check every 25 steps, an agreement on scout's own "
+            "failures every 130 steps") in text
 
 
 @pytest.mark.parametrize("suffix", [".png", ".svg"])

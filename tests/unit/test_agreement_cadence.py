@@ -37,6 +37,16 @@ def test_GUARD_4_the_default_agrees_every_10_steps() -> None:
     assert Config().agreement_interval_steps == 10
 
 
+@pytest.mark.parametrize("value", [-1.0, float("nan"), float("inf"), 3601.0, True, "5"])
+def test_BUDGET_13_agreement_interval_s_is_seconds_or_zero(value: object) -> None:
+    with pytest.raises(ConfigError, match="agreement_interval_s"):
+        Config(agreement_interval_s=value)  # type: ignore[arg-type]
+
+
+def test_BUDGET_13_the_default_aims_at_an_agreement_every_5_s_and_0_keeps_the_steps() -> None:
+    assert Config().agreement_interval_s == 5.0 and Config(agreement_interval_s=0).agreement_interval_s == 0
+
+
 def test_GUARD_4_a_failure_after_the_last_agreement_is_logged_on_its_rank_at_close(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -23,6 +23,7 @@ from scout.core.budget import (
     RankCost,
     StepSample,
     calibration_window_steps,
+    choose_agreement_steps,
     choose_cadence,
     choose_loop_check_steps,
     rank_cost,
@@ -207,6 +208,34 @@ def test_BUDGET_11_the_interval_is_the_least_that_spans_interval_s_within_its_bo
     if base < steps < LOOP_WINDOW_STEPS_MAX:  # the least number of the slowest rank's steps that spans interval_s
         assert steps * slowest >= interval_s * (1 - 1e-9) and (steps - 1) * slowest < interval_s * (1 + 1e-9)
     if steps == base and base < LOOP_WINDOW_STEPS_MAX:
+        assert base * slowest >= interval_s * (1 - 1e-9) or interval_s == 0
+
+
+def test_BUDGET_13_worked_example_the_agreements_interval() -> None:
+    tiny = [RankCost(0.035, 0.0015, 0.02), RankCost(0.0398, 0.0012, 0.02), None]
+    assert choose_agreement_steps(tiny, base_steps=10, interval_s=5.0) == 126  # ceil(5 / 0.0398): the slowest rank's T
+    assert choose_agreement_steps(tiny, base_steps=10, interval_s=0.0) == 10  # 0: off
+    assert choose_agreement_steps([RankCost(0.6, 0.0005, 0.04)], base_steps=10, interval_s=5.0) == 10  # long steps keep it
+    assert choose_agreement_steps([RankCost(1e-6, 0.0, 0.0)], base_steps=10, interval_s=5.0) == INTERVAL_MAX  # its bound
+    assert choose_agreement_steps(tiny, base_steps=500, interval_s=5.0) == 500  # never under agreement_interval_steps
+    assert choose_agreement_steps([None, None], base_steps=10, interval_s=5.0) == 10  # unmeasured: unchanged
+    for bad, message in (({"base_steps": 0}, "agreement_interval_steps must be"),
+                         ({"interval_s": -1.0}, "agreement_interval_s"), ({"interval_s": math.inf}, "agreement_interval_s")):
+        with pytest.raises(ValueError, match=message):
+            choose_agreement_steps(tiny, **{"base_steps": 10, "interval_s": 5.0, **bad})  # type: ignore[arg-type]
+
+
+@settings(max_examples=300, deadline=None)
+@given(costs_strategy, st.integers(1, 300), st.floats(0.0, 30.0))
+def test_BUDGET_13_the_interval_is_the_least_that_spans_interval_s_and_alike_for_any_order(
+        costs: list[RankCost], base: int, interval_s: float) -> None:
+    steps = choose_agreement_steps(costs, base_steps=base, interval_s=interval_s)
+    assert steps == choose_agreement_steps(list(reversed(costs)), base_steps=base, interval_s=interval_s)
+    slowest = max(cost.step_s for cost in costs)
+    assert base <= steps <= max(base, INTERVAL_MAX)
+    if base < steps < INTERVAL_MAX:
+        assert steps * slowest >= interval_s * (1 - 1e-9) and (steps - 1) * slowest < interval_s * (1 + 1e-9)
+    if steps == base:
         assert base * slowest >= interval_s * (1 - 1e-9) or interval_s == 0
 
 
