@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import random
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -197,17 +198,19 @@ def test_BUDGET_11_worked_example_the_loop_checks_interval() -> None:
             choose_loop_check_steps(tiny, **{"base_steps": 10, "interval_s": 1.0, **bad})  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(("choose", "steps_max"), [(choose_loop_check_steps, LOOP_WINDOW_STEPS_MAX),
+                                                   (choose_agreement_steps, INTERVAL_MAX)], ids=["loop", "agreement"])
 @settings(max_examples=300, deadline=None)
 @given(costs_strategy, st.integers(1, 300), st.floats(0.0, 30.0))
-def test_BUDGET_11_the_interval_is_the_least_that_spans_interval_s_within_its_bounds(
-        costs: list[RankCost], base: int, interval_s: float) -> None:
-    steps = choose_loop_check_steps(costs, base_steps=base, interval_s=interval_s)
-    assert steps == choose_loop_check_steps(list(reversed(costs)), base_steps=base, interval_s=interval_s)
+def test_BUDGET_11_BUDGET_13_the_interval_is_the_least_that_spans_interval_s_within_its_bounds(
+        choose: Any, steps_max: int, costs: list[RankCost], base: int, interval_s: float) -> None:
+    steps = choose(costs, base_steps=base, interval_s=interval_s)
+    assert steps == choose(list(reversed(costs)), base_steps=base, interval_s=interval_s)  # alike on every rank
     slowest = max(cost.step_s for cost in costs)
-    assert base <= steps <= max(base, LOOP_WINDOW_STEPS_MAX)
-    if base < steps < LOOP_WINDOW_STEPS_MAX:  # the least number of the slowest rank's steps that spans interval_s
+    assert base <= steps <= max(base, steps_max)
+    if base < steps < steps_max:  # the least number of the slowest rank's steps that spans interval_s
         assert steps * slowest >= interval_s * (1 - 1e-9) and (steps - 1) * slowest < interval_s * (1 + 1e-9)
-    if steps == base and base < LOOP_WINDOW_STEPS_MAX:
+    if steps == base and base < steps_max:
         assert base * slowest >= interval_s * (1 - 1e-9) or interval_s == 0
 
 
@@ -223,20 +226,6 @@ def test_BUDGET_13_worked_example_the_agreements_interval() -> None:
                          ({"interval_s": -1.0}, "agreement_interval_s"), ({"interval_s": math.inf}, "agreement_interval_s")):
         with pytest.raises(ValueError, match=message):
             choose_agreement_steps(tiny, **{"base_steps": 10, "interval_s": 5.0, **bad})  # type: ignore[arg-type]
-
-
-@settings(max_examples=300, deadline=None)
-@given(costs_strategy, st.integers(1, 300), st.floats(0.0, 30.0))
-def test_BUDGET_13_the_interval_is_the_least_that_spans_interval_s_and_alike_for_any_order(
-        costs: list[RankCost], base: int, interval_s: float) -> None:
-    steps = choose_agreement_steps(costs, base_steps=base, interval_s=interval_s)
-    assert steps == choose_agreement_steps(list(reversed(costs)), base_steps=base, interval_s=interval_s)
-    slowest = max(cost.step_s for cost in costs)
-    assert base <= steps <= max(base, INTERVAL_MAX)
-    if base < steps < INTERVAL_MAX:
-        assert steps * slowest >= interval_s * (1 - 1e-9) and (steps - 1) * slowest < interval_s * (1 + 1e-9)
-    if steps == base:
-        assert base * slowest >= interval_s * (1 - 1e-9) or interval_s == 0
 
 
 def test_BUDGET_12_the_calibration_window_and_a_meter_over_several_cycles() -> None:
