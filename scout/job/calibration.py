@@ -17,7 +17,7 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from scout.core.budget import (
     CALIBRATION,
@@ -49,6 +49,10 @@ from scout.job.pipeline import Pipeline
 from scout.reports.kinds import ReportKind
 
 __all__ = ["Calibration", "cadence_line"]
+
+
+if TYPE_CHECKING:  # the job builds the agreement after the calibration (scout.job.attach._agreement)
+    from scout.job.boundary import Agreement
 
 logger = logging.getLogger("scout")
 
@@ -85,7 +89,7 @@ class Calibration:
         self.loop = next((check for check in checks if isinstance(check, LoopStragglerCheck)), None)
         #: BUDGET-13: the agreement (spec/guard.md GUARD-4) whose interval each decision sets; the
         #: job gives it once it is built (None: no agreement to space, as in a test of this alone).
-        self.agreement: Any = None
+        self.agreement: Agreement | None = None
         self.pipeline = pipeline
         self.config = config
         self.all_gather = all_gather
@@ -204,7 +208,7 @@ class Calibration:
     @property
     def agreement_steps(self) -> int | None:
         """BUDGET-13: the agreement's current interval (None without an agreement)."""
-        return None if self.agreement is None else int(self.agreement.interval_steps)
+        return None if self.agreement is None else self.agreement.interval_steps
 
     def _set_agreement_steps(self, steps: int) -> None:
         if self.agreement is not None:

@@ -264,12 +264,12 @@ def summary_text(view: RunView) -> str:
     for cadence in data["cadences"]:
         share = "" if cadence["share"] is None else (f", scout's work {100 * cadence['share']:.2f} % of a step "
                                                      f"(budget {100 * cadence['overhead_budget']:g} %)")
-        loop = "" if cadence["loop_check_steps"] is None else f", a loop check every {cadence['loop_check_steps']} steps"
+        intervals = "" if cadence["loop_check_steps"] is None else f", a loop check every {cadence['loop_check_steps']} steps"
         if cadence["agreement_interval_steps"] is not None:
-            loop += f", an agreement on scout's own failures every {cadence['agreement_interval_steps']} steps"
+            intervals += f", an agreement on scout's own failures every {cadence['agreement_interval_steps']} steps"
         lines.append(f"replay cadence from step {cadence['step']} ({cadence['reason']}): {cadence['lanes']} layer(s) "
                      f"every {cadence['interval_steps']} steps, a cycle (SDC bound) of {cadence['cycle_steps']} steps"
-                     f"{share}{loop}{'' if cadence['status'] == 'within' else ' -- ' + str(cadence['status'])}")
+                     f"{share}{intervals}{'' if cadence['status'] == 'within' else ' -- ' + str(cadence['status'])}")
     lines.append("")
     for restart in data["restarts"]:  # numbered as the picture numbers attempts (attempt_numbers)
         what = (start_phrase(restart["reason"], restart["step"], restart["choice"], restart["failure"], restart["lost"])
