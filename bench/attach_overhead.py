@@ -396,11 +396,32 @@ def worker(args: argparse.Namespace) -> None:
              "share": d.share, "status": d.status.value, "reason": d.reason} for d in calibration.decisions]
         result["replay_rows"] = job.config.replay_rows
         job.close()
+        if rank == 0:  # the reporter rank: what its run directory says of the cadence chosen
+            result["replay_share"] = replay_share(Path(args.run_dir))
         if device.type == "cpu" and "ddp_hook" not in arm.off:
             result["costs_s"]["ddp_hook_division_cpu_s"] = len(times) * _division_pass_s(ddp, dist.get_world_size())
     if rank == 0:
         Path(args.out).write_text(json.dumps(result))
     dist.destroy_process_group()
+
+
+def replay_share(run_dir: Path) -> float | None:
+    """Replay's share of a step at the cadence the run's last ``cadence`` report chose, by scout's
+    own measurement in it (spec/budget.md BUDGET-3, BUDGET-4): the worst rank's ``C / (N T)`` --
+    its replay work over a cycle, spread over the cycle's ``N`` steps of ``T`` each. None where the
+    run directory holds no such report (replay off, or no decision yet)."""
+    from scout.reports import read_records
+
+    path = run_dir / "reports.jsonl"
+    cadences = [r for r in read_records(path) if r.get("kind") == "cadence"] if path.exists() else []
+    if not cadences:
+        return None
+    evidence = cadences[-1].get("evidence") or {}
+    cycle = evidence.get("cycle_steps") or 0
+    measured = [m for m in evidence.get("measured") or () if m and m.get("step_s")]
+    if cycle <= 0 or not measured:
+        return None
+    return max(m["cycle_s"] / (cycle * m["step_s"]) for m in measured)
 
 
 def _command(arm: Arm, *, size: str, steps: int, batch: int, nproc: int, device: str, work: Path,

@@ -101,6 +101,14 @@ BUDGET_STEPS_MIN, BUDGET_STEPS_MAX = 24, 1000
 #: longest cadence), so there is no cycle to cover: a run is as many steps as take about this long
 #: (the 4.2M GPT: ~100 steps, where 1,000 steps made the section's one model take 2 hours).
 BUDGET_OVER_RUN_S = 40.0
+#: A run covers a whole cycle only while the probe's cycle takes at most this long on this box.
+#: Beyond it (the 54.6M GPT at 1 %: a cycle of ~1,600 steps of 2.7 s, 5 rounds of two pairs would
+#: take two days) a run measures a window free of replay instead: ``budget_run_plan``.
+BUDGET_CYCLE_RUN_S_MAX = 600.0
+#: A window ends this many steps before the first replay after the decision: the decision falls at
+#: the calibration window's end, ``WARMUP_STEPS`` before the first measured step, and a hidden
+#: check is due ``interval`` steps after it (spec/replay.md REC-3, counted from the origin).
+WINDOW_MARGIN_STEPS = attach_overhead.WARMUP_STEPS + 1
 #: The A/A pair of the budget section: no scout against no scout, paired alike (the pairs' noise).
 ALIKE = attach_overhead.Arm("alike", scout=False)
 BATCHES = (16,)  # the batch section's batches (the parts section's goal is at batch 8)
@@ -357,17 +365,53 @@ def run_batch(section: dict[str, Any], quick: bool, rounds: int, batches: Sequen
             "rounds_figures": _rounds_figures(goal)}
 
 
-def budget_run_steps(probe: dict[str, Any], quick: bool) -> int:
-    """The measured steps of the budget section's runs of one model: the cycle its probe run
-    chose, or where the probe's last decision was over budget (replay off after it, BUDGET-4) as
-    many steps as take :data:`BUDGET_OVER_RUN_S`; within the section's bounds."""
+def budget_run_plan(probe: dict[str, Any], quick: bool) -> tuple[int, str]:
+    """The measured steps of the budget section's runs of one model, and how they measure it:
+
+    * ``"cycle"``: the cycle its probe run chose, so that a run's mean step holds its replay;
+    * ``"over-budget"``: where the probe's last decision was over budget (replay off after it,
+      BUDGET-4), as many steps as take :data:`BUDGET_OVER_RUN_S`;
+    * ``"window"``: where the probe's cycle takes longer than :data:`BUDGET_CYCLE_RUN_S_MAX`, as
+      many steps as take :data:`BUDGET_OVER_RUN_S`, all before the first replay after the
+      decision: the run measures everything scout does but replay, and replay's share is added
+      from scout's own measurement in the run (``attach_overhead.replay_share``).
+
+    Within the section's bounds; a window that cannot hold the least steps before the first
+    replay falls back to the cycle."""
     from _evaluation_doc import over_budget
 
     low, high = (4, 40) if quick else (BUDGET_STEPS_MIN, BUDGET_STEPS_MAX)
-    wanted = int(probe.get("cycle_steps") or 0)
+    step_s = attach_overhead.mean_step_s(probe)
     if over_budget(probe.get("cadence_decisions") or []):
-        wanted = math.ceil(BUDGET_OVER_RUN_S / attach_overhead.mean_step_s(probe))
-    return min(max(wanted, low), high)
+        return min(max(math.ceil(BUDGET_OVER_RUN_S / step_s), low), high), "over-budget"
+    cycle = int(probe.get("cycle_steps") or 0)
+    room = int(probe.get("replay_interval_steps") or 0) - WINDOW_MARGIN_STEPS
+    if cycle * step_s > BUDGET_CYCLE_RUN_S_MAX and room >= low:
+        return min(max(math.ceil(BUDGET_OVER_RUN_S / step_s), low), room, high), "window"
+    return min(max(cycle, low), high), "cycle"
+
+
+def budget_run_steps(probe: dict[str, Any], quick: bool) -> int:
+    """The measured steps of :func:`budget_run_plan`."""
+    return budget_run_plan(probe, quick)[0]
+
+
+def _window_figures(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """A ``"window"`` row (:func:`budget_run_plan`): per round the overhead measured in the window,
+    replay's share at the run's cadence by scout's own measurement, and their sum, which is the
+    row's overhead; and the runs in whose window a replay ran after all (a shorter cadence than the
+    probe's: their mean step holds one replay, so their share is not added again)."""
+    measured, shares, totals, replayed = [], [], [], 0
+    for result in results:
+        run = result["runs"]["defaults"]
+        in_window = run.get("costs_s", {}).get("replay_s", 0.0) > 0
+        replayed += in_window
+        share = 0.0 if in_window else float(run.get("replay_share") or 0.0)
+        measured.append(result["overhead"]["defaults"])
+        shares.append(share)
+        totals.append(measured[-1] + share)
+    return {"measured_overhead": _median_range(measured), "replay_share": _median_range(shares),
+            "overhead": _median_range(totals), "replayed_in_window": replayed}
 
 
 def run_budget(section: dict[str, Any], quick: bool, rounds: int, log: Callable[[str], None],
@@ -396,9 +440,9 @@ def run_budget(section: dict[str, Any], quick: bool, rounds: int, log: Callable[
             shape = {"size": size, "batch": model["batch"], "nproc": model["nproc"], "sequence": model["sequence"]}
             probe = attach_overhead.one_run(attach_overhead.DEFAULTS, steps=2, device="cpu", work=work, warmup=warmup,
                                             allocator=allocator, **shape)
-            steps = budget_run_steps(probe, quick)
+            steps, design = budget_run_plan(probe, quick)
             log(f"== budget: {model['name']}, probe cycle {probe.get('cycle_steps')} steps; the defaults and an A/A "
-                f"pair against no scout, {rounds} rounds of {steps} steps after {warmup} of warm-up")
+                f"pair against no scout, {rounds} rounds of {steps} steps after {warmup} of warm-up ({design})")
             results = attach_overhead.paired([(attach_overhead.OFF, attach_overhead.DEFAULTS),
                                               (attach_overhead.OFF, ALIKE)], rounds=rounds, steps=steps, log=log,
                                              allocator=allocator, warmup=warmup, **shape)
@@ -416,7 +460,11 @@ def run_budget(section: dict[str, Any], quick: bool, rounds: int, log: Callable[
                 "cadence": [{"replay_interval_steps": run.get("replay_interval_steps"), "lanes": run.get("replay_lanes"),
                              "cycle_steps": run.get("cycle_steps"), "decisions": run.get("cadence_decisions")}
                             for run in runs],
-                "cycle_steps": _median_range(cycles), "rounds": _round_detail(results)}
+                "cycle_steps": _median_range(cycles), "rounds": _round_detail(results), "design": design,
+                "probe_step_s": attach_overhead.mean_step_s(probe),
+                "probe_replay_interval_steps": probe.get("replay_interval_steps")}
+            if design == "window":
+                section["models"][model["name"]].update(_window_figures(results))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
