@@ -11,6 +11,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from scout.job import hooks
 from scout.job.hooks import publish_ddp_buckets
 from scout.observer import instrument
 from scout.observer.progress import ProgressPublisher, RecordIdentity
@@ -36,13 +37,13 @@ def main() -> None:
 
     reference = gradients(DistributedDataParallel(net(), bucket_cap_mb=0.25), rank)
     ops: list[str] = []
-    original = dist.all_reduce
+    original = hooks._all_reduce  # the hook's all-reduce, straight into the group
 
-    def recording(tensor: torch.Tensor, op: object = dist.ReduceOp.SUM, *args: object, **kwargs: object) -> object:
+    def recording(group: object, tensor: torch.Tensor, op: object) -> object:
         ops.append(str(op))
-        return original(tensor, op, *args, **kwargs)  # type: ignore[arg-type]
+        return original(group, tensor, op)
 
-    dist.all_reduce = recording  # type: ignore[assignment]
+    hooks._all_reduce = recording
     publisher = ProgressPublisher(RecordIdentity(f"ddp-hook-{sys.argv[1]}", 0, rank))
     instrument.instrument(publisher, collectives=False)
     hooked = DistributedDataParallel(net(), bucket_cap_mb=0.25)

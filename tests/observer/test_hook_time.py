@@ -145,7 +145,8 @@ def test_BUDGET_10_the_ddp_bucket_hook_and_its_callback_count_their_own_time_and
         ops.append(op)
         return _LateWork(tensor, after_s)
 
-    monkeypatch.setattr(dist, "all_reduce", late)
+    # The hook's all-reduce goes straight into the group (scout.job.hooks._all_reduce).
+    monkeypatch.setattr("scout.job.hooks._all_reduce", lambda group, tensor, op: late(tensor, op))
     if slow == "division":  # the hook's pass over the bucket, slow (DDP's own divisions are in C++)
         monkeypatch.setattr(torch.Tensor, "div_", _slow(torch.Tensor.div_, OWN_S))
     HOOK_TIME.take_s()
@@ -173,7 +174,7 @@ def test_INSTR_15_BUDGET_10_a_refused_avg_falls_back_for_good_to_a_counted_divis
             raise RuntimeError("Cannot use ReduceOp.AVG with this backend")
         return _LateWork(tensor, None)
 
-    monkeypatch.setattr(dist, "all_reduce", refusing)
+    monkeypatch.setattr("scout.job.hooks._all_reduce", lambda group, tensor, op: refusing(tensor, op))
     monkeypatch.setattr(torch.Tensor, "div_", _slow(torch.Tensor.div_, OWN_S))
     for _ in range(2):
         HOOK_TIME.take_s()
@@ -197,3 +198,26 @@ def test_BUDGET_10_CAP_1_capture_counts_its_hook_when_armed_and_has_none_otherwi
         assert HOOK_TIME.take_s() >= OWN_S
     finally:
         capture.close()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.complex64])
+def test_INSTR_15_the_buckets_all_reduce_goes_straight_into_the_group_and_reduces_as_dist_all_reduce(
+    one_rank: None, publisher: ProgressPublisher, dtype: Any
+) -> None:
+    """Issue 38: the hook hands a real bucket to its group itself -- what dist.all_reduce(async_op=
+    True) does, less its Python checks and the collective wrapper -- so the wrapper neither
+    publishes nor counts it; a complex bucket takes dist.all_reduce (its real view), passed through.
+    Either way the work's future holds the bucket, reduced."""
+    from scout.job.hooks import _all_reduce
+
+    inst.instrument(publisher)
+    published = []
+    publisher.enter_collective = lambda fingerprint: published.append(fingerprint)  # type: ignore[method-assign]
+    bucket = torch.arange(6, dtype=torch.float32).to(dtype)
+    expected = bucket.clone()
+    work = _all_reduce(dist.group.WORLD, bucket, dist.ReduceOp.SUM)
+    work.wait()
+    (value,) = work.get_future().value()
+    result = value if not torch.is_complex(bucket) or torch.is_complex(value) else torch.view_as_complex(value)
+    assert torch.equal(result, expected) and result.data_ptr() == bucket.data_ptr()  # one rank: its sum
+    assert published == []  # the hook publishes the bucket itself; the wrapper passed it through
