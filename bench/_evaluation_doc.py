@@ -501,11 +501,12 @@ def _budget(section: dict[str, Any], _plots_dir: str) -> list[str]:
            "(one layer every 2 steps, until every rank measured 8 steps free of replay) and its measured steps are "
            "the cycle a probe run of the same job chose (at least 24, at most 1,000), so a run's mean step holds its "
            "replay; where the probe was over budget (replay off after the decision) there is no cycle to cover, and "
-           "a run is as many steps as take about 40 s; where the probe's cycle takes longer than 10 minutes of the job's "
-           "steps, a run is as many steps (at least 24) all before the first replay after the decision, and replay's "
-           "share at the cadence the run chose -- scout's own measurement in that run, its replay work over a cycle "
-           "spread over the cycle's steps (BUDGET-3's C / (N T), the worst rank's) -- is added to what the run "
-           "measured (the row's note gives both). *Noise*: an A/A pair in the same rounds, no scout against no scout. *Cycle*: the cycle each "
+           "a run is as many steps as take about 40 s. Where the probe's cycle takes longer than 2 minutes of the job's "
+           "steps (five rounds of runs covering it would take hours on this box), a run is as many steps (at least 24), "
+           "its pair is compared over the steps on which the run with scout replayed nothing, and replay's share at "
+           "the cadence the run chose -- scout's own measurement in that run, its replay work over a cycle spread "
+           "over the cycle's steps (BUDGET-3's C / (N T), the worst rank's) -- is added (the row's note gives "
+           "both). *Noise*: an A/A pair in the same rounds, no scout against no scout. *Cycle*: the cycle each "
            "round's run chose (median, range): an SDC that recurs in replayed work is found within one cycle, and a "
            f"checkpoint comes every {section['checkpoint_every_cycles']} cycles, verified one cycle after it is "
            "written.", ""]
@@ -531,8 +532,8 @@ def _budget(section: dict[str, Any], _plots_dir: str) -> list[str]:
                         f"{len(off)} of {len(cadences)} runs; the overhead measured beside it is larger because F "
                         f"leaves out {left_out} and, with more ranks than cores, the CPU each rank's threads take "
                         "from the others.")
-        if entry.get("design") == "window":
-            over.append(_window_note(name, entry))
+        if entry.get("design") == "free":
+            over.append(_free_note(name, entry))
         # The cycle of the runs that kept replay (an over-budget run's k_max cycle buys nothing).
         kept_cycles = [c["cycle_steps"] for c in kept if c.get("cycle_steps")]
         cycle = ({"median": statistics.median(kept_cycles), "min": min(kept_cycles), "max": max(kept_cycles),
@@ -559,18 +560,15 @@ def _budget(section: dict[str, Any], _plots_dir: str) -> list[str]:
     return out
 
 
-def _window_note(name: str, entry: dict[str, Any]) -> str:
-    """A row measured in a window free of replay (bench/evaluate.py ``budget_run_plan``): why, and
-    the two parts of its overhead."""
-    hours = entry["probe_cycle_steps"] * entry["probe_step_s"] / 3600
-    replayed = entry.get("replayed_in_window", 0)
-    after = (f"; in {replayed} run(s) a replay ran inside the window after all (a shorter cadence than the "
-             "probe's), so that run's mean holds it and nothing is added" if replayed else "")
-    return (f"{name}: the probe run chose a cycle of {entry['probe_cycle_steps']} steps, {hours:.1f} h of this job's "
-            f"steps, so a run covers none: each run measured {entry['steps']} steps before its first replay (one "
-            f"layer every {entry['probe_replay_interval_steps']} steps in the probe). Measured in those steps "
-            f"{_spread_pct(entry['measured_overhead'])}; replay's share at each run's cadence, by scout's own "
-            f"measurement, {_spread_pct(entry['replay_share'], 3)}; the overhead is their sum per round{after}.")
+def _free_note(name: str, entry: dict[str, Any]) -> str:
+    """A row measured over the steps free of replay (bench/evaluate.py ``budget_run_plan``): why,
+    and the two parts of its overhead."""
+    minutes = entry["probe_cycle_steps"] * entry["probe_step_s"] / 60
+    return (f"{name}: the probe run chose a cycle of {entry['probe_cycle_steps']} steps ({minutes:.0f} min of this "
+            f"job's steps), so a run covers none: over each run's {entry['steps']} steps, the pair's overhead on "
+            f"the steps without a replay check ({entry['replayed_steps']} step(s) of all rounds replayed and are left "
+            f"out) was {_spread_pct(entry['measured_overhead'])}; replay's share at each run's cadence, by scout's own "
+            f"measurement, {_spread_pct(entry['replay_share'], 3)}; the overhead is their sum per round.")
 
 
 def over_budget(decisions: Sequence[dict[str, Any]]) -> bool:

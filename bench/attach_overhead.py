@@ -298,6 +298,7 @@ def worker(args: argparse.Namespace) -> None:
         _time_on_this_thread(job)
     times: list[float] = []
     scout_times: list[float] = []  # the wall time of each measured step's job.step()
+    replayed: list[bool] = []  # whether each measured step ran a replay check (its job.step() did)
     step_cpu: list[float] = []  # the training thread's CPU time of each measured step, job.step() included
     turn_cpu: list[float] = []  # this trainer's (every thread) and its observer's CPU time of each measured step
     own: list[float] = []  # each measured step's wall time less the training thread's run-queue delay (STRAG-1)
@@ -349,10 +350,13 @@ def worker(args: argparse.Namespace) -> None:
         optimizer.zero_grad(set_to_none=True)
         trained_cpu = time.thread_time() - started_cpu
         in_scout_s = 0.0
+        replayed_now = False
         if job is not None:
+            replay_before_s = job.costs.get("replay_s", 0.0)
             before = time.perf_counter()
             job.step()
             in_scout_s = time.perf_counter() - before
+            replayed_now = job.costs.get("replay_s", 0.0) > replay_before_s  # a replay check ran at this step
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # the step's time is the GPU's, in both arms
         if step > warmup:
@@ -360,6 +364,7 @@ def worker(args: argparse.Namespace) -> None:
             own.append(times[-1] - (run_queue_delay_s() - started_delay))
             step_cpu.append(time.thread_time() - started_cpu)
             scout_times.append(in_scout_s)
+            replayed.append(replayed_now)
             train_cpu.append(trained_cpu)
             turn_cpu.append(processes_cpu_s() - turn_cpu_s)
             in_turns_cpu_s += turn_cpu[-1]
@@ -373,7 +378,7 @@ def worker(args: argparse.Namespace) -> None:
     start = window["start"]
     result: dict[str, Any] = {
         "rank": rank, "parameters": parameters, "layers": size["layers"], "batch": args.batch, "step_s": times,
-        "job_step_s": scout_times, "step_cpu_s": step_cpu, "turn_cpu_s": turn_cpu,
+        "job_step_s": scout_times, "replayed": replayed, "step_cpu_s": step_cpu, "turn_cpu_s": turn_cpu,
         "step_own_s": own, "sequence": sequence,
         "train_cpu_s": train_cpu,
         "trainer_cpu_s": end["cpu_s"] - start["cpu_s"], "window_wall_s": end["wall_s"] - start["wall_s"],

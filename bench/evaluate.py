@@ -22,7 +22,10 @@ bench/results/evaluation.json, then rendered into docs/evaluation.md with its pl
 7. ``budget``: scout at its defaults -- the replay cadence the overhead budget chooses (spec/budget.md)
    -- against no scout on the tiny GPT (4 ranks), the 4.2M GPT and the 54.6M GPT at batch 8 and 16,
    paired, with an A/A pair for the noise: the overhead, the budget, the cycle chosen and the SDC
-   bound it gives; goal: each within the budget plus the pairs' noise.
+   bound it gives; goal: each within the budget plus the pairs' noise. A run covers the cycle its
+   model's probe chose where that takes minutes; otherwise (the 54.6M GPT: a cycle of hours) its
+   pair is compared over the steps without replay and replay's share, scout's own measurement in
+   the run, is added (``budget_run_plan``).
 
 The overhead, parts and batch sections run the trainers with glibc's heap kept (``--allocator``;
 bench/attach_overhead.py ALLOCATORS); the parts section also runs the goal's pair with glibc's stock
@@ -101,14 +104,11 @@ BUDGET_STEPS_MIN, BUDGET_STEPS_MAX = 24, 1000
 #: longest cadence), so there is no cycle to cover: a run is as many steps as take about this long
 #: (the 4.2M GPT: ~100 steps, where 1,000 steps made the section's one model take 2 hours).
 BUDGET_OVER_RUN_S = 40.0
-#: A run covers a whole cycle only while the probe's cycle takes at most this long on this box.
-#: Beyond it (the 54.6M GPT at 1 %: a cycle of ~1,600 steps of 2.7 s, 5 rounds of two pairs would
-#: take two days) a run measures a window free of replay instead: ``budget_run_plan``.
-BUDGET_CYCLE_RUN_S_MAX = 600.0
-#: A window ends this many steps before the first replay after the decision: the decision falls at
-#: the calibration window's end, ``WARMUP_STEPS`` before the first measured step, and a hidden
-#: check is due ``interval`` steps after it (spec/replay.md REC-3, counted from the origin).
-WINDOW_MARGIN_STEPS = attach_overhead.WARMUP_STEPS + 1
+#: A run covers a whole cycle only while the probe's cycle takes at most this long on this box (a
+#: model's 5 rounds are 20 runs: two pairs of two jobs). Beyond it -- the 54.6M GPT at 1 %: cycles
+#: of 180 to 1,644 steps of 2.7 s in two probes, 3 to 20 hours of runs -- its runs measure the
+#: steps free of replay and add replay's share: ``budget_run_plan``.
+BUDGET_CYCLE_RUN_S_MAX = 120.0
 #: The A/A pair of the budget section: no scout against no scout, paired alike (the pairs' noise).
 ALIKE = attach_overhead.Arm("alike", scout=False)
 BATCHES = (16,)  # the batch section's batches (the parts section's goal is at batch 8)
@@ -371,23 +371,22 @@ def budget_run_plan(probe: dict[str, Any], quick: bool) -> tuple[int, str]:
     * ``"cycle"``: the cycle its probe run chose, so that a run's mean step holds its replay;
     * ``"over-budget"``: where the probe's last decision was over budget (replay off after it,
       BUDGET-4), as many steps as take :data:`BUDGET_OVER_RUN_S`;
-    * ``"window"``: where the probe's cycle takes longer than :data:`BUDGET_CYCLE_RUN_S_MAX`, as
-      many steps as take :data:`BUDGET_OVER_RUN_S`, all before the first replay after the
-      decision: the run measures everything scout does but replay, and replay's share is added
-      from scout's own measurement in the run (``attach_overhead.replay_share``).
+    * ``"free"``: where the probe's cycle takes longer than :data:`BUDGET_CYCLE_RUN_S_MAX`, as
+      many steps as take :data:`BUDGET_OVER_RUN_S`; a round's overhead is then its pair's over the
+      steps on which the run with scout replayed nothing, plus replay's share at the run's cadence
+      by scout's own measurement in it (``attach_overhead.replay_share``; :func:`_free_figures`).
 
-    Within the section's bounds; a window that cannot hold the least steps before the first
-    replay falls back to the cycle."""
+    Within the section's bounds."""
     from _evaluation_doc import over_budget
 
     low, high = (4, 40) if quick else (BUDGET_STEPS_MIN, BUDGET_STEPS_MAX)
     step_s = attach_overhead.mean_step_s(probe)
+    timed = min(max(math.ceil(BUDGET_OVER_RUN_S / step_s), low), high)
     if over_budget(probe.get("cadence_decisions") or []):
-        return min(max(math.ceil(BUDGET_OVER_RUN_S / step_s), low), high), "over-budget"
+        return timed, "over-budget"
     cycle = int(probe.get("cycle_steps") or 0)
-    room = int(probe.get("replay_interval_steps") or 0) - WINDOW_MARGIN_STEPS
-    if cycle * step_s > BUDGET_CYCLE_RUN_S_MAX and room >= low:
-        return min(max(math.ceil(BUDGET_OVER_RUN_S / step_s), low), room, high), "window"
+    if cycle * step_s > BUDGET_CYCLE_RUN_S_MAX:
+        return timed, "free"
     return min(max(cycle, low), high), "cycle"
 
 
@@ -396,22 +395,25 @@ def budget_run_steps(probe: dict[str, Any], quick: bool) -> int:
     return budget_run_plan(probe, quick)[0]
 
 
-def _window_figures(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """A ``"window"`` row (:func:`budget_run_plan`): per round the overhead measured in the window,
-    replay's share at the run's cadence by scout's own measurement, and their sum, which is the
-    row's overhead; and the runs in whose window a replay ran after all (a shorter cadence than the
-    probe's: their mean step holds one replay, so their share is not added again)."""
+def _free_figures(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """A ``"free"`` row (:func:`budget_run_plan`): per round the overhead of the pair over the steps
+    on which the run with scout replayed nothing (the same steps of its reference), replay's share
+    at the run's cadence by scout's own measurement, and their sum -- the row's overhead; and how
+    many measured steps replayed (left out of the first figure, paid for by the second)."""
     measured, shares, totals, replayed = [], [], [], 0
     for result in results:
         run = result["runs"]["defaults"]
-        in_window = run.get("costs_s", {}).get("replay_s", 0.0) > 0
-        replayed += in_window
-        share = 0.0 if in_window else float(run.get("replay_share") or 0.0)
-        measured.append(result["overhead"]["defaults"])
-        shares.append(share)
-        totals.append(measured[-1] + share)
+        reference = result["runs"][f"{result['references']['defaults']}@defaults"]
+        flags = run.get("replayed") or [False] * len(run["step_s"])
+        free = [i for i, flag in enumerate(flags) if not flag]
+        replayed += len(flags) - len(free)
+        with_scout = statistics.fmean(run["step_s"][i] for i in free)
+        without = statistics.fmean(reference["step_s"][i] for i in free)
+        measured.append(with_scout / without - 1)
+        shares.append(float(run.get("replay_share") or 0.0))
+        totals.append(measured[-1] + shares[-1])
     return {"measured_overhead": _median_range(measured), "replay_share": _median_range(shares),
-            "overhead": _median_range(totals), "replayed_in_window": replayed}
+            "overhead": _median_range(totals), "replayed_steps": replayed}
 
 
 def run_budget(section: dict[str, Any], quick: bool, rounds: int, log: Callable[[str], None],
@@ -463,8 +465,8 @@ def run_budget(section: dict[str, Any], quick: bool, rounds: int, log: Callable[
                 "cycle_steps": _median_range(cycles), "rounds": _round_detail(results), "design": design,
                 "probe_step_s": attach_overhead.mean_step_s(probe),
                 "probe_replay_interval_steps": probe.get("replay_interval_steps")}
-            if design == "window":
-                section["models"][model["name"]].update(_window_figures(results))
+            if design == "free":
+                section["models"][model["name"]].update(_free_figures(results))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -6,7 +6,6 @@ are the full run's business (./dev bench evaluate), not a test's."""
 from __future__ import annotations
 
 import json
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -289,64 +288,52 @@ def test_BUDGET_4_a_model_over_budget_runs_for_a_time_not_for_its_endless_cycle(
     assert evaluate.budget_run_steps(over, quick=True) == 40
 
 
-def test_BUDGET_4_a_cycle_too_long_to_run_is_measured_in_a_window_before_its_first_replay() -> None:
-    """The 54.6M GPT's probe at 1 % chose a cycle of 1,644 steps of ~2.7 s: five rounds of two
-    pairs covering it would take two days on this box. Such a model's runs measure a window that
-    ends before the first replay after the decision (REC-3: ``interval`` steps after it), and the
-    row's overhead adds replay's share by scout's own measurement; a window that cannot hold the
-    least steps keeps the cycle."""
+def test_BUDGET_4_a_cycle_too_long_to_run_is_measured_on_its_steps_free_of_replay() -> None:
+    """Two probes of the 54.6M GPT at 1 % chose cycles of 180 and 1,644 steps of ~2.7 s: five
+    rounds of two pairs covering them would take 3 to 20 hours on this box. Such a model's runs
+    are as long as BUDGET_OVER_RUN_S (at least BUDGET_STEPS_MIN steps) and are compared over
+    their steps free of replay, replay's share added; a cycle that runs in minutes is covered."""
     sys.path.insert(0, str(BENCH))
     try:
         import evaluate
     finally:
         sys.path.remove(str(BENCH))
-    long = {"cycle_steps": 1644, "replay_interval_steps": 137, "step_s": [2.75, 2.75],
+    long = {"cycle_steps": 180, "replay_interval_steps": 15, "step_s": [2.75, 2.75],
             "cadence_decisions": [{"status": "within"}]}
-    assert evaluate.budget_run_plan(long, quick=False) == (evaluate.BUDGET_STEPS_MIN, "window")  # 40 s is 15 steps
-    slow = {**long, "step_s": [0.1]}  # 164 s a cycle: runs cover it
-    assert evaluate.budget_run_plan(slow, quick=False) == (1000, "cycle")
-    assert evaluate.budget_run_plan({**slow, "cycle_steps": 600}, quick=False) == (600, "cycle")
-    # A window of 40 s of 0.5 s steps is 80 steps; one layer every 50 steps cuts it to end before
-    # the first replay.
-    short = {**long, "step_s": [0.5], "replay_interval_steps": 50}
-    assert evaluate.budget_run_plan({**long, "step_s": [0.5]}, quick=False) == (80, "window")
-    assert evaluate.budget_run_plan(short, quick=False) == (50 - 3, "window")
-    # At the decision's step + interval the first replay is due: the margin keeps the last measured
-    # step (warm-up + steps) before it, the decision being WARMUP_STEPS before the first one.
-    steps, _ = evaluate.budget_run_plan(short, quick=False)
-    decision = 100
-    warmup = decision + evaluate.attach_overhead.WARMUP_STEPS
-    assert warmup + steps < decision + 50 <= warmup + steps + 1
-    # Too short an interval for the least window: the cycle, as before.
-    assert evaluate.budget_run_plan({**long, "replay_interval_steps": 20}, quick=False) == (1000, "cycle")
+    assert evaluate.budget_run_plan(long, quick=False) == (evaluate.BUDGET_STEPS_MIN, "free")  # 40 s is 15 steps
+    assert evaluate.budget_run_plan({**long, "step_s": [0.8]}, quick=False) == (50, "free")  # 144 s a cycle
+    short = {**long, "step_s": [0.3]}  # 54 s a cycle: runs cover it
+    assert evaluate.budget_run_plan(short, quick=False) == (180, "cycle")
+    assert evaluate.budget_run_plan({**short, "cycle_steps": 5000}, quick=False) == (134, "free")  # 40 s of 0.3 s
     over = {**long, "cadence_decisions": [{"status": "over-budget"}]}
     assert evaluate.budget_run_plan(over, quick=False) == (evaluate.BUDGET_STEPS_MIN, "over-budget")
 
 
-def test_BUDGET_4_a_window_row_adds_replays_share_per_round_and_says_both_parts() -> None:
+def test_BUDGET_4_a_free_row_compares_the_steps_without_replay_and_adds_replays_share_per_round() -> None:
     sys.path.insert(0, str(BENCH))
     try:
         import evaluate
     finally:
         sys.path.remove(str(BENCH))
 
-    def round_of(overhead: float, share: float | None, replayed_s: float = 0.0) -> dict[str, Any]:
-        return {"overhead": {"defaults": overhead},
-                "runs": {"defaults": {"replay_share": share, "costs_s": {"replay_s": replayed_s}}}}
+    def round_of(steps: list[float], replayed: list[bool], share: float | None) -> dict[str, Any]:
+        return {"references": {"defaults": "off"},
+                "runs": {"defaults": {"step_s": steps, "replayed": replayed, "replay_share": share},
+                         "off@defaults": {"step_s": [1.0] * len(steps)}}}
 
-    figures = evaluate._window_figures([round_of(0.008, 0.0001), round_of(0.006, 0.0002),
-                                        round_of(0.012, 0.0003, replayed_s=0.4), round_of(0.009, None)])
-    assert figures["replayed_in_window"] == 1
-    assert figures["measured_overhead"]["median"] == statistics.median([0.008, 0.006, 0.012, 0.009])
-    # The round whose window held a replay adds nothing; a run without a cadence report adds 0.
+    # Round 1: a replayed step of 3 s is left out (1.01 over the others); round 2: no replay, no share.
+    figures = evaluate._free_figures([round_of([1.01, 3.0, 1.01], [False, True, False], 0.0002),
+                                      round_of([1.02, 1.02, 1.02], [False, False, False], None)])
+    assert figures["replayed_steps"] == 1
+    assert abs(figures["measured_overhead"]["min"] - 0.01) < 1e-12
+    assert abs(figures["measured_overhead"]["max"] - 0.02) < 1e-12
     assert figures["replay_share"]["max"] == 0.0002 and figures["replay_share"]["min"] == 0.0
-    assert figures["overhead"]["min"] == 0.0062 and figures["overhead"]["max"] == 0.012
-    entry = {"probe_cycle_steps": 1644, "probe_step_s": 2.75, "steps": 24, "probe_replay_interval_steps": 137,
-             **figures}
-    note = _doc_module()._window_note("54.6M GPT, batch 8", entry)
-    assert note.startswith("54.6M GPT, batch 8: the probe run chose a cycle of 1644 steps, 1.3 h of this job's steps")
-    assert "each run measured 24 steps before its first replay (one layer every 137 steps in the probe)" in note
-    assert "in 1 run(s) a replay ran inside the window after all" in note
+    assert abs(figures["overhead"]["min"] - 0.0102) < 1e-12 and abs(figures["overhead"]["max"] - 0.02) < 1e-12
+    entry = {"probe_cycle_steps": 180, "probe_step_s": 2.75, "steps": 24, **figures}
+    note = _doc_module()._free_note("54.6M GPT, batch 8", entry)
+    assert note.startswith("54.6M GPT, batch 8: the probe run chose a cycle of 180 steps (8 min of this job's steps)")
+    assert "the steps without a replay check (1 step(s) of all rounds replayed and are left out) was +1.50 %" in note
+    assert "by scout's own measurement, +0.010 % (+0.000 % to +0.020 %)" in note
 
 
 def test_the_run_directory_gives_replays_share_at_the_last_cadence(tmp_path: Path) -> None:
