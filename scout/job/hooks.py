@@ -168,7 +168,7 @@ def publish_ddp_buckets(
 
 #: Whether this torch's AllreduceOptions has ``asyncOp`` (newer releases: the backend then knows
 #: that the caller does not wait, as ``dist.all_reduce(async_op=True)`` tells it).
-_ASYNC_OPTION = hasattr(dist.AllreduceOptions(), "asyncOp")
+_ASYNC_OPTION = dist.is_available() and hasattr(dist.AllreduceOptions(), "asyncOp")
 
 
 def _all_reduce(group: Any, buffer: Any, op: Any) -> Any:
