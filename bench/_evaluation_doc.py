@@ -534,6 +534,8 @@ def _budget(section: dict[str, Any], _plots_dir: str) -> list[str]:
                         "from the others.")
         if entry.get("design") == "free":
             over.append(_free_note(name, entry))
+        if entry.get("remark"):  # what the person who ran it saw beside the run (added to the JSON by hand)
+            over.append(f"{name}, remark: {entry['remark']}")
         # The cycle of the runs that kept replay (an over-budget run's k_max cycle buys nothing).
         kept_cycles = [c["cycle_steps"] for c in kept if c.get("cycle_steps")]
         cycle = ({"median": statistics.median(kept_cycles), "min": min(kept_cycles), "max": max(kept_cycles),

@@ -334,6 +334,14 @@ def test_BUDGET_4_a_free_row_compares_the_steps_without_replay_and_adds_replays_
     assert note.startswith("54.6M GPT, batch 8: the probe run chose a cycle of 180 steps (8 min of this job's steps)")
     assert "the steps without a replay check (1 step(s) of all rounds replayed and are left out) was +1.50 %" in note
     assert "by scout's own measurement, +0.010 % (+0.000 % to +0.020 %)" in note
+    section = {"overhead_budget": 0.01, "checkpoint_every_cycles": 5, "rounds": 2, "load_before": [0, 0, 0],
+               "load_after": [0, 0, 0], "host": {"cpu_model": "B", "cores": 2},
+               "models": {"54.6M GPT, batch 8": {
+                   **entry, "design": "free", "parameters": 54.6e6, "nproc": 2, "batch": 8, "sequence": 128,
+                   "off_step_s": figures["overhead"], "noise": figures["overhead"], "cadence": [],
+                   "remark": "round 1's A/A pair ran beside another job"}}}
+    joined = "\n".join(_doc_module()._budget(section, "plots"))
+    assert note in joined and "54.6M GPT, batch 8, remark: round 1's A/A pair ran beside another job" in joined
 
 
 def test_the_run_directory_gives_replays_share_at_the_last_cadence(tmp_path: Path) -> None:
