@@ -390,11 +390,6 @@ def budget_run_plan(probe: dict[str, Any], quick: bool) -> tuple[int, str]:
     return min(max(cycle, low), high), "cycle"
 
 
-def budget_run_steps(probe: dict[str, Any], quick: bool) -> int:
-    """The measured steps of :func:`budget_run_plan`."""
-    return budget_run_plan(probe, quick)[0]
-
-
 def _free_figures(results: list[dict[str, Any]]) -> dict[str, Any]:
     """A ``"free"`` row (:func:`budget_run_plan`): per round the overhead of the pair over the steps
     on which the run with scout replayed nothing (the same steps of its reference), replay's share
@@ -463,8 +458,7 @@ def run_budget(section: dict[str, Any], quick: bool, rounds: int, log: Callable[
                              "cycle_steps": run.get("cycle_steps"), "decisions": run.get("cadence_decisions")}
                             for run in runs],
                 "cycle_steps": _median_range(cycles), "rounds": _round_detail(results), "design": design,
-                "probe_step_s": attach_overhead.mean_step_s(probe),
-                "probe_replay_interval_steps": probe.get("replay_interval_steps")}
+                "probe_step_s": attach_overhead.mean_step_s(probe)}
             if design == "free":
                 section["models"][model["name"]].update(_free_figures(results))
     finally:

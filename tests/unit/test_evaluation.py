@@ -281,11 +281,12 @@ def test_BUDGET_4_a_model_over_budget_runs_for_a_time_not_for_its_endless_cycle(
     within = {"cycle_steps": 48, "step_s": [0.3, 0.3], "cadence_decisions": [{"status": "within"}]}
     over = {"cycle_steps": 4_000_000, "step_s": [0.4, 0.4],
             "cadence_decisions": [{"status": "within"}, {"status": "over-budget"}]}
-    assert evaluate.budget_run_steps(within, quick=False) == 48
-    assert evaluate.budget_run_steps({**within, "cycle_steps": 5}, quick=False) == evaluate.BUDGET_STEPS_MIN
-    assert evaluate.budget_run_steps(over, quick=False) == 100  # 40 s of 0.4 s steps
-    assert evaluate.budget_run_steps({**over, "step_s": [0.01]}, quick=False) == evaluate.BUDGET_STEPS_MAX
-    assert evaluate.budget_run_steps(over, quick=True) == 40
+    assert evaluate.budget_run_plan(within, quick=False) == (48, "cycle")
+    assert evaluate.budget_run_plan({**within, "cycle_steps": 5}, quick=False) == (evaluate.BUDGET_STEPS_MIN, "cycle")
+    assert evaluate.budget_run_plan(over, quick=False) == (100, "over-budget")  # 40 s of 0.4 s steps
+    assert evaluate.budget_run_plan({**over, "step_s": [0.01]}, quick=False) == (evaluate.BUDGET_STEPS_MAX,
+                                                                                "over-budget")
+    assert evaluate.budget_run_plan(over, quick=True) == (40, "over-budget")
 
 
 def test_BUDGET_4_a_cycle_too_long_to_run_is_measured_on_its_steps_free_of_replay() -> None:
