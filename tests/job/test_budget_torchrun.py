@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from scout import reports
+from scout.job.config import Config
 from scout.reports.timing import TIMING_FILE, read_timing
 from scout.scenarios.launcher import launch, torchrun_command, torchrun_env
 
@@ -116,9 +117,10 @@ def _each_decision_sets(job: dict[str, Any], seen_key: str, evidence_key: str, *
 
 def test_BUDGET_11_each_decision_sets_the_loop_checks_interval_from_the_slowest_ranks_step(
         job: dict[str, Any]) -> None:
-    # loop_check_interval_s = 1 s: on this box ~20 steps of the first phase (~50 ms), 10 in the slow
-    # one (+0.25 s a step).
-    changes = _each_decision_sets(job, "loop_check_steps", "loop_check_steps", interval_s=1.0, steps_max=256)
+    # loop_check_interval_s at its default, 5 s: on this box ~100 steps of the first phase (~50 ms),
+    # ~17 in the slow one (+0.25 s a step).
+    assert Config().loop_check_interval_s == 5.0
+    changes = _each_decision_sets(job, "loop_check_steps", "loop_check_steps", interval_s=5.0, steps_max=256)
     # Rank 0's loop checks ran at the multiples of the interval in force (set at a decision's
     # step, so from the step after it), the same steps on every rank or none would have a line.
     loops = [r["step"] for r in job["timing"] if r["kind"] == "loop"]

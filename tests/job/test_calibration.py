@@ -161,17 +161,18 @@ def test_BUDGET_12_a_window_too_short_for_its_figures_is_no_measurement_on_every
 def test_BUDGET_11_each_decision_sets_the_loop_checks_interval_and_an_attempt_starts_at_loop_check_steps() -> None:
     job = Job(overhead_budget=0.05)
     job.begin(0)
-    assert job.loop.timer.config.check_every_steps == 10 and job.loop.due(10) and not job.loop.due(26)
-    job.run(20)  # the window's decision: T = 39.8 ms, so ceil(1 s / 39.8 ms) = 26 steps between checks
-    assert job.loop.timer.config.check_every_steps == 26 and job.loop.due(26) and not job.loop.due(10)
+    assert job.loop.timer.config.check_every_steps == 10 and job.loop.due(10) and not job.loop.due(126)
+    # The window's decision: T = 39.8 ms, so ceil(5 s (the default) / 39.8 ms) = 126 steps between checks.
+    job.run(20)
+    assert job.loop.timer.config.check_every_steps == 126 and job.loop.due(126) and not job.loop.due(10)
     (report,) = job.sink.records
-    assert report["evidence"]["loop_check_steps"] == 26
+    assert report["evidence"]["loop_check_steps"] == 126
     job.begin(60)  # BUDGET-9: a restarted attempt checks at loop_check_steps until its decision
     assert job.loop.timer.config.check_every_steps == 10
-    slow = Job(overhead_budget=0.05, loop_check_steps=50)  # never under loop_check_steps
+    slow = Job(overhead_budget=0.05, loop_check_steps=200)  # never under loop_check_steps
     slow.begin(0)
     slow.run(20)
-    assert slow.loop.timer.config.check_every_steps == 50 == slow.sink.records[0]["evidence"]["loop_check_steps"]
+    assert slow.loop.timer.config.check_every_steps == 200 == slow.sink.records[0]["evidence"]["loop_check_steps"]
     off = Job(overhead_budget=0.05, loop_check_interval_s=0)
     off.begin(0)
     off.run(20)
