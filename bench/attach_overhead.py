@@ -395,6 +395,7 @@ def worker(args: argparse.Namespace) -> None:
         result["replay_interval_steps"] = (calibration.cadence.interval_steps if calibration is not None
                                            else job.config.replay_interval_steps)
         result["replay_lanes"] = calibration.cadence.lanes if calibration is not None else 1
+        result["loop_check_steps"] = calibration.loop_check_steps if calibration is not None else None  # BUDGET-11
         result["cycle_steps"] = job.pipeline.cycle_steps
         result["cadence_decisions"] = [] if calibration is None else [
             {"interval_steps": d.cadence.interval_steps if d.cadence else None, "cycle_steps": d.cycle_steps,

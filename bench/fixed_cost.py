@@ -3,9 +3,10 @@ TARGETS.md "fixed cost per training step"). Writes bench/results/fixed_cost.json
 
 The fixed per-step cost is everything scout does at a step where neither replay nor the live
 path's self-check runs: the layer hooks and DDP's bucket hook with their publishes, the
-torch.distributed wrappers and the completion watcher's markers, the loop timer (its exchange
-every ``loop_check_steps``), ``job.step()`` itself (the pipeline, the replay runner's schedule
-look-up and arming, the step mark), and the observer process beside the trainer. It is what
+torch.distributed wrappers and the completion watcher's markers, the loop timer (its exchange and
+the steps it times, as often as the defaults space them: spec/budget.md BUDGET-11), ``job.step()``
+itself (the pipeline, the replay runner's schedule look-up and arming, the step mark), and the
+observer process beside the trainer. It is what
 dominates a small, fast-stepping job, and scout's overhead budget (spec/budget.md) cannot buy it
 down: it is paid at every step whatever the cadence.
 
@@ -13,11 +14,15 @@ Sections (each a comparison in pairs taking turns step by step, the waiting job 
 bench/attach_overhead.py ``paired``, so a slow minute of this shared box falls on both arms):
 
 * ``fixed``: examples/train_gpt.py's GPT at 4 layers, width 64 (batch 8 x 32 tokens, 2 ranks,
-  gloo, one thread each), without scout against scout with replay never due
-  (``replay_interval_steps`` 1,000,000: the runner still looks up and arms every step) and
-  ``self_check`` off. Per round, the median over steps of the paired difference (step i with
-  scout minus step i without): the wall time scout adds to a step. Goal: the median over rounds
-  <= 1 ms. Beside it, the same pairs in the training thread's own time (wall less its run-queue
+  gloo, one thread each), without scout against scout at its defaults after a warm-up that
+  covers the overhead budget's calibration window (its first 24 steps), paired over the steps at
+  which no replay check ran (the self-check runs only in a step whose replay is due): the budget
+  then chose the cadence, the loop check's and the agreement's intervals, as on a user's job. Per
+  round, the median over those steps of the paired difference (step i with scout minus step i
+  without): the wall time scout adds to a step. Goal: the median over rounds <= 1 ms. (Until
+  2026-12-07 this arm set ``replay_interval_steps`` to 1,000,000 with ``self_check`` off; an explicit
+  cadence makes no budget decision (BUDGET-8), so its loop check ran every 10 steps, every 0.2 s of
+  this job, where the defaults run it about every 5 s.) Beside it, the same pairs in the training thread's own time (wall less its run-queue
   delay), in its CPU time and in the CPU time of the trainer's every thread with its observer --
   which other tenants of a loaded box hardly move -- and an A/A pair (no scout against no scout)
   whose difference is the pairs' noise: at a load average of 10 on 2 cores a step's wall time
@@ -46,9 +51,9 @@ from _goals import Goal, at_most, load_average, print_goals, write_results  # no
 
 FIXED_GOAL_MS = 1.0  # TARGETS.md: everything but replay and the self-check <= 1 ms per step (median)
 TINY_GPT_GOAL = 1.05  # TARGETS.md: the tiny GPT under 4 ranks <= 1.05x step time at the defaults
-#: Replay never due in a run (the setting's largest value): only the per-step work is left.
-NEVER_DUE = 1_000_000
-FIXED = attach_overhead.Arm("fixed", cadence=NEVER_DUE, settings=(("self_check", False),))
+#: Scout at its defaults; the steps at which a replay check ran are left out of the pairs.
+FIXED = attach_overhead.Arm("fixed")
+FIXED_SIZE = "tiny"  # examples/train_gpt.py's GPT at 4 layers, width 64
 #: The A/A control: no scout against no scout, paired alike -- what a difference of two paired
 #: runs amounts to on this box when nothing differs (the pairs' noise).
 ALIKE = attach_overhead.Arm("alike", scout=False)
@@ -58,11 +63,14 @@ SECTIONS = ("fixed", "tiny_gpt")
 
 
 def paired_differences_ms(arm_run: dict[str, Any], reference_run: dict[str, Any], key: str = "step_s") -> list[float]:
-    """Step i of the arm minus step i of its reference, in ms: the two ran one after the other.
+    """Step i of the arm minus step i of its reference, in ms: the two ran one after the other;
+    the steps at which the arm ran a replay check (and so its self-check) are left out.
     ``key``: ``step_s`` (wall time), ``step_own_s`` (wall time less the training thread's run-queue
     delay), ``step_cpu_s`` (the training thread's CPU time) or ``turn_cpu_s`` (the trainer's every
     thread and its observer)."""
-    return [1e3 * (a - b) for a, b in zip(arm_run[key], reference_run[key], strict=True)]
+    replayed = arm_run.get("replayed") or [False] * len(arm_run[key])
+    return [1e3 * (a - b) for a, b, replay in zip(arm_run[key], reference_run[key], replayed, strict=True)
+            if not replay]
 
 
 def _spread(values: list[float]) -> dict[str, float]:
@@ -70,8 +78,10 @@ def _spread(values: list[float]) -> dict[str, float]:
 
 
 def run_fixed(rounds: int, steps: int, nproc: int, log: Any) -> dict[str, Any]:
+    warmup = attach_overhead.warmup_for(attach_overhead.SIZES[FIXED_SIZE]["layers"])  # BUDGET-12's window
     results = attach_overhead.paired([(attach_overhead.OFF, FIXED), (attach_overhead.OFF, ALIKE)], rounds=rounds,
-                                     size="tiny", steps=steps, batch=BATCH, nproc=nproc, sequence=SEQUENCE, log=log)
+                                     size=FIXED_SIZE, steps=steps, batch=BATCH, nproc=nproc, sequence=SEQUENCE,
+                                     log=log, warmup=warmup)
     per_round = []
     for result in results:
         run, reference = result["runs"]["fixed"], result["runs"]["off@fixed"]
@@ -87,6 +97,8 @@ def run_fixed(rounds: int, steps: int, nproc: int, log: Any) -> dict[str, Any]:
             "added_processes_cpu_ms_median": statistics.median(paired_differences_ms(run, reference, "turn_cpu_s")),
             "off_step_ms_median": 1e3 * statistics.median(reference["step_s"]),
             "job_step_ms_median": 1e3 * statistics.median(run["job_step_s"]),
+            "replayed_steps": sum(run["replayed"]), "measured_steps": len(differences),
+            "replay_interval_steps": run.get("replay_interval_steps"), "loop_check_steps": run.get("loop_check_steps"),
             "overhead": result["overhead"]["fixed"], "first": result["first"],
             "load_before": result["load_before"], "load_after": result["load_after"]})
         log(f"  fixed round {result['round'] + 1}: +{per_round[-1]['added_ms_median']:.3f} ms a step (median of "
@@ -94,7 +106,8 @@ def run_fixed(rounds: int, steps: int, nproc: int, log: Any) -> dict[str, Any]:
             f"{per_round[-1]['job_step_ms_median']:.3f} ms, CPU +{per_round[-1]['added_thread_cpu_ms_median']:.3f} ms "
             f"(thread) +{per_round[-1]['added_processes_cpu_ms_median']:.3f} ms (processes), step without scout "
             f"{per_round[-1]['off_step_ms_median']:.1f} ms; no scout against no scout "
-            f"{per_round[-1]['alike_ms_median']:+.3f} ms")
+            f"{per_round[-1]['alike_ms_median']:+.3f} ms; {per_round[-1]['measured_steps']} steps paired, "
+            f"{per_round[-1]['replayed_steps']} with a replay check left out")
     first = results[0]["runs"]["fixed"]
     return {"size": "tiny", "parameters": first["parameters"], "layers": first["layers"], "batch": BATCH,
             "sequence": SEQUENCE, "ranks": nproc, "steps": steps, "rounds": rounds,
@@ -167,7 +180,8 @@ def main() -> int:
     document: dict[str, Any] = {"load_before": load_average()}
     started = time.monotonic()
     if "fixed" in chosen:
-        log(f"== fixed: no scout against scout with replay never due, {args.rounds} rounds of {args.steps} steps")
+        log(f"== fixed: no scout against scout at its defaults, steps without replay, {args.rounds} rounds of "
+            f"{args.steps} steps")
         document["fixed"] = run_fixed(args.rounds, args.steps, args.nproc, log)
     if "tiny_gpt" in chosen:
         log(f"== tiny_gpt: no scout against the defaults, 4 ranks, {args.rounds} rounds of {args.steps} steps")
