@@ -497,7 +497,9 @@ def _budget(section: dict[str, Any], _plots_dir: str) -> list[str]:
     out = ["## 7. The overhead budget: every model within it", "", f"{_load(section)}.", "",
            f"scout at its defaults (`overhead_budget` {100 * budget:g} %: the replay cadence, and the loop check's "
            "interval, are chosen at the end of the calibration window, spec/budget.md BUDGET-5, BUDGET-11, BUDGET-12) "
-           "against the same job without scout. " + PAIRED_TEXT + " Each run's warm-up covers the calibration window "
+           "against the same job without scout. " + PAIRED_TEXT + " In a pair, the budget's clock stops while the "
+           "job waits for the other's turn (bench/attach_overhead.py), so its step time (BUDGET-3's T) is the job's "
+           "own and it decides as for the job alone. Each run's warm-up covers the calibration window "
            "(one layer every 2 steps, until every rank measured 8 steps free of replay) and its measured steps are "
            "the cycle a probe run of the same job chose (at least 24, at most 1,000), so a run's mean step holds its "
            "replay; where the probe was over budget (replay off after the decision) there is no cycle to cover, and "
@@ -534,6 +536,12 @@ def _budget(section: dict[str, Any], _plots_dir: str) -> list[str]:
                         "from the others.")
         if entry.get("design") == "free":
             over.append(_free_note(name, entry))
+        if entry.get("budget_clock") != "own":  # measured before the budget's clock left out the turns
+            over.append(f"{name}: measured before the budget's clock in a pair left out the other job's turn, "
+                        "which the job waits for between two of its steps: its runs' budget read a step about "
+                        "twice as long as the job's own (BUDGET-3's T), so it chose cycles about half as long as "
+                        "the job alone would (the probe, which runs alone, did not), and replay's share by scout's "
+                        "own measurement reads about half of what that cadence costs.")
         if entry.get("remark"):  # what the person who ran it saw beside the run (added to the JSON by hand)
             over.append(f"{name}, remark: {entry['remark']}")
         # The cycle of the runs that kept replay (an over-budget run's k_max cycle buys nothing).

@@ -239,12 +239,21 @@ class Baton:
         self.timeout_s = timeout_s
         self.turns = os.open(go_path(directory, side, rank), os.O_RDWR)
         self.done = os.open(done_path(directory, side), os.O_RDWR)
+        self.waited_s = 0.0  # the wall time spent waiting for turns (the other job's, frozen or not)
 
     def wait(self) -> None:
-        ready, _, _ = select.select([self.turns], [], [], self.timeout_s)
-        if not ready:
-            raise TimeoutError(f"the pair's driver gave no turn within {self.timeout_s:g} s")
-        os.read(self.turns, 1)
+        started = time.perf_counter()
+        try:
+            ready, _, _ = select.select([self.turns], [], [], self.timeout_s)
+            if not ready:
+                raise TimeoutError(f"the pair's driver gave no turn within {self.timeout_s:g} s")
+            os.read(self.turns, 1)
+        finally:
+            self.waited_s += time.perf_counter() - started
+
+    def clock(self) -> float:
+        """The wall clock less the time spent waiting for turns: a job's own time."""
+        return time.perf_counter() - self.waited_s
 
     def give(self) -> None:
         os.write(self.done, b"d")
@@ -308,6 +317,13 @@ def worker(args: argparse.Namespace) -> None:
     train_cpu: list[float] = []  # this thread's CPU time of forward, backward and the optimizer
     window: dict[str, Any] = {}
     baton = Baton(Path(args.baton), args.side, rank, RUN_TIMEOUT_S) if args.baton else None
+    if baton is not None and job is not None and job.parts.calibration is not None:
+        # The overhead budget's step period (spec/budget.md BUDGET-3: from one job.step()'s end to
+        # the next's) would hold the other job's turn, which this job waits for between two of its
+        # steps: T would read about twice the job's own step, and the budget would choose the cadence
+        # (and space the loop check and the agreement) for a job twice as slow as this one. Its clock
+        # here stops while the job waits for a turn, so it decides as for this job alone.
+        job.parts.calibration.clock = baton.clock
     in_turns_cpu_s = 0.0  # this job's processes' CPU inside its own turns (the measured steps)
 
     def processes_cpu_s() -> float:

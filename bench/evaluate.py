@@ -447,8 +447,9 @@ def run_budget(section: dict[str, Any], quick: bool, rounds: int, log: Callable[
             cycles = [int(run.get("cycle_steps") or 0) for run in runs]
             section["models"][model["name"]] = {
                 # When, and under which account of scout's work: a model re-run alone (``only``)
-                # sits beside rows measured earlier. BUDGET-10: F holds the hooks' time.
-                "started": started, "budget_counts_hooks": True,
+                # sits beside rows measured earlier. BUDGET-10: F holds the hooks' time. The budget's
+                # clock leaves out the other job's turns (bench/attach_overhead.py Baton.clock).
+                "started": started, "budget_counts_hooks": True, "budget_clock": "own",
                 **shape, "parameters": runs[0]["parameters"], "layers": layers, "steps": steps, "warmup": warmup,
                 "probe_cycle_steps": probe.get("cycle_steps"), "probe_decisions": probe.get("cadence_decisions"),
                 "off_step_s": _reference_step_s(results, "defaults"),

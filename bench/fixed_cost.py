@@ -6,27 +6,27 @@ path's self-check runs: the layer hooks and DDP's bucket hook with their publish
 torch.distributed wrappers and the completion watcher's markers, the loop timer (its exchange and
 the steps it times, as often as the defaults space them: spec/budget.md BUDGET-11), ``job.step()``
 itself (the pipeline, the replay runner's schedule look-up and arming, the step mark), and the
-observer process beside the trainer. It is what
-dominates a small, fast-stepping job, and scout's overhead budget (spec/budget.md) cannot buy it
-down: it is paid at every step whatever the cadence.
+observer process beside the trainer. It is what dominates a small, fast-stepping job, and scout's
+overhead budget (spec/budget.md) cannot buy it down: it is paid at every step whatever the cadence.
 
 Sections (each a comparison in pairs taking turns step by step, the waiting job frozen:
 bench/attach_overhead.py ``paired``, so a slow minute of this shared box falls on both arms):
 
-* ``fixed``: examples/train_gpt.py's GPT at 4 layers, width 64 (batch 8 x 32 tokens, 2 ranks,
-  gloo, one thread each), without scout against scout at its defaults after a warm-up that
-  covers the overhead budget's calibration window (its first 24 steps), paired over the steps at
-  which no replay check ran (the self-check runs only in a step whose replay is due): the budget
-  then chose the cadence, the loop check's and the agreement's intervals, as on a user's job. Per
-  round, the median over those steps of the paired difference (step i with scout minus step i
-  without): the wall time scout adds to a step. Goal: the median over rounds <= 1 ms. (Until
-  2026-12-07 this arm set ``replay_interval_steps`` to 1,000,000 with ``self_check`` off; an explicit
-  cadence makes no budget decision (BUDGET-8), so its loop check ran every 10 steps, every 0.2 s of
-  this job, where the defaults run it about every 5 s.) Beside it, the same pairs in the training thread's own time (wall less its run-queue
-  delay), in its CPU time and in the CPU time of the trainer's every thread with its observer --
-  which other tenants of a loaded box hardly move -- and an A/A pair (no scout against no scout)
-  whose difference is the pairs' noise: at a load average of 10 on 2 cores a step's wall time
-  ranges over 20-170 ms and the noise is several ms, so only a quiet box resolves the goal.
+* ``fixed``: examples/train_gpt.py's GPT at 4 layers, width 64 (batch 8 x 32 tokens, 2 ranks, gloo,
+  one thread each), without scout against scout at its defaults after a warm-up that covers the
+  overhead budget's calibration window (its first 24 steps), paired over the steps at which no
+  replay check ran (the self-check runs only in a step whose replay is due): the budget then chose
+  the cadence, the loop check's and the agreement's intervals, as on a user's job. Per round, the
+  median over those steps of the paired difference (step i with scout minus step i without): the
+  wall time scout adds to a step. Goal: the median over rounds <= 1 ms. (Until 2026-12-07 this arm
+  set ``replay_interval_steps`` to 1,000,000 with ``self_check`` off; an explicit cadence makes no
+  budget decision (BUDGET-8), so its loop check ran every 10 steps, every 0.2 s of this job, where
+  the defaults run it about every 5 s.) Beside it, the same pairs in the training thread's own time
+  (wall less its run-queue delay), in its CPU time and in the CPU time of the trainer's every thread
+  with its observer -- which other tenants of a loaded box hardly move -- and an A/A pair (no scout
+  against no scout) whose difference is the pairs' noise: at a load average of 10 on 2 cores a
+  step's wall time ranges over 20-170 ms and the noise is several ms, so only a quiet box resolves
+  the goal.
 * ``tiny_gpt``: the issue's tiny GPT -- 3 layers, width 64, batch 8 x 32 tokens, 4 ranks -- at
   scout's defaults against no scout: the mean step time's ratio, median over rounds, after a
   warm-up that covers the overhead budget's calibration window (its first 18 steps). Goal <= 1.05.
