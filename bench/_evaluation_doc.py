@@ -171,6 +171,10 @@ def _parts(section: dict[str, Any], plots_dir: str) -> list[str]:
            f"one cycle, {section.get('goal_rounds', section['rounds'])} rounds; without scout "
            f"{_spread(section['off_step_s'], 3, ' s')} per step): scout costs "
            f"**{_spread_pct(defaults['overhead'])}**. {PAIRED_TEXT}", ""]
+    if section.get("budget_clock") != "own":
+        out += ["Measured before the overhead budget's clock in a pair left out the other job's turn, which the job "
+                "waits for between two of its steps: the runs' budget read a step about twice the job's own "
+                "(BUDGET-3's T) and chose a replay cycle about half as long as the job alone would (section 7).", ""]
     out += _allocator_paragraph(section)
     out += _where_it_goes(section)
     out += [f"A part's cost is measured by a pair of its own, in {section['rounds']} rounds: the defaults against "

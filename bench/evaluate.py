@@ -331,6 +331,7 @@ def run_parts(section: dict[str, Any], quick: bool, rounds: int, log: Callable[[
     section.update({
         "size": size, "parameters": first["parameters"], "layers": first["layers"],
         "batch": first["batch"], "steps": steps, "rounds": rounds, "goal_rounds": goal_rounds, "ranks": 2,
+        "budget_clock": "own",  # the budget's clock leaves out the other job's turns (Baton.clock)
         "design": "paired", "allocator": allocator, "off_step_s": _reference_step_s(goal, "defaults"),
         "defaults": _arm_row(goal, "defaults"), "parts": parts,
         "round_detail": _round_detail(goal) + _round_detail(results),

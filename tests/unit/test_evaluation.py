@@ -269,6 +269,31 @@ def test_BUDGET_10_budget_rows_say_what_F_left_out_their_cycle_from_runs_that_ke
             in joined)
 
 
+def test_BUDGET_3_rows_whose_budget_counted_the_other_jobs_turn_say_so() -> None:
+    """In a pair the job waits for the other job's turn between two of its steps; since the
+    benchmark's budget clock leaves that out (``budget_clock`` "own"), a row says nothing of it,
+    and a row measured before says its runs' budget read steps about twice as long. The parts
+    section says the same when it was measured before."""
+    spread = lambda median, low, high: {"n": 5, "median": median, "min": low, "max": high}  # noqa: E731
+    within = {"interval_steps": 13, "cycle_steps": 156, "share": 0.0097, "status": "within", "reason": ""}
+    row = {"size": "large", "batch": 8, "nproc": 2, "sequence": 128, "parameters": 54.6e6, "layers": 12,
+           "steps": 120, "warmup": 26, "off_step_s": spread(3.6, 3.5, 3.7), "overhead": spread(0.009, 0.005, 0.012),
+           "noise": spread(0.0, -0.002, 0.003), "budget_counts_hooks": True, "budget_clock": "own",
+           "cadence": [{"replay_interval_steps": 13, "lanes": 1, "cycle_steps": 156, "decisions": [within]}],
+           "cycle_steps": spread(156, 156, 156), "started": "2026-12-07T12:30:00+00:00"}
+    section = {"overhead_budget": 0.01, "checkpoint_every_cycles": 5, "rounds": 5,
+               "models": {"own GPT": row, "earlier GPT": {**row, "budget_clock": None}},
+               "load_before": [0, 0, 0], "load_after": [0, 0, 0], "host": {"cpu_model": "B", "cores": 2}}
+    joined = "\n".join(_doc_module()._budget(section, "plots"))
+    assert "the budget's clock stops while the job waits for the other's turn" in joined
+    assert "earlier GPT: measured before the budget's clock in a pair left out the other job's turn" in joined
+    assert "own GPT: measured before" not in joined
+    committed = json.loads(RESULTS.read_text())["sections"]["parts"]
+    parts = "\n".join(_doc_module()._parts({**committed, "budget_clock": None}, "plots"))
+    assert "Measured before the overhead budget's clock in a pair left out the other job's turn" in parts
+    assert "Measured before" not in "\n".join(_doc_module()._parts({**committed, "budget_clock": "own"}, "plots"))
+
+
 def test_BUDGET_4_a_model_over_budget_runs_for_a_time_not_for_its_endless_cycle() -> None:
     """The budget section's runs cover the cycle the probe chose; a probe over budget chose the
     longest cadence (replay off), whose cycle of millions of steps made each run 1,000 steps long
