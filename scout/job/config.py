@@ -209,7 +209,7 @@ class Config:
     #: BUDGET-11): on a job whose steps are shorter than ``loop_check_interval_s /
     #: loop_check_steps`` each of its decisions lengthens the interval to about this many seconds
     #: (a check's cost is per check, its value per second); 0 keeps ``loop_check_steps``. 5 s, not
-    #: 1 s: on a job of short steps, checks every second alone cost more than the 1 % budget
+    #: 1 s: on a job of short steps, checks every second alone take nearly the 1 % budget
     #: (BUDGET-11's measurement); a loop straggler is then confirmed in ~20-25 s instead of ~5 s.
     loop_check_interval_s: float = attrs.field(default=5.0, validator=_seconds_or_zero("loop_check_interval_s", 3600.0))
     #: Steps between two of the agreements that switch a failed part of scout off on every rank
