@@ -133,6 +133,11 @@ PAIRED_TEXT = (
     "figure is its mean step time over the measured steps (a replay check every few steps is part of the cost); "
     "the overhead is its ratio to its pair's reference, minus one: median over rounds (range).")
 
+#: A paired run measured before bench/attach_overhead.py's Baton.clock (``budget_clock`` not "own").
+TURN_IN_T = ("measured before the overhead budget's clock in a pair left out the other job's turn, which the job "
+             "waits for between two of its steps: its runs' budget read a step about twice as long as the job's own "
+             "(BUDGET-3's T) and chose replay cycles about half as long as the job alone would")
+
 
 def _overhead(section: dict[str, Any], plots_dir: str) -> list[str]:
     out = ["## 1. Overhead against the replay cadence", "",
@@ -172,9 +177,7 @@ def _parts(section: dict[str, Any], plots_dir: str) -> list[str]:
            f"{_spread(section['off_step_s'], 3, ' s')} per step): scout costs "
            f"**{_spread_pct(defaults['overhead'])}**. {PAIRED_TEXT}", ""]
     if section.get("budget_clock") != "own":
-        out += ["Measured before the overhead budget's clock in a pair left out the other job's turn, which the job "
-                "waits for between two of its steps: the runs' budget read a step about twice the job's own "
-                "(BUDGET-3's T) and chose a replay cycle about half as long as the job alone would (section 7).", ""]
+        out += [TURN_IN_T[0].upper() + TURN_IN_T[1:] + " (section 7).", ""]
     out += _allocator_paragraph(section)
     out += _where_it_goes(section)
     out += [f"A part's cost is measured by a pair of its own, in {section['rounds']} rounds: the defaults against "
@@ -541,11 +544,8 @@ def _budget(section: dict[str, Any], _plots_dir: str) -> list[str]:
         if entry.get("design") == "free":
             over.append(_free_note(name, entry))
         if entry.get("budget_clock") != "own":  # measured before the budget's clock left out the turns
-            over.append(f"{name}: measured before the budget's clock in a pair left out the other job's turn, "
-                        "which the job waits for between two of its steps: its runs' budget read a step about "
-                        "twice as long as the job's own (BUDGET-3's T), so it chose cycles about half as long as "
-                        "the job alone would (the probe, which runs alone, did not), and replay's share by scout's "
-                        "own measurement reads about half of what that cadence costs.")
+            over.append(f"{name}: {TURN_IN_T} (the probe, which runs alone, did not), and replay's share by "
+                        "scout's own measurement reads about half of what that cadence costs.")
         if entry.get("remark"):  # what the person who ran it saw beside the run (added to the JSON by hand)
             over.append(f"{name}, remark: {entry['remark']}")
         # The cycle of the runs that kept replay (an over-budget run's k_max cycle buys nothing).

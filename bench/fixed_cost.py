@@ -68,8 +68,7 @@ def paired_differences_ms(arm_run: dict[str, Any], reference_run: dict[str, Any]
     ``key``: ``step_s`` (wall time), ``step_own_s`` (wall time less the training thread's run-queue
     delay), ``step_cpu_s`` (the training thread's CPU time) or ``turn_cpu_s`` (the trainer's every
     thread and its observer)."""
-    replayed = arm_run.get("replayed") or [False] * len(arm_run[key])
-    return [1e3 * (a - b) for a, b, replay in zip(arm_run[key], reference_run[key], replayed, strict=True)
+    return [1e3 * (a - b) for a, b, replay in zip(arm_run[key], reference_run[key], arm_run["replayed"], strict=True)
             if not replay]
 
 

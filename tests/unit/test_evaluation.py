@@ -286,7 +286,7 @@ def test_BUDGET_3_rows_whose_budget_counted_the_other_jobs_turn_say_so() -> None
                "load_before": [0, 0, 0], "load_after": [0, 0, 0], "host": {"cpu_model": "B", "cores": 2}}
     joined = "\n".join(_doc_module()._budget(section, "plots"))
     assert "the budget's clock stops while the job waits for the other's turn" in joined
-    assert "earlier GPT: measured before the budget's clock in a pair left out the other job's turn" in joined
+    assert "earlier GPT: measured before the overhead budget's clock in a pair left out the other job's turn" in joined
     assert "own GPT: measured before" not in joined
     committed = json.loads(RESULTS.read_text())["sections"]["parts"]
     parts = "\n".join(_doc_module()._parts({**committed, "budget_clock": None}, "plots"))
