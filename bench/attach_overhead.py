@@ -307,6 +307,7 @@ def worker(args: argparse.Namespace) -> None:
         _time_on_this_thread(job)
     times: list[float] = []
     scout_times: list[float] = []  # the wall time of each measured step's job.step()
+    hook_times: list[float] = []  # scout's hooks' own time in each measured step (spec/budget.md BUDGET-10)
     replayed: list[bool] = []  # whether each measured step ran a replay check (its job.step() did)
     step_cpu: list[float] = []  # the training thread's CPU time of each measured step, job.step() included
     turn_cpu: list[float] = []  # this trainer's (every thread) and its observer's CPU time of each measured step
@@ -367,7 +368,11 @@ def worker(args: argparse.Namespace) -> None:
         trained_cpu = time.thread_time() - started_cpu
         in_scout_s = 0.0
         replayed_now = False
+        hooks_s = 0.0
         if job is not None:
+            from scout.reports.hook_time import HOOK_TIME
+
+            hooks_s = HOOK_TIME.spent_ns / 1e9  # since the last job.step() took it (BUDGET-10)
             replay_before_s = job.costs.get("replay_s", 0.0)
             before = time.perf_counter()
             job.step()
@@ -380,6 +385,7 @@ def worker(args: argparse.Namespace) -> None:
             own.append(times[-1] - (run_queue_delay_s() - started_delay))
             step_cpu.append(time.thread_time() - started_cpu)
             scout_times.append(in_scout_s)
+            hook_times.append(hooks_s)
             replayed.append(replayed_now)
             train_cpu.append(trained_cpu)
             turn_cpu.append(processes_cpu_s() - turn_cpu_s)
@@ -394,7 +400,7 @@ def worker(args: argparse.Namespace) -> None:
     start = window["start"]
     result: dict[str, Any] = {
         "rank": rank, "parameters": parameters, "layers": size["layers"], "batch": args.batch, "step_s": times,
-        "job_step_s": scout_times, "replayed": replayed, "step_cpu_s": step_cpu, "turn_cpu_s": turn_cpu,
+        "job_step_s": scout_times, "hook_s": hook_times, "replayed": replayed, "step_cpu_s": step_cpu, "turn_cpu_s": turn_cpu,
         "step_own_s": own, "sequence": sequence,
         "train_cpu_s": train_cpu,
         "trainer_cpu_s": end["cpu_s"] - start["cpu_s"], "window_wall_s": end["wall_s"] - start["wall_s"],

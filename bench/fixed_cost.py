@@ -31,7 +31,12 @@ bench/attach_overhead.py ``paired``, so a slow minute of this shared box falls o
   scout's defaults against no scout: the mean step time's ratio, median over rounds, after a
   warm-up that covers the overhead budget's calibration window (its first 18 steps). Goal <= 1.05.
 
-    ./dev py bench/fixed_cost.py [--rounds 5] [--steps 60] [--sections fixed,tiny_gpt]
+* ``parts`` (only when asked for): the tiny GPT's pair again and, in the same rounds, the defaults
+  against the defaults with one part off, for each part of the work at every step (``TINY_PARTS``):
+  what each costs in wall time, in CPU a rank-step, and scout's own account of ``job.step()`` and its
+  hooks. Alone it writes bench/results/fixed_cost_parts.json.
+
+    ./dev py bench/fixed_cost.py [--rounds 5] [--steps 60] [--sections fixed,tiny_gpt,parts]
 """
 
 from __future__ import annotations
@@ -59,7 +64,14 @@ FIXED_SIZE = "tiny"  # examples/train_gpt.py's GPT at 4 layers, width 64
 ALIKE = attach_overhead.Arm("alike", scout=False)
 SEQUENCE = 32  # examples/train_gpt.py's
 BATCH = 8
-SECTIONS = ("fixed", "tiny_gpt")
+SECTIONS = ("fixed", "tiny_gpt", "parts")
+#: What runs without --sections: ``parts`` is a diagnosis of the tiny GPT's goal, asked for by name.
+DEFAULT_SECTIONS = ("fixed", "tiny_gpt")
+#: The parts of scout's work at every step that ``parts`` prices on the tiny GPT, each switched off
+#: alone (``observer`` by its setting, the others by scout/job/bench_switches.py): replay is off there
+#: (over budget, BUDGET-4) and the gate's writer has nothing to write, so these are what that work
+#: is made of -- and what hang detection is made of (the layer, bucket and collective publishes).
+TINY_PARTS = ("observer", "instrumentation", "completion", "ddp_hook", "loop_timer")
 
 
 def paired_differences_ms(arm_run: dict[str, Any], reference_run: dict[str, Any], key: str = "step_s") -> list[float]:
@@ -141,6 +153,45 @@ def run_tiny_gpt(rounds: int, steps: int, log: Any) -> dict[str, Any]:
                            "load_before": r["load_before"], "load_after": r["load_after"]} for r in results]}
 
 
+def run_parts(rounds: int, steps: int, log: Any) -> dict[str, Any]:
+    """The tiny GPT's pair (scout at its defaults against no scout) and, in the same rounds, each of
+    :data:`TINY_PARTS`' own pair: the defaults against the defaults with that part off, whose
+    difference is the part's cost. Wall time per step resolves a part only where it is larger than
+    the rounds' noise; beside it the CPU a rank-step the part adds (the trainer's every thread and
+    its observer, paired step by step), which with 4 ranks on 2 cores is what the steps pay, and
+    scout's own account of its time (``job.step()``, its hooks: BUDGET-10)."""
+    warmup = attach_overhead.warmup_for(attach_overhead.SIZES["tiny3"]["layers"])
+    everything = attach_overhead.Arm("all")  # the defaults
+    pairs = [(attach_overhead.OFF, everything)] + [
+        (attach_overhead.Arm(f"no-{part}", off=(part,)), attach_overhead.Arm(f"with-{part}")) for part in TINY_PARTS]
+    results = attach_overhead.paired(pairs, rounds=rounds, size="tiny3", steps=steps, batch=BATCH, nproc=4,
+                                     sequence=SEQUENCE, log=log, warmup=warmup)
+
+    def row(arm: str, reference: str) -> dict[str, Any]:
+        cpu = [statistics.median(paired_differences_ms(r["runs"][arm], r["runs"][reference], "turn_cpu_s"))
+               for r in results]
+        thread = [statistics.median(paired_differences_ms(r["runs"][arm], r["runs"][reference], "step_cpu_s"))
+                  for r in results]
+        return {"cost": _spread([r["overhead"][arm] for r in results]), "cpu_ms": _spread(cpu),
+                "thread_cpu_ms": _spread(thread)}
+
+    def median_ms(arm: str, key: str) -> dict[str, float]:
+        return _spread([1e3 * statistics.median(r["runs"][arm][key]) for r in results])
+
+    parts = {part: row(f"with-{part}", f"no-{part}@with-{part}") for part in TINY_PARTS}
+    first = results[0]["runs"]["all"]
+    return {"size": "tiny3", "parameters": first["parameters"], "layers": first["layers"], "batch": BATCH,
+            "sequence": SEQUENCE, "ranks": 4, "steps": steps, "rounds": rounds, "warmup_steps": warmup,
+            "off_step_ms": _spread([1e3 * attach_overhead.mean_step_s(r["runs"]["off@all"]) for r in results]),
+            "all": row("all", "off@all"), "parts": parts,
+            "job_step_ms": median_ms("all", "job_step_s"), "hooks_ms": median_ms("all", "hook_s"),
+            "cadence": [{"replay_interval_steps": r["runs"]["all"].get("replay_interval_steps"),
+                         "loop_check_steps": r["runs"]["all"].get("loop_check_steps"),
+                         "decisions": r["runs"]["all"].get("cadence_decisions")} for r in results],
+            "per_round": [{"first": r["first"], "overhead": r["overhead"], "load_before": r["load_before"],
+                           "load_after": r["load_after"]} for r in results]}
+
+
 def goals(document: dict[str, Any]) -> list[Goal]:
     found = []
     fixed = document.get("fixed")
@@ -165,7 +216,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5, help="paired rounds per section (default %(default)s)")
     parser.add_argument("--steps", type=int, default=60, help="measured steps per run (default %(default)s)")
-    parser.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated, of %(default)s")
+    parser.add_argument("--sections", default=",".join(DEFAULT_SECTIONS),
+                        help=f"comma-separated, of {', '.join(SECTIONS)} (default %(default)s)")
     parser.add_argument("--nproc", type=int, default=2, help="ranks of the fixed section (default %(default)s)")
     parser.add_argument("--output", type=Path, default=None, help="default bench/results/fixed_cost.json")
     args = parser.parse_args()
@@ -185,9 +237,16 @@ def main() -> int:
     if "tiny_gpt" in chosen:
         log(f"== tiny_gpt: no scout against the defaults, 4 ranks, {args.rounds} rounds of {args.steps} steps")
         document["tiny_gpt"] = run_tiny_gpt(args.rounds, args.steps, log)
+    if "parts" in chosen:
+        log(f"== parts: the tiny GPT at the defaults against no scout, and against each of {', '.join(TINY_PARTS)} "
+            f"off, 4 ranks, {args.rounds} rounds of {args.steps} steps")
+        document["parts"] = run_parts(args.rounds, args.steps, log)
     document["duration_s"] = round(time.monotonic() - started, 1)
     found = goals(document)
-    path = write_results("fixed_cost", document, found, args.output)
+    # A run of the parts alone is a diagnosis beside the goals' run: its own file, so that it does
+    # not replace the goals' figures with none.
+    name = "fixed_cost_parts" if chosen == ["parts"] else "fixed_cost"
+    path = write_results(name, document, found, args.output)
     print_goals(found)
     print(f"wrote {path}")
     return 0 if all(goal.met for goal in found) else 1

@@ -236,6 +236,35 @@ def test_BUDGET_4_a_model_over_budget_is_rendered_as_replay_off_with_its_own_mea
     assert "Machine: B" in header
 
 
+def test_BUDGET_4_the_over_budget_line_calls_the_overhead_larger_than_F_only_where_its_median_is() -> None:
+    """The line under an over-budget row compares the medians of the overhead measured and of scout's
+    own share (F / T): "larger ... because F leaves out" where the overhead's is larger, and says it
+    is not larger where it is not -- the two are measured differently and their ranges may overlap
+    either way."""
+    spread = lambda median, low, high: {"n": 5, "median": median, "min": low, "max": high}  # noqa: E731
+
+    def line(overhead_median: float) -> str:
+        over = {"interval_steps": 1_000_000, "cycle_steps": 3_000_000, "status": "over-budget", "reason": ""}
+        entry = {"size": "tiny3", "batch": 8, "nproc": 4, "sequence": 32, "parameters": 0.2e6, "layers": 3,
+                 "steps": 1000, "warmup": 8, "off_step_s": spread(0.030, 0.030, 0.031), "budget_counts_hooks": True,
+                 "budget_clock": "own", "overhead": spread(overhead_median, 0.01, 0.05),
+                 "noise": spread(0.0, -0.005, 0.003),
+                 "cadence": [{"replay_interval_steps": 1_000_000, "lanes": 1, "cycle_steps": 3_000_000,
+                              "decisions": [{**over, "share": share}]} for share in (0.0224, 0.0300, 0.0470)],
+                 "cycle_steps": spread(3_000_000, 3_000_000, 3_000_000)}
+        section = {"overhead_budget": 0.01, "checkpoint_every_cycles": 5, "rounds": 5, "models": {"tiny GPT": entry},
+                   "load_before": [0, 0, 0], "load_after": [0, 0, 0], "host": {"cpu_model": "B", "cores": 2}}
+        return next(text for text in _doc_module()._budget(section, "plots") if text.startswith("tiny GPT: scout's"))
+
+    larger = line(0.0377)
+    assert "was 2.24 to 4.70 % of a step" in larger
+    assert "the overhead measured beside it (median +3.77 %) is larger than F / T's median (3.00 %) because F " \
+           "leaves out torch's dispatch" in larger
+    smaller = line(0.0250)
+    assert "(median +2.50 %) is not larger than F / T's median (3.00 %), though F leaves out" in smaller
+    assert "because" not in smaller
+
+
 def test_BUDGET_10_budget_rows_say_what_F_left_out_their_cycle_from_runs_that_kept_replay_and_when_they_ran() -> None:
     """A row measured since BUDGET-10 (its F holds the hooks' time) says F leaves out torch's
     dispatch and the threads, one measured before says it left out the hooks; where some runs of a
