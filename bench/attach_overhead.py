@@ -313,6 +313,7 @@ def worker(args: argparse.Namespace) -> None:
     turn_cpu: list[float] = []  # this trainer's (every thread) and its observer's CPU time of each measured step
     own: list[float] = []  # each measured step's wall time less the training thread's run-queue delay (STRAG-1)
     from scout.replay.collectives import RunQueueDelay
+    from scout.reports.hook_time import HOOK_TIME  # once here, not in the measured steps
 
     run_queue_delay_s = RunQueueDelay()
     train_cpu: list[float] = []  # this thread's CPU time of forward, backward and the optimizer
@@ -370,8 +371,6 @@ def worker(args: argparse.Namespace) -> None:
         replayed_now = False
         hooks_s = 0.0
         if job is not None:
-            from scout.reports.hook_time import HOOK_TIME
-
             hooks_s = HOOK_TIME.spent_ns / 1e9  # since the last job.step() took it (BUDGET-10)
             replay_before_s = job.costs.get("replay_s", 0.0)
             before = time.perf_counter()
