@@ -156,14 +156,18 @@ def run_tiny_gpt(rounds: int, steps: int, log: Any) -> dict[str, Any]:
 def run_parts(rounds: int, steps: int, log: Any) -> dict[str, Any]:
     """The tiny GPT's pair (scout at its defaults against no scout) and, in the same rounds, each of
     :data:`TINY_PARTS`' own pair: the defaults against the defaults with that part off, whose
-    difference is the part's cost. Wall time per step resolves a part only where it is larger than
-    the rounds' noise; beside it the CPU a rank-step the part adds (the trainer's every thread and
+    difference is the part's cost, and an A/A pair of the defaults (``noise``: scout on both sides,
+    as in a part's pair). Wall time per step resolves a part only where it is larger than that
+    noise; beside it the CPU a rank-step the part adds (the trainer's every thread and
     its observer, paired step by step), which with 4 ranks on 2 cores is what the steps pay, and
     scout's own account of its time (``job.step()``, its hooks: BUDGET-10)."""
     warmup = attach_overhead.warmup_for(attach_overhead.SIZES["tiny3"]["layers"])
     everything = attach_overhead.Arm("all")  # the defaults
+    # The parts' noise: a part's pair is scout against scout, so its noise is an A/A pair of two
+    # runs of the defaults in the same rounds -- not the A/A without scout of docs/evaluation.md.
     pairs = [(attach_overhead.OFF, everything)] + [
-        (attach_overhead.Arm(f"no-{part}", off=(part,)), attach_overhead.Arm(f"with-{part}")) for part in TINY_PARTS]
+        (attach_overhead.Arm(f"no-{part}", off=(part,)), attach_overhead.Arm(f"with-{part}")) for part in TINY_PARTS
+    ] + [(attach_overhead.Arm("alike-ref"), attach_overhead.Arm("alike"))]
     results = attach_overhead.paired(pairs, rounds=rounds, size="tiny3", steps=steps, batch=BATCH, nproc=4,
                                      sequence=SEQUENCE, log=log, warmup=warmup)
 
@@ -183,7 +187,7 @@ def run_parts(rounds: int, steps: int, log: Any) -> dict[str, Any]:
     return {"size": "tiny3", "parameters": first["parameters"], "layers": first["layers"], "batch": BATCH,
             "sequence": SEQUENCE, "ranks": 4, "steps": steps, "rounds": rounds, "warmup_steps": warmup,
             "off_step_ms": _spread([1e3 * attach_overhead.mean_step_s(r["runs"]["off@all"]) for r in results]),
-            "all": row("all", "off@all"), "parts": parts,
+            "all": row("all", "off@all"), "parts": parts, "noise": row("alike", "alike-ref@alike"),
             "job_step_ms": median_ms("all", "job_step_s"), "hooks_ms": median_ms("all", "hook_s"),
             "cadence": [{"replay_interval_steps": r["runs"]["all"].get("replay_interval_steps"),
                          "loop_check_steps": r["runs"]["all"].get("loop_check_steps"),

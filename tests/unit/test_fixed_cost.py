@@ -53,6 +53,8 @@ def test_parts_section_prices_each_part_against_the_defaults_with_it_off(monkeyp
                 runs[f"with-{part}"] = _run(31.0, 16.0)
                 runs[f"no-{part}@with-{part}"] = _run(31.0 - 2 * cpu_ms, 16.0 - cpu_ms)
                 overhead[f"with-{part}"] = 31.0 / (31.0 - 2 * cpu_ms) - 1
+            runs["alike"], runs["alike-ref@alike"] = _run(31.2, 16.05), _run(31.0, 16.0)
+            overhead["alike"] = 31.2 / 31.0 - 1
             rounds.append({"round": index, "first": "reference" if index % 2 == 0 else "arm", "runs": runs,
                            "overhead": overhead, "load_before": [1, 1, 1], "load_after": [1, 1, 1]})
         return rounds
@@ -62,8 +64,10 @@ def test_parts_section_prices_each_part_against_the_defaults_with_it_off(monkeyp
     (pairs, keywords), = asked
     # The whole against no scout, then each part: the defaults (named with-<part>) against the part off.
     assert pairs[0] == ("off", "all", (), ())
-    assert [(reference, arm, off) for reference, arm, _, off in pairs[1:]] == [
+    assert [(reference, arm, off) for reference, arm, _, off in pairs[1:-1]] == [
         (f"no-{part}", f"with-{part}", (part,)) for part in module.TINY_PARTS]
+    # ... and their noise: the defaults against the defaults (scout on both sides).
+    assert pairs[-1] == ("alike-ref", "alike", (), ())
     assert all(arm_off == () for _, _, arm_off, _ in pairs)
     assert keywords["size"] == "tiny3" and keywords["nproc"] == 4 and keywords["rounds"] == 3
     assert set(section["parts"]) == set(module.TINY_PARTS) == set(part_cpu_ms)
@@ -73,6 +77,8 @@ def test_parts_section_prices_each_part_against_the_defaults_with_it_off(monkeyp
         assert row["thread_cpu_ms"]["median"] == pytest.approx(cpu_ms / 2)
         assert row["cost"]["median"] == pytest.approx(31.0 / (31.0 - 2 * cpu_ms) - 1)
     assert section["all"]["cpu_ms"]["median"] == pytest.approx(1.0)
+    assert section["noise"]["cost"]["median"] == pytest.approx(31.2 / 31.0 - 1)
+    assert section["noise"]["cpu_ms"]["median"] == pytest.approx(0.05)
     assert section["off_step_ms"]["median"] == pytest.approx(30.0)
     assert section["hooks_ms"]["median"] == pytest.approx(0.3) and section["job_step_ms"]["median"] == pytest.approx(0.15)
     assert section["cadence"][0]["loop_check_steps"] == 150
