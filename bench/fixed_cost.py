@@ -243,7 +243,7 @@ def main() -> int:
         document["tiny_gpt"] = run_tiny_gpt(args.rounds, args.steps, log)
     if "parts" in chosen:
         log(f"== parts: the tiny GPT at the defaults against no scout, and against each of {', '.join(TINY_PARTS)} "
-            f"off, 4 ranks, {args.rounds} rounds of {args.steps} steps")
+            f"off, and an A/A pair of the defaults (the parts' noise), 4 ranks, {args.rounds} rounds of {args.steps} steps")
         document["parts"] = run_parts(args.rounds, args.steps, log)
     document["duration_s"] = round(time.monotonic() - started, 1)
     found = goals(document)
