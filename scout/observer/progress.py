@@ -42,26 +42,29 @@ match, so it can never read another job's or an older generation's record.
 its own. If the trainer dies without closing, its observer (which sees the owner dead) or the
 next claimant of the same name reclaims the segment. Segments are not left to
 ``multiprocessing``'s resource tracker: it would unlink a live trainer's segment when a reader
-exits (Python < 3.13 registers readers too) and warn about every trainer that was killed.
+exits (Python < 3.13 registers readers too) and warn about every trainer that was killed. Nor
+is the tracker started at all (:class:`_Segment` maps the segment itself): on Python < 3.13
+``SharedMemory`` starts one tracker process per trainer and per observer even when its
+registration is undone at once -- two more interpreters per rank, ~50 ms of CPU each at a job's
+start, for nothing.
 """
 
 from __future__ import annotations
 
+import _posixshmem  # the C module under multiprocessing.shared_memory (POSIX)
 import contextlib
 import enum
 import errno
 import fcntl
 import hashlib
+import mmap
 import os
 import secrets
 import struct
-import sys
 import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from multiprocessing import resource_tracker
-from multiprocessing.shared_memory import SharedMemory
 from typing import Any, Final
 
 import attrs
@@ -322,16 +325,53 @@ def _claim_lock(timeout_s: float = 5.0) -> Iterator[None]:
         os.close(fd)
 
 
-def _open_segment(name: str, create: bool) -> SharedMemory:
-    if sys.version_info >= (3, 13):  # pragma: no cover - the dev environment is 3.11
-        return SharedMemory(name=name, create=create, size=RECORD_BYTES if create else 0, track=False)  # type: ignore[call-arg]
-    segment = SharedMemory(name=name, create=create, size=RECORD_BYTES if create else 0)
-    # See the module docstring: the lifetime is ours, not the resource tracker's.
-    resource_tracker.unregister(segment._name, "shared_memory")  # type: ignore[attr-defined]
-    return segment
+class _Segment:
+    """One POSIX shared-memory segment (``/dev/shm/<name>``), mapped read-write: what
+    ``multiprocessing.shared_memory.SharedMemory`` does for this module, without its resource
+    tracker (module docstring, *Lifetime*). ``size``: the segment's size in bytes (0 for an
+    empty segment, which is not mapped and reads as an empty buffer)."""
+
+    def __init__(self, name: str, *, create: bool, size: int = 0) -> None:
+        if create and size <= 0:
+            raise ValueError(f"a new shared-memory segment needs a positive size, got {size!r}")
+        self.name = name
+        self._name = "/" + name  # shm_open's name; SharedMemory's attribute of the same name
+        fd = _posixshmem.shm_open(self._name, os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0), mode=0o600)
+        try:
+            if create:
+                os.ftruncate(fd, size)
+            else:
+                size = os.fstat(fd).st_size
+            self._mmap: mmap.mmap | None = mmap.mmap(fd, size) if size else None
+        except BaseException:
+            if create:  # a half-made segment of ours is nobody's record
+                with contextlib.suppress(FileNotFoundError):
+                    _posixshmem.shm_unlink(self._name)
+            raise
+        finally:
+            os.close(fd)  # the mapping holds the segment; no descriptor stays open
+        self.size = size
+        self._buf: memoryview | None = memoryview(self._mmap) if self._mmap is not None else memoryview(b"")
+
+    @property
+    def buf(self) -> memoryview | None:
+        return self._buf
+
+    def close(self) -> None:
+        """Unmap (idempotent); the name stays until :func:`_unlink_segment`."""
+        if self._buf is not None:
+            self._buf.release()
+            self._buf = None
+        if self._mmap is not None:
+            self._mmap.close()
+            self._mmap = None
 
 
-def _buffer_of(segment: SharedMemory) -> memoryview:
+def _open_segment(name: str, create: bool) -> _Segment:
+    return _Segment(name, create=create, size=RECORD_BYTES if create else 0)
+
+
+def _buffer_of(segment: _Segment) -> memoryview:
     buffer = segment.buf
     if buffer is None:  # pragma: no cover - only after close(), which we never read past
         raise ProgressError(f"shared memory {segment.name} is closed")
@@ -348,14 +388,8 @@ def _unlink_name(name: str) -> None:
         _unlink_segment(segment)
 
 
-def _unlink_segment(segment: SharedMemory) -> None:
-    if sys.version_info >= (3, 13):  # pragma: no cover
-        segment.unlink()
-        return
-    # SharedMemory.unlink() would also unregister from the tracker, which we already did.
-    from multiprocessing import shared_memory
-
-    shared_memory._posixshmem.shm_unlink(segment._name)  # type: ignore[attr-defined]
+def _unlink_segment(segment: _Segment) -> None:
+    _posixshmem.shm_unlink(segment._name)
 
 
 @attrs.frozen
@@ -540,7 +574,7 @@ class ProgressPublisher:
 
     # -- claiming ---------------------------------------------------------------------------
 
-    def _claim(self) -> SharedMemory:
+    def _claim(self) -> _Segment:
         pid, start = _self_identity()
         with _claim_lock():
             segment = self._create_or_reclaim()
@@ -564,7 +598,7 @@ class ProgressPublisher:
                 raise
         return segment
 
-    def _create_or_reclaim(self) -> SharedMemory:
+    def _create_or_reclaim(self) -> _Segment:
         try:
             return _open_segment(self.name, create=True)
         except FileExistsError:

@@ -170,6 +170,30 @@ def test_PROGRESS_2_a_copy_that_fails_its_checksum_or_stays_mid_publish_is_refus
         assert fresh is not None and fresh.coordinate == (3, 1)
 
 
+_NO_TRACKER = """
+import os
+from multiprocessing import resource_tracker
+from scout.observer.progress import ProgressPublisher, ProgressReader, RecordIdentity
+identity = RecordIdentity(f"tracker-{os.getpid()}", 0, 0)
+with ProgressPublisher(identity) as publisher, ProgressReader(publisher.name, publisher.token) as reader:
+    publisher.begin_step(2)
+    snapshot = reader.read()
+    assert snapshot is not None and snapshot.step == 2, snapshot
+    path = "/dev/shm/" + publisher.name
+    assert os.path.exists(path) and os.stat(path).st_mode & 0o777 == 0o600, oct(os.stat(path).st_mode)
+print(resource_tracker._resource_tracker._pid, os.path.exists(path))
+"""
+
+
+def test_PROGRESS_1_a_record_and_its_reader_start_no_resource_tracker_and_leave_no_segment() -> None:
+    # A fresh interpreter: the tracker is per process, and another test may have started one here.
+    # Python < 3.13's SharedMemory starts one for a segment even when its registration is undone at
+    # once: one more interpreter per trainer and per observer at every job's start.
+    done = subprocess.run([sys.executable, "-c", _NO_TRACKER], capture_output=True, text=True, timeout=WAIT_S)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["None", "False"], done.stdout
+
+
 def test_PROGRESS_3_a_live_owners_record_is_never_taken_over(children: list[Child]) -> None:
     identity = unique_identity(rank=5)
     child = start(children, helpers.hold_publisher, identity)
