@@ -16,15 +16,18 @@ from __future__ import annotations
 import enum
 import math
 import numbers
+import sys
 from collections import Counter
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import attrs
-import numpy as np
 
 from scout.core import invariants
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = [
     "DEFAULT_TIMING_CONFIG",
@@ -269,12 +272,21 @@ def _check_value_equality(position: int, value: Any) -> None:
             f"exact evidence must compare by value: peer {position} gave {kind.__name__}, whose == "
             f"raised {type(error).__name__} (VERDICT-19)"
         ) from None
-    if not isinstance(same, (bool, np.bool_)):
+    if not isinstance(same, bool) and not _is_numpy_bool(same):
         raise TypeError(
             f"exact evidence must compare by value: peer {position} gave {kind.__module__}."
             f"{kind.__name__}, whose == gives {type(same).__name__}, not a bool (a tensor or an "
             "array); pass its signature (int) or .item() for a scalar (VERDICT-19)"
         )
+
+
+def _is_numpy_bool(value: Any) -> bool:
+    # A numpy bool exists only in a process that imported numpy: no import here. numpy is
+    # imported by the paths for groups of _VECTOR_MIN_PEERS or more only: below that nothing
+    # here needs it, and importing it cost ~0.11 s of CPU at the start of every observer
+    # process (which imports no torch), four per 4-rank job.
+    numpy = sys.modules.get("numpy")
+    return numpy is not None and isinstance(value, numpy.bool_)
 
 
 def classify_exact(values: Iterable[Any]) -> Verdict:
@@ -372,10 +384,14 @@ def _positions_differing(items: list[int], probe: int, expected: int) -> tuple[i
     array = _int_array(items)
     if array is None:
         return tuple(i for i, v in enumerate(items) if v != probe)
+    import numpy as np  # a large group only (_is_numpy_bool)
+
     return tuple(np.flatnonzero(array != probe).tolist())
 
 
 def _int_array(items: list[int]) -> np.ndarray[Any, Any] | None:
+    import numpy as np  # a large group only (_is_numpy_bool)
+
     for dtype in (np.int64, np.uint64):
         try:
             return np.fromiter(items, dtype=dtype, count=len(items))
@@ -503,6 +519,8 @@ def _timing_decision(
 
 def _classify_timing_vector(items: list[Any], config: TimingConfig) -> Verdict:
     """The same rule as the plain path, with numpy order statistics (large groups)."""
+    import numpy as np  # a large group only (_is_numpy_bool)
+
     n = len(items)
     evidence = tuple(items)
     types = list(map(type, items))

@@ -86,3 +86,20 @@ def test_the_machines_run_without_the_transitions_oracle() -> None:
     )
     result = processes.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_observer_process_imports_no_numpy() -> None:
+    """The observer is started beside every trainer; numpy cost ~0.11 s of its start's CPU
+    (four per 4-rank job) and only the verdict's paths for groups of 128 or more need it, which
+    import it themselves: an observer that judges a large group loads it then."""
+    script = (
+        "import sys\n"
+        "import scout.observer.process, scout.observer.driver, scout.observer.wire\n"
+        "from scout.core.verdict import classify_exact, classify_timing\n"
+        "assert classify_exact([1, 1, 2]).outliers == (2,) and classify_timing([5.0, 5.0, 50.0]).outliers == (2,)\n"
+        "assert 'numpy' not in sys.modules, sorted(m for m in sys.modules if 'numpy' in m)[:5]\n"
+        "assert classify_exact([7] * 200 + [8] * 20).outliers == tuple(range(200, 220))  # numpy's path\n"
+        "assert classify_timing([5.0] * 199 + [50.0]).outliers == (199,) and 'numpy' in sys.modules\n"
+    )
+    result = processes.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
