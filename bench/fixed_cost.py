@@ -35,8 +35,15 @@ bench/attach_overhead.py ``paired``, so a slow minute of this shared box falls o
   against the defaults with one part off, for each part of the work at every step (``TINY_PARTS``):
   what each costs in wall time, in CPU a rank-step, and scout's own account of ``job.step()`` and its
   hooks. Alone it writes bench/results/fixed_cost_parts.json.
+* ``floor`` (only when asked for): what is left of scout's cost on the tiny GPT when none of its work
+  on the step's path runs but the step marks (``FLOOR_OFF``: no layer, bucket or collective hooks,
+  no completion watcher, no loop timer; the observer, ``job.step()`` and replay's idle schedule
+  stay), and the same without replay (``replay=False``) -- each against no scout, beside the
+  defaults and an A/A pair without scout, in the same rounds. It is the floor of a job that keeps
+  only its step marks on the step's path (issue 38). Alone it writes
+  bench/results/fixed_cost_floor.json.
 
-    ./dev py bench/fixed_cost.py [--rounds 5] [--steps 60] [--sections fixed,tiny_gpt,parts]
+    ./dev py bench/fixed_cost.py [--rounds 5] [--steps 60] [--sections fixed,tiny_gpt,parts,floor]
 """
 
 from __future__ import annotations
@@ -64,14 +71,17 @@ FIXED_SIZE = "tiny"  # examples/train_gpt.py's GPT at 4 layers, width 64
 ALIKE = attach_overhead.Arm("alike", scout=False)
 SEQUENCE = 32  # examples/train_gpt.py's
 BATCH = 8
-SECTIONS = ("fixed", "tiny_gpt", "parts")
-#: What runs without --sections: ``parts`` is a diagnosis of the tiny GPT's goal, asked for by name.
+SECTIONS = ("fixed", "tiny_gpt", "parts", "floor")
+#: What runs without --sections: ``parts`` and ``floor`` are diagnoses of the tiny GPT's goal, asked
+#: for by name.
 DEFAULT_SECTIONS = ("fixed", "tiny_gpt")
 #: The parts of scout's work at every step that ``parts`` prices on the tiny GPT, each switched off
 #: alone (``observer`` by its setting, the others by scout/job/bench_switches.py): replay is off there
 #: (over budget, BUDGET-4) and the gate's writer has nothing to write, so these are what that work
 #: is made of -- and what hang detection is made of (the layer, bucket and collective publishes).
 TINY_PARTS = ("observer", "instrumentation", "completion", "ddp_hook", "loop_timer")
+#: ``floor``: the parts on the step's path that a job keeping only its step marks would not run.
+FLOOR_OFF = ("instrumentation", "completion", "ddp_hook", "loop_timer")
 
 
 def paired_differences_ms(arm_run: dict[str, Any], reference_run: dict[str, Any], key: str = "step_s") -> list[float]:
@@ -153,6 +163,17 @@ def run_tiny_gpt(rounds: int, steps: int, log: Any) -> dict[str, Any]:
                            "load_before": r["load_before"], "load_after": r["load_after"]} for r in results]}
 
 
+def _pair_row(results: list[dict[str, Any]], arm: str, reference: str) -> dict[str, Any]:
+    """One pair over the rounds: the wall-time cost (``overhead``), the CPU a rank-step the arm adds
+    (the trainer's every thread and its observer) and the training thread's, paired step by step."""
+    cpu = [statistics.median(paired_differences_ms(r["runs"][arm], r["runs"][reference], "turn_cpu_s"))
+           for r in results]
+    thread = [statistics.median(paired_differences_ms(r["runs"][arm], r["runs"][reference], "step_cpu_s"))
+              for r in results]
+    return {"cost": _spread([r["overhead"][arm] for r in results]), "cpu_ms": _spread(cpu),
+            "thread_cpu_ms": _spread(thread)}
+
+
 def run_parts(rounds: int, steps: int, log: Any) -> dict[str, Any]:
     """The tiny GPT's pair (scout at its defaults against no scout) and, in the same rounds, each of
     :data:`TINY_PARTS`' own pair: the defaults against the defaults with that part off, whose
@@ -172,12 +193,7 @@ def run_parts(rounds: int, steps: int, log: Any) -> dict[str, Any]:
                                      sequence=SEQUENCE, log=log, warmup=warmup)
 
     def row(arm: str, reference: str) -> dict[str, Any]:
-        cpu = [statistics.median(paired_differences_ms(r["runs"][arm], r["runs"][reference], "turn_cpu_s"))
-               for r in results]
-        thread = [statistics.median(paired_differences_ms(r["runs"][arm], r["runs"][reference], "step_cpu_s"))
-                  for r in results]
-        return {"cost": _spread([r["overhead"][arm] for r in results]), "cpu_ms": _spread(cpu),
-                "thread_cpu_ms": _spread(thread)}
+        return _pair_row(results, arm, reference)
 
     def median_ms(arm: str, key: str) -> dict[str, float]:
         return _spread([1e3 * statistics.median(r["runs"][arm][key]) for r in results])
@@ -192,6 +208,29 @@ def run_parts(rounds: int, steps: int, log: Any) -> dict[str, Any]:
             "cadence": [{"replay_interval_steps": r["runs"]["all"].get("replay_interval_steps"),
                          "loop_check_steps": r["runs"]["all"].get("loop_check_steps"),
                          "decisions": r["runs"]["all"].get("cadence_decisions")} for r in results],
+            "per_round": [{"first": r["first"], "overhead": r["overhead"], "load_before": r["load_before"],
+                           "load_after": r["load_after"]} for r in results]}
+
+
+def run_floor(rounds: int, steps: int, log: Any) -> dict[str, Any]:
+    """The tiny GPT, each arm against its own run without scout in the same rounds: the defaults
+    (``all``), only the step marks on the step's path (``marks``: :data:`FLOOR_OFF` off) and the
+    same without replay (``bare``), and an A/A pair without scout (``noise``). What ``marks``
+    costs is the floor of a design that keeps only the step marks on the step's path (issue 38)."""
+    warmup = attach_overhead.warmup_for(attach_overhead.SIZES["tiny3"]["layers"])
+    arms = {"all": attach_overhead.Arm("all"), "marks": attach_overhead.Arm("marks", off=FLOOR_OFF),
+            "bare": attach_overhead.Arm("bare", off=FLOOR_OFF, settings=(("replay", False),))}
+    pairs = [(attach_overhead.Arm(f"off-{name}", scout=False), arm) for name, arm in arms.items()]
+    pairs.append((attach_overhead.Arm("alike-ref", scout=False), ALIKE))
+    results = attach_overhead.paired(pairs, rounds=rounds, size="tiny3", steps=steps, batch=BATCH, nproc=4,
+                                     sequence=SEQUENCE, log=log, warmup=warmup)
+    first = results[0]["runs"]["all"]
+    return {"size": "tiny3", "parameters": first["parameters"], "layers": first["layers"], "batch": BATCH,
+            "sequence": SEQUENCE, "ranks": 4, "steps": steps, "rounds": rounds, "warmup_steps": warmup,
+            "off": list(FLOOR_OFF),
+            "off_step_ms": _spread([1e3 * attach_overhead.mean_step_s(r["runs"]["off-all@all"]) for r in results]),
+            **{name: _pair_row(results, name, f"off-{name}@{name}") for name in arms},
+            "noise": _pair_row(results, ALIKE.name, f"alike-ref@{ALIKE.name}"),
             "per_round": [{"first": r["first"], "overhead": r["overhead"], "load_before": r["load_before"],
                            "load_after": r["load_after"]} for r in results]}
 
@@ -245,11 +284,16 @@ def main() -> int:
         log(f"== parts: the tiny GPT at the defaults against no scout, and against each of {', '.join(TINY_PARTS)} "
             f"off, and an A/A pair of the defaults (the parts' noise), 4 ranks, {args.rounds} rounds of {args.steps} steps")
         document["parts"] = run_parts(args.rounds, args.steps, log)
+    if "floor" in chosen:
+        log(f"== floor: the tiny GPT with only its step marks on the step's path ({', '.join(FLOOR_OFF)} off), with "
+            f"and without replay, and the defaults, each against no scout, and an A/A pair without scout, 4 ranks, "
+            f"{args.rounds} rounds of {args.steps} steps")
+        document["floor"] = run_floor(args.rounds, args.steps, log)
     document["duration_s"] = round(time.monotonic() - started, 1)
     found = goals(document)
-    # A run of the parts alone is a diagnosis beside the goals' run: its own file, so that it does
-    # not replace the goals' figures with none.
-    name = "fixed_cost_parts" if chosen == ["parts"] else "fixed_cost"
+    # A run of a diagnosis alone (the parts, the floor) sits beside the goals' run: its own file, so
+    # that it does not replace the goals' figures with none.
+    name = f"fixed_cost_{chosen[0]}" if chosen in (["parts"], ["floor"]) else "fixed_cost"
     path = write_results(name, document, found, args.output)
     print_goals(found)
     print(f"wrote {path}")

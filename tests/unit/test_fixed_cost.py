@@ -37,6 +37,12 @@ def _run(step_ms: float, cpu_ms: float, steps: int = 5, scout: bool = True) -> d
     return run
 
 
+def _round(index: int, runs: dict[str, Any], overhead: dict[str, float]) -> dict[str, Any]:
+    """One round as attach_overhead.paired returns it; the side that steps first alternates."""
+    return {"round": index, "first": "reference" if index % 2 == 0 else "arm", "runs": runs, "overhead": overhead,
+            "load_before": [1, 1, 1], "load_after": [1, 1, 1]}
+
+
 def test_parts_section_prices_each_part_against_the_defaults_with_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
     module = _fixed_cost()
     # Each part's CPU a rank-step (ms): the defaults' run spends it beside its reference without the part.
@@ -55,8 +61,7 @@ def test_parts_section_prices_each_part_against_the_defaults_with_it_off(monkeyp
                 overhead[f"with-{part}"] = 31.0 / (31.0 - 2 * cpu_ms) - 1
             runs["alike"], runs["alike-ref@alike"] = _run(31.2, 16.05), _run(31.0, 16.0)
             overhead["alike"] = 31.2 / 31.0 - 1
-            rounds.append({"round": index, "first": "reference" if index % 2 == 0 else "arm", "runs": runs,
-                           "overhead": overhead, "load_before": [1, 1, 1], "load_after": [1, 1, 1]})
+            rounds.append(_round(index, runs, overhead))
         return rounds
 
     monkeypatch.setattr(module.attach_overhead, "paired", paired)
@@ -94,3 +99,42 @@ def test_a_run_of_the_parts_alone_does_not_replace_the_goals_file(monkeypatch: p
     monkeypatch.setattr(sys, "argv", ["fixed_cost.py", "--sections", "parts", "--rounds", "1"])
     assert module.main() == 0
     assert written == ["fixed_cost_parts"]
+
+
+def test_floor_section_prices_the_step_marks_alone_against_no_scout(monkeypatch: pytest.MonkeyPatch) -> None:
+    module = _fixed_cost()
+    # Each arm's CPU a rank-step (ms) beside its own run without scout.
+    arm_cpu_ms = {"all": 1.0, "marks": 0.3, "bare": 0.2}
+    asked: list[Any] = []
+
+    def paired(pairs: Any, **keywords: Any) -> list[dict[str, Any]]:
+        asked.append(([(r.name, r.scout, a.name, a.scout, a.off, a.settings) for r, a in pairs], keywords))
+        rounds = []
+        for index in range(keywords["rounds"]):
+            runs: dict[str, Any] = {}
+            overhead: dict[str, float] = {}
+            for arm, cpu_ms in arm_cpu_ms.items():
+                runs[arm], runs[f"off-{arm}@{arm}"] = _run(30.0 + 2 * cpu_ms, 15.0 + cpu_ms), _run(30.0, 15.0, scout=False)
+                overhead[arm] = (30.0 + 2 * cpu_ms) / 30.0 - 1
+            runs["alike"], runs["alike-ref@alike"] = _run(30.1, 15.0, scout=False), _run(30.0, 15.0, scout=False)
+            overhead["alike"] = 30.1 / 30.0 - 1
+            rounds.append(_round(index, runs, overhead))
+        return rounds
+
+    monkeypatch.setattr(module.attach_overhead, "paired", paired)
+    section = module.run_floor(3, 5, lambda _line: None)
+    (pairs, keywords), = asked
+    # Every arm against a run of its own without scout; the marks alone have every hook on the
+    # step's path off and keep the observer and replay; bare is the same without replay.
+    assert pairs == [("off-all", False, "all", True, (), ()),
+                     ("off-marks", False, "marks", True, module.FLOOR_OFF, ()),
+                     ("off-bare", False, "bare", True, module.FLOOR_OFF, (("replay", False),)),
+                     ("alike-ref", False, "alike", False, (), ())]
+    assert set(module.FLOOR_OFF) == {"instrumentation", "completion", "ddp_hook", "loop_timer"}
+    assert keywords["size"] == "tiny3" and keywords["nproc"] == 4 and keywords["rounds"] == 3
+    for arm, cpu_ms in arm_cpu_ms.items():
+        assert section[arm]["cpu_ms"]["median"] == pytest.approx(cpu_ms) and section[arm]["cpu_ms"]["n"] == 3
+        assert section[arm]["thread_cpu_ms"]["median"] == pytest.approx(cpu_ms / 2)
+        assert section[arm]["cost"]["median"] == pytest.approx((30.0 + 2 * cpu_ms) / 30.0 - 1)
+    assert section["noise"]["cost"]["median"] == pytest.approx(30.1 / 30.0 - 1)
+    assert section["off_step_ms"]["median"] == pytest.approx(30.0)
