@@ -1095,12 +1095,14 @@ def remove_dead_records(directory: str = SHM_DIR) -> int:
         with _claim_lock():
             try:
                 segment = _open_segment(name, create=False)
-            except (OSError, ValueError):  # gone, another user's, or empty (mmap refuses it)
+            except OSError:  # gone, or another user's
                 continue
             try:
                 header = _Header.read(_buffer_of(segment)) if segment.size >= _HEADER.size else None
             finally:
                 segment.close()
+            # An empty segment is one whose creator died before sizing it (the sweep holds the
+            # creators' lock, so no live one is in between): never written, like a blank header.
             never_written = header is None or header.magic == b"\x00" * len(MAGIC)
             dead = header is not None and header.valid and not header.owner_alive and not header.observer_alive
             if never_written or dead:

@@ -522,6 +522,25 @@ def test_PROGRESS_12_a_start_removes_the_records_of_dead_trainers_of_any_job_and
         assert os.path.exists(os.path.join(progress.SHM_DIR, live.name))
 
 
+def test_PROGRESS_12_a_record_whose_creator_died_before_sizing_it_is_removed() -> None:
+    """A creator killed between creating the segment and sizing it leaves an empty segment of this
+    user; the sweep removes it (before _Segment, opening it raised and it stayed until reboot)."""
+    name = record_name(unique_identity().job_id, 0, 0)
+    fd = progress._posixshmem.shm_open("/" + name, os.O_RDWR | os.O_CREAT | os.O_EXCL, mode=0o600)
+    os.close(fd)
+    path = os.path.join(progress.SHM_DIR, name)
+    try:
+        assert os.path.getsize(path) == 0
+        reader_error = pytest.raises(RecordMismatch, match="is 0 bytes")
+        with reader_error:
+            ProgressReader(name, b"\x00" * progress.TOKEN_BYTES)
+        assert progress.remove_dead_records() >= 1
+        assert not os.path.exists(path)
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)
+
+
 def test_PROGRESS_12_the_sweep_waits_for_a_creator_whose_TMPDIR_differs(tmp_path: Any) -> None:
     """Two torchrun agents on one host give their trainers different TMPDIRs but one /dev/shm:
     a sweep must take the creator's lock, or it removes a record between its creation and its
