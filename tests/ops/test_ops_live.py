@@ -127,6 +127,10 @@ def test_OPS_1_OPS_4_OPS_6_a_hang_and_a_straggler_reach_prometheus_the_page_and_
     metrics_port = services.free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
            "SCOUT_STALL_THRESHOLD_S": str(THRESHOLD_S), "SCOUT_RECHECK_INTERVAL_S": "2",
+           # Replay every 2 steps to the job's end (BUDGET-8): at the defaults the budget turns it off
+           # after its calibration window (step 24: this job is over budget), and a loaded box once
+           # left rank 3's device confirmation past that window, so it never reached Prometheus.
+           "SCOUT_REPLAY_INTERVAL_STEPS": "2",
            "SCOUT_METRICS_PORT": str(metrics_port),
            "SCOUT_ON_REPORT": f"{sys.executable} {REPO / 'examples' / 'alert_webhook.py'}",
            "ALERT_WEBHOOK_URL": url}
