@@ -335,7 +335,7 @@ class _Segment:
         if create and size <= 0:
             raise ValueError(f"a new shared-memory segment needs a positive size, got {size!r}")
         self.name = name
-        self._name = "/" + name  # shm_open's name; SharedMemory's attribute of the same name
+        self._name = "/" + name  # the name shm_open and shm_unlink take (a leading slash)
         fd = _posixshmem.shm_open(self._name, os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0), mode=0o600)
         try:
             if create:

@@ -531,8 +531,7 @@ def test_PROGRESS_12_a_record_whose_creator_died_before_sizing_it_is_removed() -
     path = os.path.join(progress.SHM_DIR, name)
     try:
         assert os.path.getsize(path) == 0
-        reader_error = pytest.raises(RecordMismatch, match="is 0 bytes")
-        with reader_error:
+        with pytest.raises(RecordMismatch, match="is 0 bytes"):
             ProgressReader(name, b"\x00" * progress.TOKEN_BYTES)
         assert progress.remove_dead_records() >= 1
         assert not os.path.exists(path)
