@@ -245,10 +245,11 @@ class Schedule:
     #: Per active class, in class order: (class, interval, size, recipes per check) -- computed
     #: once, because ``due`` runs at every training step (issue 38: the fixed per-step cost).
     _plan: tuple[tuple[RecipeClass, int, int, int], ...] = attrs.field(init=False, repr=False, eq=False)
-    #: The last step asked and its answer: a job step asks the same step several times (its checks,
-    #: the calibration, the runner) -- the answer is a pure function of the step.
+    #: The last two steps asked and their answers: a job step asks its step and the next one several
+    #: times, interleaved (its checks, the runner's arming of the next step, the calibration) -- the
+    #: answer is a pure function of the step.
     _last_due: list[tuple[int, tuple[DueRecipe, ...]]] = attrs.field(
-        init=False, repr=False, eq=False, factory=lambda: [(0, ())])
+        init=False, repr=False, eq=False, factory=lambda: [(0, ()), (0, ())])
 
     def __attrs_post_init__(self) -> None:
         plan = tuple((c, self.intervals.for_class(c), self.catalog.class_size(c), self.intervals.per_check(c))
@@ -265,9 +266,10 @@ class Schedule:
         (``k = s' // interval_c - 1``) replays recipes ``(k * m_c + j) mod n_c`` for
         ``j < min(m_c, n_c)`` (``m_c`` = 1 but for the hidden lanes, BUDGET-2, and the experts,
         MOE-10). In class order, and within a class in ``j`` order."""
-        asked, answer = self._last_due[0]  # one tuple, replaced whole: safe from any thread
-        if step == asked != 0 and type(step) is int:  # 0: nothing asked yet (and no step)
-            return answer
+        last = self._last_due  # each entry one tuple, replaced whole: safe from any thread
+        for asked, answer in last:
+            if step == asked != 0 and type(step) is int:  # 0: nothing asked yet (and no step)
+                return answer
         if not whole_number(step) or step < 1:
             raise ValueError(f"steps are numbered from 1, got {step!r}")
         counted = step - self.origin_step
@@ -282,7 +284,8 @@ class Schedule:
                 index = (check_index * per_check + lane) % size
                 due.append(DueRecipe(self.catalog.recipe_at(recipe_class, index), step, check_index))
         answer = tuple(due)
-        self._last_due[0] = (step, answer)
+        last[1] = last[0]
+        last[0] = (step, answer)
         return answer
 
     def class_cycle_steps(self, recipe_class: RecipeClass) -> int:

@@ -13,8 +13,9 @@
 per rank (hangs, desyncs, stalls), the checks (replay for SDC and stragglers, loop stragglers,
 experts, the canary) and the two-cycle checkpoint gate, whose one writer is rank 0. ``Job``
 drives them: ``restore()`` runs the restore program (``scout.job.restore``: the recovery decision,
-RECOVERY-7's fallback, the load) and each ``step()`` the pipeline (``scout.job.pipeline``: checks,
-one exchange, the gate, reports, the fault policy) on scout's control group and, at a cycle end
+RECOVERY-7's fallback, the load) and each ``step()`` (``scout.job.stepping``) the pipeline
+(``scout.job.pipeline``: checks, one exchange, the gate, reports, the fault policy) on scout's
+control group -- at a quiet step only its bookkeeping (spec/budget.md BUDGET-14) -- and, at a cycle end
 where one is due, the save program (``scout.job.save``: a DCP checkpoint and its capture,
 GATE-40). Everything scout finds lands in ``run_dir``.
 """
@@ -37,22 +38,21 @@ from torch import nn
 from scout.core.failure import FailureClass
 from scout.gate import dcp
 from scout.gate.model import CheckpointId
-from scout.job import leaving
+from scout.job import leaving, stepping
 from scout.job.assemble import Assembly, assemble
 from scout.job.boundary import Agreement, GuardedJob
 from scout.job.config import Config, ConfigError, load_config, unknown_variables
 from scout.job.gate_driver import RestoreDecision
 from scout.job.inputs import checked_state, unwrap_model, unwrap_optimizer
-from scout.job.pipeline import CheckpointSaveFailed, FaultDetected, Stop, run_step
+from scout.job.pipeline import CheckpointSaveFailed, FaultDetected
 from scout.job.restore import RestoreFiles, run_restore
 from scout.job.run_dir import ADOPT_VARIABLE, bind, check_binding, our_records
-from scout.job.save import SaveFiles, error_text, run_save
+from scout.job.save import SaveFiles, error_text
 from scout.job.startup import check_directory, checked_on_every_rank
 from scout.observer import instrument
 from scout.observer.progress import launcher_job_id
 from scout.replay.collectives import TorchPeerGroup
 from scout.reports import guard
-from scout.reports.hook_time import HOOK_TIME
 from scout.reports.kinds import FinishedReason, ReportKind, attempt_failure
 
 __all__ = ["CheckpointSaveFailed", "FaultDetected", "Job", "attach"]
@@ -173,35 +173,11 @@ class Job:
             self._said_left = True
             logger.warning("scout: job.step() after an exception left rank %d: its observer no longer watches it "
                            "(spec/observer.md PROGRESS-11); let the exception end the process", self.rank)
-        with leaving.on_error(self), self.parts.idle_loops.awake():  # PROGRESS-11; WAIT-5: scout's groups work
-            self._run_step()
-
-    def _run_step(self) -> None:
-        if not self._started:  # no restore(): a fresh start at step 0, whatever the manifest holds
-            self._begin(None, checkpoints=False)
-        began = time.perf_counter()
-        self._step += 1
-        step = self.boundary.step = self._step
-        stop = self.guarded.run_step(step, partial(self._control_work, step, began, HOOK_TIME.take_s()))
-        HOOK_TIME.take_s()  # BUDGET-10: the hooks' time inside job.step() (the budget's exchange too) is not a hook's
-        self.boundary.step = step + 1  # the next step's training phase begins
-        self.pipeline.step_begins()
-        if stop is not None:
-            raise FaultDetected.of(stop)
-
-    def _control_work(self, step: int, began: float, hooks_s: float) -> Stop | None:
-        """The step's pipeline, then the save where one is due (GUARD-7); ``hooks_s``: BUDGET-10."""
-        outcome = self.parts.control.run(run_step(self.pipeline, step))
-        self.checkpoint_due, checkpoint_s = outcome.checkpoint_due, 0.0
-        if outcome.checkpoint_due and self.files is not None:  # its time is also costs["cycle_end_s"]
-            started = time.perf_counter()
-            self.parts.control.run(run_save(self.pipeline, CheckpointId(self.timeline, step), self.files[1],
-                                            on_checkpoint_error=self.config.on_checkpoint_error,
-                                            timeout_s=self.config.collective_timeout_s))
-            checkpoint_s = time.perf_counter() - started
-        if self.parts.calibration is not None:  # spec/budget.md BUDGET-3: what scout cost this step
-            self.parts.calibration.step_ended(step, time.perf_counter() - began - checkpoint_s + hooks_s, checkpoint_s)
-        return outcome.stop
+        try:
+            stepping.step(self)  # the quiet path (spec/budget.md BUDGET-14) or the full one
+        except BaseException as error:  # PROGRESS-11: the way out is marked before anything else
+            self.leave(error)
+            raise
 
     def loader(self, loader: Any, name: str = "train") -> Any:
         """Wrap a data loader so that waiting for a batch is published as data loading (a slow

@@ -15,7 +15,9 @@ step, one all-gather brings the failures' records to rank 0, which reports them.
 
 :meth:`GuardedJob.run_step` is one ``job.step()`` inside the boundary: the agreement first, the
 step's work on the control group (its pipeline, a checkpoint save) with GUARD-7 around it, the
-step's mark and the ops sidecar's stats (GUARD-1), the next agreement's launch.
+step's mark and the ops sidecar's stats (GUARD-1), the next agreement's launch. At a quiet step
+(spec/budget.md BUDGET-14, :meth:`GuardedJob.quiet`) ``job.step()`` calls only
+:meth:`GuardedJob.step_ended` of it.
 """
 
 from __future__ import annotations
@@ -93,6 +95,11 @@ class Agreement:
         self._pending = (work, flags)
         self._launched = sorted(failed, key=FLAG_ORDER.index)
 
+    @property
+    def pending(self) -> bool:
+        """A launch is in flight: the next ``job.step()`` collects it."""
+        return self._pending is not None
+
     def collect(self) -> list[Part]:
         """The parts any rank flagged in the last launch (the same list on every rank); [] before
         the first launch. Raises :class:`ControlFailed` when it does not complete in time."""
@@ -168,6 +175,25 @@ class GuardedJob:
             raise
         except Exception as error:  # GUARD-7: this rank's sequence of control collectives is broken
             self.control_failed(error, step)
+        self.step_ended(step)
+        started = time.perf_counter()
+        try:
+            self.agreement.launch(step)  # GUARD-4: what failed here since the last launch
+        except Exception as error:
+            self.control_failed(error, step)
+        costs = self.pipeline.costs
+        costs["agreement_s"] = costs.get("agreement_s", 0.0) + agreement_s + time.perf_counter() - started
+        return stop
+
+    def quiet(self, step: int) -> bool:
+        """spec/budget.md BUDGET-14: no agreement is collected or launched at ``step`` (GUARD-4):
+        none is in flight, and ``step`` does not launch one (or no agreement is possible any more)."""
+        agreement = self.agreement
+        return not agreement.pending and (agreement.stopped or not agreement_due(step, agreement.interval_steps))
+
+    def step_ended(self, step: int) -> None:
+        """What every ``job.step()`` does after its work, quiet (BUDGET-14) or not: the next step's
+        mark (and the observer's liveness check) and the ops sidecar's stats (GUARD-1)."""
         try:
             instrument.mark_step(step + 1)
         except Exception as error:  # GUARD-1: the observer's step check, the step's publish
@@ -179,14 +205,6 @@ class GuardedJob:
                 self.ops.after_step(step, self.pipeline.costs, self.pipeline.straggler_trackers())
             except Exception as error:
                 guard.failed(Part.OPS, error, "job.step")
-        started = time.perf_counter()
-        try:
-            self.agreement.launch(step)  # GUARD-4: what failed here since the last launch
-        except Exception as error:
-            self.control_failed(error, step)
-        costs = self.pipeline.costs
-        costs["agreement_s"] = costs.get("agreement_s", 0.0) + agreement_s + time.perf_counter() - started
-        return stop
 
     def _stop_ops(self) -> None:
         self.ops_on = False

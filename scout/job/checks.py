@@ -100,10 +100,18 @@ class ReplayCheck(_NoOps):
     def due(self, step: int) -> bool:
         return bool(self.runner.schedule.due(step))
 
-    def run(self, step: int) -> Generator[Any, Any, CheckOutput | None]:
+    def _at(self, step: int) -> None:
         if self.runner.step_count + 1 != step:
             raise RuntimeError(f"{self.name} is at step {self.runner.step_count + 1}, the job at step {step}: "
                                "call resume_at with the step the job restored")
+
+    def quiet_step(self, step: int) -> None:
+        """spec/budget.md BUDGET-14: the runner's step at a step where nothing is due (REPLAY-10)."""
+        self._at(step)
+        self.runner.keep_step()
+
+    def run(self, step: int) -> Generator[Any, Any, CheckOutput | None]:
+        self._at(step)
         due = bool(self.runner.schedule.due(step))
         report = self.runner.step()
         if not due:
@@ -211,6 +219,10 @@ class LoopStragglerCheck(_NoOps):
     def straggler_trackers(self) -> Mapping[str, Any]:
         return {"loop": self.timer.tracker, "forward": self.timer.forward_tracker}
 
+    def quiet_step(self, step: int) -> None:
+        """spec/budget.md BUDGET-14: the loop body of ``step`` ended (not a check step: no exchange)."""
+        self.timer.end_step(step)
+
     def run(self, step: int) -> Generator[Any, Any, CheckOutput | None]:
         check = self.timer.end_step(step)
         if check is None:
@@ -257,10 +269,15 @@ class CanaryCheck(_NoOps):
         return [Recipe(str(CANARY_RECIPE), self.layout.names)]
 
     def due(self, step: int) -> bool:
-        return bool(self.cycle_steps) and step % self.cycle_steps == 0
+        # The cycle's end counted from its origin (BUDGET-5), as run() finds it: GUARD-3's empty
+        # output at a due step that failed keeps the exchange's shape only where the two agree.
+        return bool(self.cycle_steps) and (step - self.origin_step) % self.cycle_steps == 0
+
+    def quiet_step(self, step: int) -> None:
+        """spec/budget.md BUDGET-14: the canary has nothing to keep between cycle ends."""
 
     def run(self, step: int) -> Generator[Any, Any, CheckOutput | None]:
-        if not self.cycle_steps or (step - self.origin_step) % self.cycle_steps:
+        if not self.due(step):
             return None
         decision = self.monitor.check(step)
         if guard.INJECTING:  # after the canary's exchange: the other ranks are not left waiting

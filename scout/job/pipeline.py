@@ -153,6 +153,10 @@ class Check(Protocol):
         """The training loop's next step begins now (LOOP-1: scout's own work is not loop work)."""
         ...
 
+    # Optional (spec/budget.md BUDGET-14): ``quiet_step(step)``, the check's own step-keeping at a
+    # step where it is not due -- what ``run`` does there, without a generator. A check without it
+    # makes every step go through ``run_step``.
+
     def straggler_trackers(self) -> Mapping[str, Any]:
         """Its straggler trackers by kind (``device``, ``communication``, ``loop``), for the
         per-rank stats the ops sidecar exports (docs/metrics.md); empty if it has none."""
@@ -276,6 +280,8 @@ class Pipeline:
         #: LAYOUT-3: why the loop straggler check is off for this layout (None: it is on, or no
         #: checks); the restart report carries it, so that ``scout report`` can say it.
         self.loop_check_off: str | None = None
+        #: BUDGET-14: every check keeps its steps by itself, so a step may be quiet.
+        self._quiet_capable = all(callable(getattr(check, "quiet_step", None)) for check in self.checks)
 
     def active_checks(self) -> list[Check]:
         """The checks that are not off (GUARD-4), in their order."""
@@ -328,6 +334,25 @@ class Pipeline:
             hook = getattr(getattr(check, "runner", None), "self_check_before", None)
             if callable(hook):
                 hook(optimizer)
+
+    def quiet(self, step: int) -> bool:
+        """spec/budget.md BUDGET-14: nothing of the pipeline's runs at ``step`` -- no cycle ends there
+        and no check that is on is due -- and every check keeps its steps by itself. The same on
+        every rank: the cycle, its origin, the checks' schedules and the parts off are."""
+        if not self._quiet_capable:
+            return False
+        if self.cycle_steps > 0 and (step - self.origin_step) % self.cycle_steps == 0:
+            return False
+        return not any(check.due(step) for check in self.active_checks())
+
+    def quiet_step(self, step: int) -> None:
+        """BUDGET-14: each check's step-keeping at a quiet step, guarded as in :func:`run_step`
+        (GUARD-3: a check that raises is recorded as its part's failure, the step goes on)."""
+        for check in self.active_checks():
+            try:
+                check.quiet_step(step)  # type: ignore[attr-defined]  # Pipeline.quiet checked it has one
+            except Exception as error:
+                self._failed_check(check, error)
 
     def straggler_trackers(self) -> dict[str, Any]:
         """Every check's straggler trackers by kind (``scout.ops.launch.NodeOps.after_step``)."""

@@ -389,6 +389,16 @@ class ReplayRunner:
             self.executor.release()
             self._arm(step + 1)
 
+    def keep_step(self) -> None:
+        """spec/budget.md BUDGET-14: finish step ``step_count + 1`` where nothing is due, as
+        ``step()`` does (REPLAY-10), without building its empty report."""
+        step = self.step_count + 1
+        if self._closed or self._idle_step != step:  # not an idle step: step() says why, or checks it
+            self.step()
+            return
+        self.step_count = step
+        self._arm(step + 1)
+
     # -- the protocol -----------------------------------------------------------------------
 
     def _check_schedule_contract(self) -> None:

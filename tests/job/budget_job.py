@@ -59,6 +59,18 @@ def main() -> None:
     launches: list[int] = []  # GUARD-4, BUDGET-13: the steps whose job.step() launched an agreement
     agreement = job.guarded.agreement
     slow_from: int | None = None
+    # BUDGET-14: the steps whose job.step() took the quiet path, and at each step what was due at
+    # it by the schedules in force before it (the replay check's, the loop check's), for the test.
+    quiet: list[int] = []
+    busy: dict[str, list[int]] = {"replay": [], "loop": []}
+    quiet_step = pipeline.quiet_step  # called once at each quiet step (scout.job.stepping)
+
+    def recorded_quiet_step(at: int) -> None:
+        quiet.append(at)
+        quiet_step(at)
+
+    pipeline.quiet_step = recorded_quiet_step  # type: ignore[method-assign]
+    loop_check = next(check for check in pipeline.checks if check.name == "loop")
 
     def note(at: int) -> None:
         state = {"step": at, "interval_steps": calibration.cadence.interval_steps, "lanes": calibration.cadence.lanes,
@@ -79,6 +91,10 @@ def main() -> None:
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
+        if calibration.dense.runner.schedule.due(step):
+            busy["replay"].append(step)
+        if loop_check.due(step):
+            busy["loop"].append(step)
         job.step()
         if agreement._pending is not None:  # launched at the end of this job.step(), collected at the next
             launches.append(step)
@@ -92,6 +108,7 @@ def main() -> None:
             break
     Path(args.run_dir, f"rank{rank}.json").write_text(json.dumps({
         "changes": seen, "last_step": step, "slow_from": slow_from, "agreement_launches": launches,
+        "quiet_steps": quiet, "due_steps": busy,
         "decisions": [{"interval_steps": d.cadence.interval_steps if d.cadence else None, "lanes": d.cadence.lanes
                        if d.cadence else None, "cycle_steps": d.cycle_steps, "status": d.status.value}
                       for d in calibration.decisions]}))

@@ -151,6 +151,29 @@ def test_BUDGET_13_GUARD_4_each_decision_spaces_the_agreements_by_the_slowest_ra
                for line, c in zip(said, changes[1:], strict=True)), said
 
 
+def test_BUDGET_14_every_rank_finds_the_same_steps_quiet_and_each_had_nothing_due(job: dict[str, Any]) -> None:
+    """BUDGET-14: the quiet path is taken at the same steps on every rank, at exactly the steps
+    where no cycle ends, no check is due and no agreement is collected or launched -- and those are
+    most of a job's steps (the rest of this module checks that the cadences, the agreements and the
+    gate's certificates are what they were)."""
+    ranks = job["ranks"]
+    quiet = ranks[0]["quiet_steps"]
+    assert all(rank["quiet_steps"] == quiet for rank in ranks)
+    changes, last = ranks[0]["changes"], ranks[0]["last_step"]
+    launches = set(ranks[0]["agreement_launches"])
+    due = {step for steps in ranks[0]["due_steps"].values() for step in steps}
+
+    def cycle_end(step: int) -> bool:
+        in_force = [c for c in changes if c["step"] < step][-1]  # a decision at step s holds from s + 1
+        return (step - in_force["origin_step"]) % in_force["cycle_steps"] == 0
+
+    # Every agreement launched at s is collected at s + 1.
+    expected = [s for s in range(1, last + 1)
+                if not cycle_end(s) and s not in due and s not in launches and s - 1 not in launches]
+    assert quiet == expected, sorted(set(quiet) ^ set(expected))
+    assert len(quiet) > last / 2, (len(quiet), last)
+
+
 def test_BUDGET_5_GATE_1_the_gate_certifies_checkpoints_taken_at_the_chosen_cadence(job: dict[str, Any]) -> None:
     records, changes = job["records"], job["ranks"][0]["changes"]
     assert not [r for r in records if r["kind"] in ("unchecked", "sdc")], records

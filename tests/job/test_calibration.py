@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from functools import partial
 from typing import Any
 
 import pytest
@@ -248,7 +247,7 @@ def test_BUDGET_10_job_step_charges_the_training_phases_hook_time_and_not_its_ow
     ``job.step()`` runs (its own collectives go through scout's wrappers) is in its time already."""
     from types import SimpleNamespace
 
-    from scout.job.attach import Job
+    from scout.job import stepping
     from scout.reports.hook_time import HOOK_TIME
 
     ended: list[tuple[int, float, float]] = []
@@ -269,10 +268,9 @@ def test_BUDGET_10_job_step_charges_the_training_phases_hook_time_and_not_its_ow
         guarded=SimpleNamespace(run_step=lambda step, work: work()),
         parts=SimpleNamespace(control=SimpleNamespace(run=control_run), calibration=SimpleNamespace(
             step_ended=step_ended)))
-    job._control_work = partial(Job._control_work, job)
     HOOK_TIME.take_s()
     HOOK_TIME.spent_ns += round(training_hooks_s * 1e9)  # the forward's, backward's and optimizer's hooks
-    Job._run_step(job)  # type: ignore[arg-type]
+    stepping.full_step(job)  # type: ignore[arg-type]
     [(step, scout_s, excluded_s)] = ended
     assert step == 7 and excluded_s == 0.0
     assert training_hooks_s + own_s <= scout_s < training_hooks_s + own_s + inside_hooks_s, scout_s

@@ -137,6 +137,37 @@ def test_REPLAY_10_an_idle_step_touches_no_executor_and_arms_only_what_changes(m
     runner.close()
 
 
+def test_BUDGET_14_REPLAY_10_keep_step_finishes_an_idle_step_as_step_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """BUDGET-14: a quiet step's ``keep_step()`` (no report) arms and releases exactly what
+    ``step()`` does at the same steps, and the due steps are checked alike; at a step with
+    something due it is ``step()`` itself (the check runs, nothing is skipped)."""
+    executor = Executor("hidden", RecipeClass.HIDDEN, _dense(Intervals(hidden_steps=3, embedding_steps=0,
+                                                                       output_steps=0, optimizer_steps=0)))
+    model, optimizer, runner = _setup(executor)
+    calls: list[tuple[str, int]] = []
+    arm, release = runner.executor.arm, runner.executor.release
+    monkeypatch.setattr(runner.executor, "arm", lambda step, due: (calls.append(("arm", step)), arm(step, due))[1])
+    monkeypatch.setattr(runner.executor, "release", lambda: (calls.append(("release", 0)), release())[1])
+    for step in range(1, 8):
+        _train_step(model, optimizer, step)
+        if step % 3:
+            assert runner.keep_step() is None
+        else:
+            (result,) = runner.step().results
+            assert (result.status, result.step) == (Status.AGREE, step)
+    assert runner.step_count == 7
+    assert calls == [("arm", 3), ("release", 0), ("arm", 4), ("arm", 6), ("release", 0), ("arm", 7)]
+    _train_step(model, optimizer, 8)
+    runner.keep_step()  # step 8: idle
+    _train_step(model, optimizer, 9)
+    runner.keep_step()  # step 9 is due: the check runs as step() runs it
+    result = runner.results[-1]
+    assert (result.status, result.step) == (Status.AGREE, 9) and runner.step_count == 9
+    runner.close()
+    with pytest.raises(RuntimeError, match="was closed"):
+        runner.keep_step()
+
+
 @every_executor
 def test_REPLAY_9_resume_at_refuses_anything_but_an_int_at_least_0(executor: Executor) -> None:
     _model, _optimizer, runner = _setup(executor)

@@ -25,10 +25,10 @@ def test_PIPELINE_the_simulator_runs_the_products_check_aggregate_gate_report_fu
     """The same function objects, not copies: the job's step and the simulator's are one
     ``run_step``; both replay checks run the one ``replay_round`` and the one straggler test;
     every call of exchange, merge, gate feed, report and policy below is the product's."""
-    from scout.job import attach, checks
+    from scout.job import checks, stepping
     from scout.replay import runner
 
-    assert attach.run_step is pipeline.run_step and replay_job.run_step is pipeline.run_step
+    assert stepping.run_step is pipeline.run_step and replay_job.run_step is pipeline.run_step
     assert runner.replay_round is core_round.replay_round and replay_job.replay_round is core_round.replay_round
     assert runner.ReplayStragglers is tracking.ReplayStragglers is replay_job.ReplayStragglers
     assert checks.replay_output is pipeline.replay_output is replay_job.replay_output

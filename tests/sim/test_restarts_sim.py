@@ -45,10 +45,10 @@ def _trust(run: JobRun, name: str) -> Trust | None:
 
 
 def test_PIPELINE_the_simulator_runs_the_products_restore_and_save_programs() -> None:
-    from scout.job import attach
+    from scout.job import attach, stepping
 
     assert attach.run_restore is restore.run_restore is replay_job.run_restore
-    assert attach.run_save is save.run_save is replay_job.run_save
+    assert stepping.run_save is save.run_save is replay_job.run_save
 
 
 def test_RECOVERY_7_GATE_42_at_256_ranks_the_restart_loses_the_chosen_checkpoint_and_restores_the_older_one() -> None:
