@@ -33,7 +33,8 @@ def step(job: Job) -> None:
     """One ``job.step()`` past the job's own checks (closed, leaving): BUDGET-14's quiet path, or
     the full one with scout's event loops awake for its collectives (spec/transport.md WAIT-5). A
     process with fault injection on (spec/guard.md GUARD-9) always takes the full path, whose parts
-    the injections target."""
+    the injections target; at a quiet step the full path runs no collective either, so such a rank
+    keeps in step with the others."""
     at = job._step + 1
     if job._started and not guard.INJECTING and job.pipeline.quiet(at) and job.guarded.quiet(at):
         quiet_step(job, at)
@@ -49,9 +50,9 @@ def quiet_step(job: Job, at: int) -> None:
     job._step = job.boundary.step = at
     job.checkpoint_due = False
     job.pipeline.quiet_step(at)
-    job.guarded.step_ended(at)
     if job.parts.calibration is not None:  # BUDGET-3 (not a cycle end: no exchange)
         job.parts.calibration.step_ended(at, time.perf_counter() - began + hooks_s)
+    job.guarded.step_ended(at)
     HOOK_TIME.take_s()  # BUDGET-10: what passed through the hooks inside job.step() is in its time
     job.boundary.step = at + 1  # the next step's training phase begins
     job.pipeline.step_begins()

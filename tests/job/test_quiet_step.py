@@ -20,7 +20,7 @@ from scout.job.attach import Job
 from scout.job.boundary import Agreement, GuardedJob, agreement_due
 from scout.job.checks import CanaryCheck
 from scout.job.gate_driver import Reporter
-from scout.job.pipeline import CheckOutput, Layout, Pipeline
+from scout.job.pipeline import CheckOutput, Layout, Pipeline, run_step
 from scout.reports.guard import Boundary, Part
 from scout.reports.hook_time import HOOK_TIME
 
@@ -89,6 +89,19 @@ def test_BUDGET_14_a_step_is_quiet_exactly_where_no_cycle_ends_and_no_check_that
     for step in range(origin_step + 1, origin_step + 61):
         cycle_end = cycle_steps > 0 and (step - origin_step) % cycle_steps == 0
         assert pipeline.quiet(step) is (not cycle_end and step % loop_every != 0), step
+
+
+def test_BUDGET_14_the_full_path_at_a_quiet_step_runs_no_collective_either() -> None:
+    """A rank with fault injection on takes the full path at every step: at the steps the others
+    find quiet, its pipeline yields no transport op (no exchange), so it keeps in step with them."""
+    pipeline = _pipeline([Check("replay", 4), Check("loop", 10)], cycle_steps=12)
+    quiet = [step for step in range(1, 49) if pipeline.quiet(step)]
+    assert quiet and len(quiet) < 48
+    for step in quiet:
+        program = run_step(pipeline, step)
+        with pytest.raises(StopIteration) as done:
+            next(program)
+        assert done.value.value.checkpoint_due is False and done.value.value.stop is None
 
 
 def test_BUDGET_14_a_check_without_step_keeping_of_its_own_makes_no_step_quiet() -> None:
