@@ -115,9 +115,9 @@ def test_REPLAY_9_EVID_5_STRAG_1_every_executor_agrees_when_healthy_timed_by_war
     runner.close()
 
 
-def test_REPLAY_10_an_idle_step_touches_no_executor_and_arms_only_what_changes(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 38: most steps have nothing due; they arm nothing again, release nothing and hold
-    nothing, and the steps with something due are armed and checked as before."""
+def _every_third_step_recorded(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any, Any, list[tuple[str, int]]]:
+    """A hidden-layer runner due every third step whose executor's arm and release calls are
+    recorded (REPLAY-10, BUDGET-14)."""
     executor = Executor("hidden", RecipeClass.HIDDEN, _dense(Intervals(hidden_steps=3, embedding_steps=0,
                                                                        output_steps=0, optimizer_steps=0)))
     model, optimizer, runner = _setup(executor)
@@ -125,6 +125,13 @@ def test_REPLAY_10_an_idle_step_touches_no_executor_and_arms_only_what_changes(m
     arm, release = runner.executor.arm, runner.executor.release
     monkeypatch.setattr(runner.executor, "arm", lambda step, due: (calls.append(("arm", step)), arm(step, due))[1])
     monkeypatch.setattr(runner.executor, "release", lambda: (calls.append(("release", 0)), release())[1])
+    return model, optimizer, runner, calls
+
+
+def test_REPLAY_10_an_idle_step_touches_no_executor_and_arms_only_what_changes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 38: most steps have nothing due; they arm nothing again, release nothing and hold
+    nothing, and the steps with something due are armed and checked as before."""
+    model, optimizer, runner, calls = _every_third_step_recorded(monkeypatch)
     reports = []
     for step in range(1, 8):
         _train_step(model, optimizer, step)
@@ -141,13 +148,7 @@ def test_BUDGET_14_REPLAY_10_keep_step_finishes_an_idle_step_as_step_does(monkey
     """BUDGET-14: a quiet step's ``keep_step()`` (no report) arms and releases exactly what
     ``step()`` does at the same steps, and the due steps are checked alike; at a step with
     something due it is ``step()`` itself (the check runs, nothing is skipped)."""
-    executor = Executor("hidden", RecipeClass.HIDDEN, _dense(Intervals(hidden_steps=3, embedding_steps=0,
-                                                                       output_steps=0, optimizer_steps=0)))
-    model, optimizer, runner = _setup(executor)
-    calls: list[tuple[str, int]] = []
-    arm, release = runner.executor.arm, runner.executor.release
-    monkeypatch.setattr(runner.executor, "arm", lambda step, due: (calls.append(("arm", step)), arm(step, due))[1])
-    monkeypatch.setattr(runner.executor, "release", lambda: (calls.append(("release", 0)), release())[1])
+    model, optimizer, runner, calls = _every_third_step_recorded(monkeypatch)
     for step in range(1, 8):
         _train_step(model, optimizer, step)
         if step % 3:
