@@ -13,6 +13,7 @@ it runs about ten times over, its lines evicted from the caches by the training 
 
 from __future__ import annotations
 
+import logging
 import time
 from functools import partial
 from typing import TYPE_CHECKING
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
 
 __all__ = ["full_step", "quiet_step", "step"]
 
+logger = logging.getLogger("scout")
+
 
 def step(job: Job) -> None:
     """One ``job.step()`` past the job's own checks (closed, leaving): BUDGET-14's quiet path, or
@@ -36,7 +39,12 @@ def step(job: Job) -> None:
     the injections target; at a quiet step the full path runs no collective either, so such a rank
     keeps in step with the others."""
     at = job._step + 1
-    if job._started and not guard.INJECTING and job.pipeline.quiet(at) and job.guarded.quiet(at):
+    try:
+        quiet = job._started and not guard.INJECTING and job.pipeline.quiet(at) and job.guarded.quiet(at)
+    except Exception:  # GUARD-1: never into training; the full path asks the checks again inside
+        logger.debug("scout: deciding whether step %d is quiet failed; it takes the full path", at, exc_info=True)
+        quiet = False  # scout's boundary (GUARD-7), which reports what they raise
+    if quiet:
         quiet_step(job, at)
     else:
         with job.parts.idle_loops.awake():
@@ -49,9 +57,12 @@ def quiet_step(job: Job, at: int) -> None:
     hooks_s = HOOK_TIME.take_s()  # BUDGET-10: the training phase's hooks
     job._step = job.boundary.step = at
     job.checkpoint_due = False
-    job.pipeline.quiet_step(at)
+    job.pipeline.quiet_step(at)  # each check under GUARD-3
     if job.parts.calibration is not None:  # BUDGET-3 (not a cycle end: no exchange)
-        job.parts.calibration.step_ended(at, time.perf_counter() - began + hooks_s)
+        try:
+            job.parts.calibration.step_ended(at, time.perf_counter() - began + hooks_s)
+        except Exception as error:  # GUARD-7, as when it fails inside the full path's control work
+            job.guarded.control_failed(error, at)
     job.guarded.step_ended(at)
     HOOK_TIME.take_s()  # BUDGET-10: what passed through the hooks inside job.step() is in its time
     job.boundary.step = at + 1  # the next step's training phase begins

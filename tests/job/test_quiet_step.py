@@ -206,3 +206,29 @@ def test_BUDGET_14_job_step_takes_the_quiet_path_exactly_at_the_quiet_steps_and_
         assert job._step == step
     quiet_steps = [s for s in range(1, 37) if s % 4 and s % 10 and s % 12 and not agreement_due(s, 7)]
     assert replay.kept == loop.kept == marks == quiet_steps and len(ended) == len(quiet_steps)
+
+
+def test_BUDGET_14_GUARD_1_a_failure_in_the_quiet_path_or_its_decision_never_reaches_training(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A check whose ``due`` raises sends the step to the full path (whose boundary, GUARD-7,
+    reports it); the budget's measurement raising at a quiet step is GUARD-7's control failure, as
+    inside the full path's control work -- ``job.step()`` returns either way."""
+    broken = Check("replay", 1_000)
+
+    def due(step: int) -> bool:
+        raise RuntimeError("a schedule broke")
+
+    broken.due = due  # type: ignore[method-assign]
+    failed: list[tuple[str, int]] = []
+    guarded = SimpleNamespace(quiet=lambda step: True, step_ended=lambda step: None,
+                              control_failed=lambda error, step: failed.append((str(error), step)))
+
+    def measure(step: int, scout_s: float) -> None:
+        raise ValueError("a meter broke")
+
+    job, calls = _job(_pipeline([broken], cycle_steps=0), guarded, SimpleNamespace(step_ended=measure), monkeypatch)
+    job.step()
+    assert calls == ["awake", "full 1"] and failed == []
+    job.pipeline = _pipeline([Check("replay", 1_000)], cycle_steps=0)
+    job.step()
+    assert calls == ["awake", "full 1"] and failed == [("a meter broke", 2)] and job._step == 2
