@@ -158,8 +158,7 @@ class Calibration:
         now_s = self.clock()
         if self._last_end_s is not None:  # an attempt's first step (its warm-up) is not measured
             self._meter.add(StepSample(now_s - self._last_end_s - excluded_s, scout_s, self._replay_due(step)))
-        cycle = self.pipeline.cycle_steps
-        if cycle > 0 and (step - self.pipeline.origin_step) % cycle == 0:
+        if self.pipeline.cycle_ends(step):
             self._cycle_ended(step)
         self._last_end_s = self.clock()  # the exchange is not the next step's
 

@@ -335,13 +335,16 @@ class Pipeline:
             if callable(hook):
                 hook(optimizer)
 
+    def cycle_ends(self, step: int) -> bool:
+        """BUDGET-5: a replay cycle (the gate's) ends at ``step``, counted from the current cadence's
+        origin (the budget's exchange and the gate's boundary are there)."""
+        return self.cycle_steps > 0 and (step - self.origin_step) % self.cycle_steps == 0
+
     def quiet(self, step: int) -> bool:
         """spec/budget.md BUDGET-14: nothing of the pipeline's runs at ``step`` -- no cycle ends there
         and no check that is on is due -- and every check keeps its steps by itself. The same on
         every rank: the cycle, its origin, the checks' schedules and the parts off are."""
-        if not self._quiet_capable:
-            return False
-        if self.cycle_steps > 0 and (step - self.origin_step) % self.cycle_steps == 0:
+        if not self._quiet_capable or self.cycle_ends(step):
             return False
         return not any(check.due(step) for check in self.active_checks())
 
@@ -451,7 +454,7 @@ def run_step(pipeline: Pipeline, step: int) -> Generator[Op, Any, StepOutcome]:
                                                          timeout_s=pipeline.timeout_s)
         stop = _after_exchange(pipeline, outputs, gathered)
     counted = step - pipeline.origin_step  # BUDGET-5: cycles from the current cadence's origin
-    cycle_end = pipeline.cycle_steps > 0 and counted % pipeline.cycle_steps == 0
+    cycle_end = pipeline.cycle_ends(step)
     if cycle_end and pipeline.gate is not None and pipeline.certifying:
         try:
             if guard.INJECTING:

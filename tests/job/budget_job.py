@@ -96,7 +96,7 @@ def main() -> None:
         if loop_check.due(step):
             busy["loop"].append(step)
         job.step()
-        if agreement._pending is not None:  # launched at the end of this job.step(), collected at the next
+        if agreement.pending:  # launched at the end of this job.step(), collected at the next
             launches.append(step)
         note(step)
         last = seen[-1]
